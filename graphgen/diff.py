@@ -1,0 +1,725 @@
+"""graph-diff: compare two graphgen-dump/1 dumps node for node.
+
+Structure: the two node sequences are aligned on (name, op) with difflib, with automatic names
+(`node_12`, `leaf_3`, also inside derived names such as "node_3 (view)") treated as equal to each
+other, since one inserted node renumbers every later one. Each region the alignment cannot match
+is resolved by a small edit-distance search that pairs nodes of the same name (or op) as
+"changed", leaves the rest "inserted"/"deleted", and lets equivalence rules explain runs of nodes
+(one fused op in ref = a chain of ops in ours; a rule with one empty side marks pass-through
+nodes such as an extra CONT). Aligned pairs are compared field by field; an automatic-name
+difference alone is never reported, and sources are compared by what they resolve to (the
+aligned node, or for a rule's run its last node), not by spelling.
+
+Values: aligned nodes stored on both sides are compared with the NMSE of llama.cpp's
+test-backend-ops, sum((a-b)^2) / sum(a^2) with a = ref; NaN and Inf positions must agree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import math
+import os
+import re
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from graphgen.dump import Dump, DumpError, Node, dump_files, load_dump
+
+DEFAULT_NMSE = {"f32": 1e-7, "f16": 1e-7, "bf16": 1e-7, "i32": 0, "i64": 0}
+EXACT_TYPES = frozenset({"i8", "i16", "i32", "i64"})  # integers compare exactly unless told otherwise
+CONTEXT = 3                # nodes shown before/after the first divergence
+MAX_DP_CELLS = 250_000     # larger unmatched regions fall back to a name-only alignment
+MAX_LISTED = 20            # differences listed in the text report
+
+_AUTO_NAME = re.compile(r"\b(node|leaf)_\d+\b")
+
+
+def normalize_name(name: str) -> str:
+    """`node_12 (view)` -> `node_# (view)`: ggml's automatic names shift when nodes are inserted."""
+    return _AUTO_NAME.sub(r"\1_#", name)
+
+
+# ---- equivalence rules ------------------------------------------------------------------------
+
+class RulesError(Exception):
+    """A malformed rules file; the message is one line naming the file and the rule."""
+
+
+@dataclass(frozen=True)
+class Pattern:
+    op: str
+    name: re.Pattern | None = None  # matched against the whole node name
+
+    def matches(self, node: Node) -> bool:
+        return node.op == self.op and (self.name is None or self.name.fullmatch(node.name) is not None)
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    reason: str
+    ref: tuple[Pattern, ...]
+    ours: tuple[Pattern, ...]
+
+
+def _parse_pattern(p: Any, where: str) -> Pattern:
+    if isinstance(p, str) and p:
+        return Pattern(p)
+    if not isinstance(p, dict):
+        raise RulesError(f"{where}: expected an op name or {{\"op\": ..., \"name\": regex}}, got {p!r}")
+    unknown = set(p) - {"op", "name"}
+    if unknown:
+        raise RulesError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
+    op = p.get("op")
+    if not isinstance(op, str) or not op:
+        raise RulesError(f"{where}: 'op' must be a non-empty string")
+    name = p.get("name")
+    if name is None:
+        return Pattern(op)
+    if not isinstance(name, str):
+        raise RulesError(f"{where}: 'name' must be a regular expression string")
+    try:
+        return Pattern(op, re.compile(name))
+    except re.error as e:
+        raise RulesError(f"{where}: bad 'name' regex {name!r}: {e}") from None
+
+
+def parse_rules(doc: Any, where: str = "rules") -> list[Rule]:
+    """Validate a decoded rules document `{"rules": [{name, reason, ref, ours}, ...]}`."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("rules"), list):
+        raise RulesError(f"{where}: expected an object with a list 'rules'")
+    rules: list[Rule] = []
+    for k, r in enumerate(doc["rules"]):
+        at = f"{where}: rules[{k}]"
+        if not isinstance(r, dict):
+            raise RulesError(f"{at}: expected an object")
+        name = r.get("name")
+        if not isinstance(name, str) or not name:
+            raise RulesError(f"{at}: 'name' must be a non-empty string")
+        at = f"{where}: rule '{name}'"
+        unknown = set(r) - {"name", "reason", "ref", "ours"}
+        if unknown:
+            raise RulesError(f"{at}: unknown key(s) {', '.join(sorted(unknown))}")
+        if not isinstance(r.get("reason"), str):
+            raise RulesError(f"{at}: 'reason' must be a string")
+        sides = {}
+        for side in ("ref", "ours"):
+            pats = r.get(side)
+            if not isinstance(pats, list):
+                raise RulesError(f"{at}: '{side}' must be a list of patterns")
+            sides[side] = tuple(_parse_pattern(p, f"{at}: {side}[{j}]") for j, p in enumerate(pats))
+        if not sides["ref"] and not sides["ours"]:
+            raise RulesError(f"{at}: 'ref' and 'ours' are both empty")
+        if any(x.name == name for x in rules):
+            raise RulesError(f"{at}: duplicate rule name")
+        rules.append(Rule(name, r["reason"], sides["ref"], sides["ours"]))
+    return rules
+
+
+def load_rules(path: str | os.PathLike) -> list[Rule]:
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise RulesError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise RulesError(f"{path}: cannot read: {getattr(e, 'strerror', None) or e}") from None
+    except json.JSONDecodeError as e:
+        raise RulesError(f"{path}: invalid JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
+    return parse_rules(doc, str(path))
+
+
+# ---- result types -----------------------------------------------------------------------------
+
+@dataclass
+class Difference:
+    kind: str                      # "changed" | "inserted" | "deleted"
+    ref_index: int | None          # None for inserted
+    ours_index: int | None         # None for deleted
+    fields: dict[str, tuple[Any, Any]]  # field -> (ref value, ours value); empty unless changed
+    ref_name: str | None = None
+    ours_name: str | None = None
+    op: str = ""                   # the node's op (ref's for changed)
+    ref_pos: int = 0               # place in ref order (for inserted: the ref node that follows)
+    ours_pos: int = 0              # place in ours order (for deleted: the ours node that follows)
+
+    def describe(self) -> str:
+        if self.kind == "inserted":
+            return f"inserted ours #{self.ours_index} '{self.ours_name}' {self.op}"
+        if self.kind == "deleted":
+            return f"deleted ref #{self.ref_index} '{self.ref_name}' {self.op}"
+        changes = "; ".join(f"{f}: {_fmt(a)} -> {_fmt(b)}" for f, (a, b) in self.fields.items())
+        return f"changed ref #{self.ref_index} / ours #{self.ours_index} '{self.ref_name}': {changes}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "ref_index": self.ref_index, "ours_index": self.ours_index,
+                "ref_name": self.ref_name, "ours_name": self.ours_name, "op": self.op,
+                "fields": {f: {"ref": a, "ours": b} for f, (a, b) in self.fields.items()}}
+
+
+@dataclass
+class NumericResult:
+    ref_index: int
+    ours_index: int
+    name: str
+    type: str
+    n: int
+    nmse: float
+    max_abs: float
+    threshold: float
+    ok: bool
+    reason: str | None = None      # NaN/Inf disagreement, when that is why it failed
+
+    def describe(self) -> str:
+        why = self.reason or f"nmse {self.nmse:.3g} > {self.threshold:g}"
+        return (f"values ref #{self.ref_index} / ours #{self.ours_index} '{self.name}' ({self.type}): "
+                f"{why}, max abs {self.max_abs:.3g}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ref_index": self.ref_index, "ours_index": self.ours_index, "name": self.name,
+                "type": self.type, "n": self.n, "nmse": _json_float(self.nmse),
+                "max_abs": _json_float(self.max_abs), "threshold": self.threshold, "ok": self.ok,
+                "reason": self.reason}
+
+
+@dataclass
+class Explained:
+    rule: str
+    ref_indices: list[int]
+    ours_indices: list[int]
+
+
+@dataclass
+class DiffResult:
+    ref_path: str | None
+    ours_path: str | None
+    graph: str
+    identical: bool
+    structural: list[Difference] = field(default_factory=list)
+    numeric: list[NumericResult] = field(default_factory=list)
+    first_divergence: dict[str, Any] | None = None
+    rules_fired: dict[str, int] = field(default_factory=dict)
+    explained: list[Explained] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    summary: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def numeric_failures(self) -> list[NumericResult]:
+        return [r for r in self.numeric if not r.ok]
+
+    def to_dict(self) -> dict[str, Any]:
+        summary = {k: _json_float(v) if isinstance(v, float) else v for k, v in self.summary.items()}
+        return {"ref": self.ref_path, "ours": self.ours_path, "graph": self.graph,
+                "identical": self.identical,
+                "structural": [d.to_dict() for d in self.structural],
+                "numeric": [r.to_dict() for r in self.numeric],
+                "first_divergence": self.first_divergence, "rules_fired": dict(self.rules_fired),
+                "explained": [vars(e) for e in self.explained], "notes": list(self.notes),
+                "summary": summary}
+
+    def format_text(self) -> str:
+        s = self.summary
+        out = [f"graph-diff [{self.graph}]  ref: {self.ref_path or '-'}  ours: {self.ours_path or '-'}",
+               f"result: {'IDENTICAL' if self.identical else 'DIVERGED'}"]
+        fd = self.first_divergence
+        if fd:
+            out += ["", f"first divergence: {fd['detail']}"]
+            for side in ("ref", "ours"):
+                out.append(f"  {side}:")
+                for row in fd["context"][side]:
+                    mark = ">" if row["mark"] else " "
+                    out.append(f"  {mark} {row['index']:>5}  {row['name'][:40]:<40} {row['op']:<14} "
+                               f"{row['type']:<5} {row['ne']}")
+        if s:
+            max_nmse = s.get("max_nmse")
+            out += ["", "summary:",
+                    f"  nodes            ref {s['nodes_ref']}, ours {s['nodes_ours']}",
+                    f"  matched          {s['matched']}",
+                    f"  changed          {s['changed']}",
+                    f"  inserted         {s['inserted']}",
+                    f"  deleted          {s['deleted']}",
+                    f"  rule-explained   ref {s['explained_ref']}, ours {s['explained_ours']}",
+                    f"  numeric          {s['numeric_compared']} compared, {s['numeric_failed']} failed, "
+                    f"max nmse {'-' if max_nmse is None else f'{max_nmse:.3g}'}"]
+        if self.structural:
+            out += ["", "differences:"]
+            out += [f"  {d.describe()}" for d in self.structural[:MAX_LISTED]]
+            if len(self.structural) > MAX_LISTED:
+                out.append(f"  ... {len(self.structural) - MAX_LISTED} more")
+        fails = self.numeric_failures
+        if fails:
+            out += ["", "numeric failures:"]
+            out += [f"  {r.describe()}" for r in fails[:MAX_LISTED]]
+            if len(fails) > MAX_LISTED:
+                out.append(f"  ... {len(fails) - MAX_LISTED} more")
+        if self.rules_fired:
+            out += ["", "rules fired:"]
+            out += [f"  {name} x{count}" for name, count in self.rules_fired.items()]
+        if self.notes:
+            out += ["", "notes:"]
+            out += [f"  - {n}" for n in self.notes]
+        return "\n".join(out)
+
+
+def exit_code(results: Sequence[DiffResult]) -> int:
+    """0 when every pair is identical, 1 on any divergence."""
+    return 0 if all(r.identical for r in results) else 1
+
+
+# ---- helpers ----------------------------------------------------------------------------------
+
+def _fmt(v: Any) -> str:
+    return json.dumps(v) if isinstance(v, (list, str, type(None))) else str(v)
+
+
+def _json_float(v: float | None) -> float | str | None:
+    # JSON has no NaN/Inf; spell them out rather than emit invalid JSON.
+    if v is None or math.isfinite(v):
+        return v
+    return str(v)
+
+
+def _resolve_sources(nodes: list[Node]) -> list[list[int | None]]:
+    """For each node, its sources (src slots then view_src) as indices of earlier nodes.
+
+    A name resolves to the latest earlier node carrying it (names repeat, e.g. "Qcur-0" before and
+    after RoPE); None means a leaf (weight, input, cache) or an empty slot.
+    """
+    latest: dict[str, int] = {}
+    out = []
+    for node in nodes:
+        names = list(node.src) + [node.view_src or ""]
+        out.append([latest.get(s) if s else None for s in names])
+        latest[node.name] = node.index
+    return out
+
+
+def _thresholds(nmse: float | dict[str, float] | None):
+    table = dict(DEFAULT_NMSE)
+    fallback = DEFAULT_NMSE["f32"]
+    if isinstance(nmse, (int, float)) and not isinstance(nmse, bool):
+        fallback = float(nmse)
+        table = {t: (v if t in EXACT_TYPES else fallback) for t, v in table.items()}
+    elif isinstance(nmse, dict):
+        table.update(nmse)
+        fallback = table.get("f32", fallback)
+    elif nmse is not None:
+        raise TypeError(f"nmse must be a float or a dict of type -> float, got {nmse!r}")
+
+    def threshold(typ: str) -> float:
+        if typ in table:
+            return float(table[typ])
+        return 0.0 if typ in EXACT_TYPES else fallback
+    return threshold
+
+
+def compare_values(a: np.ndarray, b: np.ndarray) -> tuple[float, float, str | None]:
+    """(nmse, max abs error, reason) with a = ref; reason is set when NaN/Inf positions disagree.
+
+    NMSE is taken over the positions finite on both sides, as test-backend-ops does after its
+    NaN/Inf check.
+    """
+    a = np.asarray(a, dtype=np.float64).ravel()
+    b = np.asarray(b, dtype=np.float64).ravel()
+    reason = None
+    nan_a, nan_b = np.isnan(a), np.isnan(b)
+    inf_a, inf_b = np.isinf(a), np.isinf(b)
+    bad = (nan_a != nan_b) | (inf_a != inf_b) | (inf_a & inf_b & (np.signbit(a) != np.signbit(b)))
+    if bad.any():
+        k = int(np.argmax(bad))
+        reason = f"NaN/Inf positions differ ({int(bad.sum())} elements, first at {k}: {a[k]} vs {b[k]})"
+    fin = np.isfinite(a) & np.isfinite(b)
+    d = a[fin] - b[fin]
+    err = float(np.dot(d, d))
+    ref = float(np.dot(a[fin], a[fin]))
+    nmse = err / ref if ref > 0 else err
+    max_abs = float(np.abs(d).max()) if d.size else 0.0
+    return nmse, max_abs, reason
+
+
+# ---- alignment --------------------------------------------------------------------------------
+
+# Steps, in order: ("pair", i, j), ("del", i, j), ("ins", i, j), ("rule", rule, i0, i1, j0, j1).
+# For "del" j is the ours position at that point, for "ins" i is the ref position.
+
+def _pair_cost(r: Node, o: Node) -> float:
+    # Below 2 (= delete + insert) means "worth reporting as one changed node".
+    same_name = normalize_name(r.name) == normalize_name(o.name)
+    if same_name and r.op == o.op:
+        return 0.0
+    if same_name:
+        return 0.5
+    if r.op == o.op:
+        return 1.0
+    return math.inf
+
+
+def _match_runs(nodes: list[Node], lo: int, hi: int, pats: tuple[Pattern, ...]) -> list[bool]:
+    """ok[k]: nodes[lo+k : lo+k+len(pats)] lies within [lo, hi) and matches pats."""
+    n = len(pats)
+    return [lo + k + n <= hi and all(p.matches(nodes[lo + k + t]) for t, p in enumerate(pats))
+            for k in range(hi - lo + 1)]
+
+
+def _align_region(R: list[Node], O: list[Node], i0: int, i1: int, j0: int, j1: int,
+                  rules: Sequence[Rule]) -> list[tuple]:
+    n, m = i1 - i0, j1 - j0
+    if (n + 1) * (m + 1) > MAX_DP_CELLS:
+        # Too big for the edit-distance search: pair equal names, the rest is inserted/deleted.
+        steps: list[tuple] = []
+        sm = difflib.SequenceMatcher(None, [normalize_name(x.name) for x in R[i0:i1]],
+                                     [normalize_name(x.name) for x in O[j0:j1]], autojunk=False)
+        for tag, a1, a2, b1, b2 in sm.get_opcodes():
+            if tag == "equal":
+                steps += [("pair", i0 + a1 + k, j0 + b1 + k) for k in range(a2 - a1)]
+            else:
+                steps += [("del", i0 + k, j0 + b1) for k in range(a1, a2)]
+                steps += [("ins", i0 + a2, j0 + k) for k in range(b1, b2)]
+        return steps
+
+    ref_ok = [_match_runs(R, i0, i1, r.ref) for r in rules]
+    ours_ok = [_match_runs(O, j0, j1, r.ours) for r in rules]
+    # cost[i][j]: cheapest explanation of R[i0+i:i1] against O[j0+j:j1]; ties prefer the
+    # earlier choice, so a rule wins over an equally cheap plain pairing.
+    inf = math.inf
+    cost = [[inf] * (m + 1) for _ in range(n + 1)]
+    choice: list[list[Any]] = [[None] * (m + 1) for _ in range(n + 1)]
+    cost[n][m] = 0.0
+    for i in range(n, -1, -1):
+        for j in range(m, -1, -1):
+            if i == n and j == m:
+                continue
+            best, ch = inf, None
+            for k, rule in enumerate(rules):
+                lr, lo = len(rule.ref), len(rule.ours)
+                if ref_ok[k][i] and ours_ok[k][j] and cost[i + lr][j + lo] < best:
+                    best, ch = cost[i + lr][j + lo], ("rule", k)
+            if i < n and j < m:
+                c = _pair_cost(R[i0 + i], O[j0 + j]) + cost[i + 1][j + 1]
+                if c < best:
+                    best, ch = c, ("pair",)
+            if i < n and 1 + cost[i + 1][j] < best:
+                best, ch = 1 + cost[i + 1][j], ("del",)
+            if j < m and 1 + cost[i][j + 1] < best:
+                best, ch = 1 + cost[i][j + 1], ("ins",)
+            cost[i][j], choice[i][j] = best, ch
+
+    steps = []
+    i = j = 0
+    while (i, j) != (n, m):
+        ch = choice[i][j]
+        if ch[0] == "rule":
+            rule = rules[ch[1]]
+            steps.append(("rule", rule, i0 + i, i0 + i + len(rule.ref), j0 + j, j0 + j + len(rule.ours)))
+            i, j = i + len(rule.ref), j + len(rule.ours)
+        elif ch[0] == "pair":
+            steps.append(("pair", i0 + i, j0 + j))
+            i, j = i + 1, j + 1
+        elif ch[0] == "del":
+            steps.append(("del", i0 + i, j0 + j))
+            i += 1
+        else:
+            steps.append(("ins", i0 + i, j0 + j))
+            j += 1
+    return steps
+
+
+def _align(R: list[Node], O: list[Node], rules: Sequence[Rule]) -> list[tuple]:
+    key = lambda x: (normalize_name(x.name), x.op)  # noqa: E731
+    sm = difflib.SequenceMatcher(None, [key(x) for x in R], [key(x) for x in O], autojunk=False)
+    # Segments: single matched pairs, or unmatched regions (i1, i2, j1, j2).
+    segs: list[tuple] = []
+    for tag, i1, i2, j1, j2 in sm.get_opcodes():
+        if tag == "equal":
+            segs += [("eq", i1 + k, j1 + k) for k in range(i2 - i1)]
+        else:
+            segs.append(("diff", i1, i2, j1, j2))
+
+    # A rule's run may straddle a region's edge (a fused op and the last node of its chain can
+    # share name and op), so each region also takes in up to `reach` matched pairs either side.
+    reach = max((max(len(r.ref), len(r.ours)) for r in rules), default=1) - 1
+    absorbed = [False] * len(segs)
+    for s, seg in enumerate(segs):
+        if seg[0] == "diff":
+            for t in range(max(0, s - reach), min(len(segs), s + reach + 1)):
+                absorbed[t] = True
+
+    steps: list[tuple] = []
+    s = 0
+    while s < len(segs):
+        if not absorbed[s]:
+            steps.append(("pair", segs[s][1], segs[s][2]))
+            s += 1
+            continue
+        t = s
+        while t < len(segs) and absorbed[t]:
+            t += 1
+        first, last = segs[s], segs[t - 1]
+        i0, j0 = (first[1], first[2]) if first[0] == "eq" else (first[1], first[3])
+        i1, j1 = (last[1] + 1, last[2] + 1) if last[0] == "eq" else (last[2], last[4])
+        steps += _align_region(R, O, i0, i1, j0, j1, rules)
+        s = t
+    return steps
+
+
+# ---- diff -------------------------------------------------------------------------------------
+
+def _node_row(node: Node, mark: bool) -> dict[str, Any]:
+    return {"index": node.index, "name": node.name, "op": node.op, "type": node.type,
+            "ne": list(node.ne), "mark": mark}
+
+
+def _context(nodes: list[Node], pos: int, marked: int | None) -> list[dict[str, Any]]:
+    lo, hi = max(0, pos - CONTEXT), min(len(nodes), pos + CONTEXT + 1)
+    return [_node_row(nodes[k], k == marked) for k in range(lo, hi)]
+
+
+class _Sources:
+    """Resolves a node's sources on one side, seeing through pass-through nodes.
+
+    Pass-through nodes are those a one-sided rule explains (e.g. an extra CONT in ours): a
+    consumer of one is treated as reading that node's first source instead.
+    """
+
+    def __init__(self, nodes: list[Node], passthrough: set[int]):
+        self.nodes, self.res, self.passthrough = nodes, _resolve_sources(nodes), passthrough
+
+    def slots(self, index: int) -> list[tuple[str, int | None]]:
+        """(name, resolved index) for each src slot, then one for view_src."""
+        node = self.nodes[index]
+        names = list(node.src) + [node.view_src or ""]
+        return [self._follow(name, k) for name, k in zip(names, self.res[index])]
+
+    def _follow(self, name: str, k: int | None) -> tuple[str, int | None]:
+        while k is not None and k in self.passthrough and self.nodes[k].src:
+            name, k = self.nodes[k].src[0], self.res[k][0]
+        return name, k
+
+
+def _compare_fields(i: int, j: int, rsrc: _Sources, osrc: _Sources, pair_map: dict[int, int]) -> dict:
+    r, o = rsrc.nodes[i], osrc.nodes[j]
+    fields: dict[str, tuple[Any, Any]] = {}
+    if normalize_name(r.name) != normalize_name(o.name):
+        fields["name"] = (r.name, o.name)
+    for f in ("op", "type", "ne", "op_params", "view_offs"):
+        if getattr(r, f) != getattr(o, f):
+            fields[f] = (getattr(r, f), getattr(o, f))
+
+    def same(a: tuple[str, int | None], b: tuple[str, int | None]) -> bool:
+        # Sources that are nodes must be aligned with each other; leaves compare by name.
+        if a[1] is not None and b[1] is not None:
+            return pair_map.get(a[1]) == b[1]
+        return a[1] is None and b[1] is None and normalize_name(a[0]) == normalize_name(b[0])
+
+    r_slots, o_slots = rsrc.slots(i), osrc.slots(j)
+    if len(r.src) != len(o.src) or not all(same(a, b) for a, b in zip(r_slots[:-1], o_slots[:-1])):
+        fields["src"] = (list(r.src), list(o.src))
+    if not same(r_slots[-1], o_slots[-1]):
+        fields["view_src"] = (r.view_src, o.view_src)
+    return fields
+
+
+def diff_dumps(ref: Dump, ours: Dump, nmse: float | dict[str, float] | None = None,
+               rules: Sequence[Rule] | str | os.PathLike | None = None) -> DiffResult:
+    """Compare two dumps; `rules` is a list of Rule or the path of a rules file."""
+    if isinstance(rules, (str, os.PathLike)):
+        rules = load_rules(rules)
+    rules = list(rules or ())
+    threshold = _thresholds(nmse)
+    R, O = ref.nodes, ours.nodes
+    steps = _align(R, O, rules)
+
+    pair_map: dict[int, int] = {}
+    pass_r: set[int] = set()
+    pass_o: set[int] = set()
+    for st in steps:
+        if st[0] == "pair":
+            pair_map[st[1]] = st[2]
+        elif st[0] == "rule":
+            _, _, i0, i1, j0, j1 = st
+            if i0 < i1 and j0 < j1:
+                pair_map[i1 - 1] = j1 - 1  # a rule's outputs: the last node of each run
+            else:
+                (pass_r if i0 < i1 else pass_o).update(range(i0, i1) if i0 < i1 else range(j0, j1))
+
+    rsrc, osrc = _Sources(R, pass_r), _Sources(O, pass_o)
+    structural: list[Difference] = []
+    explained: list[Explained] = []
+    compare: list[tuple[int, int]] = []  # (ref, ours) pairs whose values are compared
+    matched = 0
+    for st in steps:
+        if st[0] == "pair":
+            i, j = st[1], st[2]
+            fields = _compare_fields(i, j, rsrc, osrc, pair_map)
+            if fields:
+                structural.append(Difference("changed", i, j, fields, R[i].name, O[j].name, R[i].op, i, j))
+            else:
+                matched += 1
+            compare.append((i, j))
+        elif st[0] == "del":
+            i, j = st[1], st[2]
+            structural.append(Difference("deleted", i, None, {}, R[i].name, None, R[i].op, i, j))
+        elif st[0] == "ins":
+            i, j = st[1], st[2]
+            structural.append(Difference("inserted", None, j, {}, None, O[j].name, O[j].op, i, j))
+        else:
+            rule, i0, i1, j0, j1 = st[1:]
+            explained.append(Explained(rule.name, list(range(i0, i1)), list(range(j0, j1))))
+            if i1 > i0 and j1 > j0 and normalize_name(R[i1 - 1].name) == normalize_name(O[j1 - 1].name):
+                compare.append((i1 - 1, j1 - 1))
+
+    numeric: list[NumericResult] = []
+    notes: list[str] = []
+    if ref.has_values and ours.has_values:
+        for i, j in compare:
+            r, o = R[i], O[j]
+            if r.ne != o.ne:
+                continue  # already a structural difference; values cannot line up
+            a, b = ref.values(i), ours.values(j)
+            if a is None or b is None:
+                continue
+            nm, max_abs, reason = compare_values(a, b)
+            thr = threshold(r.type)
+            ok = reason is None and nm <= thr
+            numeric.append(NumericResult(i, j, r.name, r.type, int(a.size), nm, max_abs, thr, ok, reason))
+    else:
+        missing = [side for side, d in (("ref", ref), ("ours", ours)) if not d.has_values]
+        notes.append(f"no values in {' and '.join(missing)}; numeric comparison skipped")
+
+    if ref.graph != ours.graph:
+        notes.append(f"comparing a '{ref.graph}' graph with a '{ours.graph}' graph")
+    feats = sorted(set(ref.cpu_features) | set(ours.cpu_features))
+    differ = [f"{f} ref={_fmt_feat(ref.cpu_features.get(f))} ours={_fmt_feat(ours.cpu_features.get(f))}"
+              for f in feats if ref.cpu_features.get(f) != ours.cpu_features.get(f)]
+    if differ:
+        notes.append(f"cpu_features differ ({', '.join(differ)}): different kernels may run, so "
+                     "last-bit differences in values are expected")
+    sdiff = [f"{k} ref={_fmt(ref.settings.get(k))} ours={_fmt(ours.settings.get(k))}"
+             for k in sorted(set(ref.settings) | set(ours.settings))
+             if ref.settings.get(k) != ours.settings.get(k)]
+    if sdiff:
+        notes.append(f"settings differ: {', '.join(sdiff)}")
+
+    # First divergence in ref order; a structural difference precedes a value failure at the same
+    # node, and value failures propagate downstream, so the earliest one is the origin.
+    events = [((d.ref_pos, d.ours_pos, 0), d) for d in structural]
+    events += [((r.ref_index, r.ours_index, 1), r) for r in numeric if not r.ok]
+    first = None
+    if events:
+        _, ev = min(events, key=lambda e: e[0])
+        if isinstance(ev, Difference):
+            rp, op_, kind, detail = ev.ref_pos, ev.ours_pos, ev.kind, ev.describe()
+        else:
+            rp, op_, kind, detail = ev.ref_index, ev.ours_index, "numeric", ev.describe()
+        first = {"kind": kind, "ref_index": ev.ref_index, "ours_index": ev.ours_index, "detail": detail,
+                 "context": {"ref": _context(R, rp, ev.ref_index), "ours": _context(O, op_, ev.ours_index)}}
+
+    fails = [r for r in numeric if not r.ok]
+    finite = [r.nmse for r in numeric if math.isfinite(r.nmse)]
+    summary = {
+        "nodes_ref": len(R), "nodes_ours": len(O), "matched": matched,
+        "changed": sum(d.kind == "changed" for d in structural),
+        "inserted": sum(d.kind == "inserted" for d in structural),
+        "deleted": sum(d.kind == "deleted" for d in structural),
+        "explained_ref": sum(len(e.ref_indices) for e in explained),
+        "explained_ours": sum(len(e.ours_indices) for e in explained),
+        "numeric_compared": len(numeric), "numeric_failed": len(fails),
+        "max_nmse": max(finite) if finite else None,
+    }
+    return DiffResult(ref_path=str(ref.path), ours_path=str(ours.path), graph=ref.graph,
+                      identical=not structural and not fails, structural=structural, numeric=numeric,
+                      first_divergence=first, rules_fired=dict(Counter(e.rule for e in explained)),
+                      explained=explained, notes=notes, summary=summary)
+
+
+def _fmt_feat(v: bool | None) -> str:
+    return "absent" if v is None else str(v).lower()
+
+
+def _unpaired(dump: Dump, side: str, n_ref: int, n_ours: int) -> DiffResult:
+    other = "ours" if side == "ref" else "ref"
+    path = str(dump.path)
+    return DiffResult(ref_path=path if side == "ref" else None, ours_path=path if side == "ours" else None,
+                      graph=dump.graph, identical=False,
+                      notes=[f"{dump.path.name} has no counterpart in {other} "
+                             f"(ref has {n_ref} evaluations, ours has {n_ours})"])
+
+
+def diff_paths(ref_path: str | os.PathLike, ours_path: str | os.PathLike,
+               nmse: float | dict[str, float] | None = None,
+               rules_path: str | os.PathLike | None = None) -> list[DiffResult]:
+    """Diff two dump files, or two dump folders paired by evaluation order."""
+    ref_path, ours_path = Path(ref_path), Path(ours_path)
+    for p in (ref_path, ours_path):
+        if not p.exists():
+            raise DumpError(f"{p}: no such file or folder")
+    rules = load_rules(rules_path) if rules_path is not None else []
+    if ref_path.is_dir() != ours_path.is_dir():
+        raise DumpError(f"{ref_path} and {ours_path}: compare two dump files or two dump folders")
+    if not ref_path.is_dir():
+        return [_diff_files(ref_path, ours_path, nmse, rules)]
+
+    ref_files, ours_files = dump_files(ref_path), dump_files(ours_path)
+    results = []
+    for k in range(max(len(ref_files), len(ours_files))):
+        if k >= len(ours_files):
+            results.append(_unpaired(load_dump(ref_files[k]), "ref", len(ref_files), len(ours_files)))
+        elif k >= len(ref_files):
+            results.append(_unpaired(load_dump(ours_files[k]), "ours", len(ref_files), len(ours_files)))
+        else:
+            results.append(_diff_files(ref_files[k], ours_files[k], nmse, rules))
+    return results
+
+
+def _diff_files(ref_path: Path, ours_path: Path, nmse, rules: Sequence[Rule]) -> DiffResult:
+    with load_dump(ref_path) as ref, load_dump(ours_path) as ours:
+        return diff_dumps(ref, ours, nmse, rules)
+
+
+# ---- command line -----------------------------------------------------------------------------
+
+def _nmse_arg(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not v >= 0:
+        raise argparse.ArgumentTypeError(f"must be a non-negative number, got {text}")
+    return v
+
+
+def add_diff_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument("ref", help="reference dump file or folder (usually llama.cpp's)")
+    parser.add_argument("ours", help="dump file or folder to check (usually graphgen's)")
+    parser.add_argument("--nmse", type=_nmse_arg, default=None,
+                        help="NMSE threshold for float nodes (default: per type, f32 1e-7); "
+                             "integer nodes always compare exactly")
+    parser.add_argument("--rules", metavar="FILE", default=None,
+                        help="equivalence rules (JSON) that explain known structural differences")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    return parser
+
+
+def run_diff(args: argparse.Namespace) -> int:
+    """Print the report; 0 identical, 1 diverged, 2 bad input (one line on stderr)."""
+    try:
+        results = diff_paths(args.ref, args.ours, nmse=args.nmse, rules_path=args.rules)
+    except (DumpError, RulesError) as e:
+        print(f"graphgen: error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
+    code = exit_code(results)
+    if args.json:
+        print(json.dumps({"identical": code == 0, "results": [r.to_dict() for r in results]}, indent=1))
+    else:
+        print("\n\n".join(r.format_text() for r in results))
+        if len(results) > 1:
+            n_bad = sum(not r.identical for r in results)
+            print(f"\n{len(results)} graphs compared, {n_bad} diverged")
+    return code

@@ -1,0 +1,369 @@
+"""The dump format `graphgen-dump/1`: one graph evaluation as JSON, its node values as npz.
+
+A dump folder holds `NN-<graph>.json` (NN = evaluation index 00, 01, ...; graph is inject, block
+or encoder) and, next to each, an optional `NN-<graph>.npz` with node values keyed `n<index>` in
+numpy order (ne3, ne2, ne1, ne0). llama.cpp (the reference) and graphgen both write it, and
+graph-diff compares two dumps node for node.
+
+Reading is strict: a malformed field raises DumpError with a one-line message naming the file and
+the field, because a silently misread dump would turn the diff into nonsense. Unknown keys are
+ignored so that /1 can gain optional fields without breaking readers.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import zipfile
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+FORMAT = "graphgen-dump/1"
+GRAPHS = ("inject", "block", "encoder")
+ENGINES = ("llama.cpp", "graphgen")
+MAX_NODES = 1_000_000
+N_OP_PARAMS = 16
+DUMP_NAME_RE = re.compile(r"^(\d{2,})-([A-Za-z0-9_]+)\.json$")
+
+_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+
+
+class DumpError(Exception):
+    """A dump that cannot be read or is malformed; the message is one line naming file and field."""
+
+
+@dataclass
+class Node:
+    index: int
+    name: str
+    op: str
+    type: str
+    ne: list[int]
+    src: list[str] = field(default_factory=list)
+    view_src: str | None = None
+    view_offs: int = 0
+    op_params: list[int] = field(default_factory=lambda: [0] * N_OP_PARAMS)
+
+    @property
+    def nelements(self) -> int:
+        return math.prod(self.ne)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """numpy shape of the node's values: ne reversed."""
+        return tuple(reversed(self.ne))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"index": self.index, "name": self.name, "op": self.op, "type": self.type,
+                "ne": list(self.ne), "src": list(self.src), "view_src": self.view_src,
+                "view_offs": self.view_offs, "op_params": list(self.op_params)}
+
+
+@dataclass
+class Dump:
+    path: Path
+    format: str
+    source: dict[str, Any]
+    model: str
+    graph: str
+    settings: dict[str, Any]
+    cpu_features: dict[str, bool]
+    nodes: list[Node]
+    values_path: Path | None = None
+    _npz: Any = field(default=None, init=False, repr=False, compare=False)
+
+    @property
+    def seq(self) -> int | None:
+        """Evaluation index from the file name (`NN-<graph>.json`), None for other names."""
+        m = DUMP_NAME_RE.match(self.path.name)
+        return int(m.group(1)) if m else None
+
+    @property
+    def has_values(self) -> bool:
+        return self.values_path is not None
+
+    def values(self, index: int) -> np.ndarray | None:
+        """Values of node `index` in numpy shape (ne3, ne2, ne1, ne0), or None if not stored."""
+        node = self.nodes[index]
+        if self.values_path is None:
+            return None
+        key = f"n{index}"
+        try:
+            if self._npz is None:
+                self._npz = np.load(self.values_path, allow_pickle=False)
+            if key not in self._npz.files:
+                return None
+            arr = self._npz[key]
+        except (OSError, ValueError, zipfile.BadZipFile, zlib.error, EOFError) as e:
+            raise DumpError(f"{self.values_path}: cannot read array '{key}': {_one_line(e)}") from None
+        if arr.size != node.nelements:
+            raise DumpError(f"{self.values_path}: array '{key}' has {arr.size} elements but node "
+                            f"{index} ('{node.name}') has ne {node.ne}")
+        return arr.reshape(node.shape)
+
+    def close(self) -> None:
+        if self._npz is not None:
+            self._npz.close()
+            self._npz = None
+
+    def __enter__(self) -> Dump:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+# ---- validation -------------------------------------------------------------------------------
+
+def _one_line(e: object) -> str:
+    return " ".join(str(e).split())
+
+
+def _short(v: Any, limit: int = 60) -> str:
+    try:
+        s = json.dumps(v)
+    except (TypeError, ValueError):
+        s = repr(v)
+    return s if len(s) <= limit else s[:limit - 3] + "..."
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)  # JSON true must not pass as 1
+
+
+def _is_str(v: Any) -> bool:
+    return isinstance(v, str)
+
+
+def _is_nonempty_str(v: Any) -> bool:
+    return isinstance(v, str) and v != ""
+
+
+def _is_bool(v: Any) -> bool:
+    return isinstance(v, bool)
+
+
+def _is_dict(v: Any) -> bool:
+    return isinstance(v, dict)
+
+
+def _is_list(v: Any) -> bool:
+    return isinstance(v, list)
+
+
+def _is_int_or_null(v: Any) -> bool:
+    return v is None or _is_int(v)
+
+
+def _is_str_or_null(v: Any) -> bool:
+    return v is None or isinstance(v, str)
+
+
+def _fail(path: Path, fld: str, msg: str) -> DumpError:
+    return DumpError(f"{path}: field '{fld}': {msg}")
+
+
+def _get(obj: dict, key: str, path: Path, prefix: str, ok: Callable[[Any], bool], what: str) -> Any:
+    if key not in obj:
+        raise DumpError(f"{path}: missing field '{prefix}{key}'")
+    v = obj[key]
+    if not ok(v):
+        raise _fail(path, prefix + key, f"expected {what}, got {_short(v)}")
+    return v
+
+
+_SETTINGS = (("flash_attn", _is_bool, "true/false"), ("type_k", _is_str, "a string"),
+             ("type_v", _is_str, "a string"), ("n_ctx", _is_int, "an int"),
+             ("n_ubatch", _is_int, "an int"), ("n_kv", _is_int_or_null, "an int or null"),
+             ("causal", _is_bool, "true/false"))
+
+
+def _parse_node(raw: Any, pos: int, path: Path) -> Node:
+    fld = f"nodes[{pos}]"
+    if not isinstance(raw, dict):
+        raise _fail(path, fld, f"expected an object, got {_short(raw)}")
+    index = _get(raw, "index", path, fld + ".", _is_int, "an int")
+    if index != pos:
+        why = f"duplicate index {index}" if index < pos else f"index {index} skips ahead"
+        raise _fail(path, fld + ".index", f"{why}; indices must run 0, 1, 2, ... (expected {pos})")
+    name = _get(raw, "name", path, fld + ".", _is_str, "a string")
+    fld = f"nodes[{pos}] ('{name}')"  # from here on the node name helps find it
+    op = _get(raw, "op", path, fld + ".", _is_nonempty_str, "an op name")
+    typ = _get(raw, "type", path, fld + ".", _is_nonempty_str, "a type name")
+    ne = _get(raw, "ne", path, fld + ".", _is_list, "a list of 4 ints")
+    if len(ne) != 4 or not all(_is_int(x) and x >= 0 for x in ne):
+        raise _fail(path, fld + ".ne", f"expected 4 non-negative ints, got {_short(ne)}")
+    src = _get(raw, "src", path, fld + ".", _is_list, "a list of source names")
+    if not all(isinstance(s, str) for s in src):
+        raise _fail(path, fld + ".src",
+                    f"expected a list of strings (\"\" for an empty slot), got {_short(src)}")
+    view_src = _get(raw, "view_src", path, fld + ".", _is_str_or_null, "a string or null")
+    view_offs = _get(raw, "view_offs", path, fld + ".", _is_int, "an int")
+    if view_offs < 0:
+        raise _fail(path, fld + ".view_offs", f"expected a non-negative int, got {view_offs}")
+    op_params = _get(raw, "op_params", path, fld + ".", _is_list, f"a list of {N_OP_PARAMS} ints")
+    if len(op_params) != N_OP_PARAMS or not all(_is_int(x) and _INT32_MIN <= x <= _INT32_MAX
+                                                 for x in op_params):
+        raise _fail(path, fld + ".op_params", f"expected {N_OP_PARAMS} int32 values, got {_short(op_params)}")
+    return Node(index, name, op, typ, list(ne), list(src), view_src, view_offs, list(op_params))
+
+
+def _parse_doc(doc: Any, path: Path) -> dict[str, Any]:
+    """Validate a decoded dump document; returns the keyword arguments of Dump (less path)."""
+    if not isinstance(doc, dict):
+        raise DumpError(f"{path}: expected a JSON object at top level, got {type(doc).__name__}")
+    if "format" not in doc:
+        raise DumpError(f"{path}: missing field 'format' (not a {FORMAT} file?)")
+    if doc["format"] != FORMAT:
+        raise _fail(path, "format", f"expected \"{FORMAT}\", got {_short(doc['format'])}")
+    source = _get(doc, "source", path, "", _is_dict, "an object")
+    engine = _get(source, "engine", path, "source.", _is_str, "a string")
+    if engine not in ENGINES:
+        raise _fail(path, "source.engine", f"expected one of {', '.join(ENGINES)}, got {_short(engine)}")
+    _get(source, "version", path, "source.", _is_str, "a string")
+    model = _get(doc, "model", path, "", _is_str, "a string")
+    graph = _get(doc, "graph", path, "", _is_str, "a string")
+    if graph not in GRAPHS:
+        raise _fail(path, "graph", f"expected one of {', '.join(GRAPHS)}, got {_short(graph)}")
+    settings = _get(doc, "settings", path, "", _is_dict, "an object")
+    for key, ok, what in _SETTINGS:
+        _get(settings, key, path, "settings.", ok, what)
+    cpu = _get(doc, "cpu_features", path, "", _is_dict, "an object")
+    for key, v in cpu.items():
+        if not _is_bool(v):
+            raise _fail(path, f"cpu_features.{key}", f"expected true/false, got {_short(v)}")
+    raw_nodes = _get(doc, "nodes", path, "", _is_list, "a list")
+    if len(raw_nodes) > MAX_NODES:
+        raise _fail(path, "nodes", f"{len(raw_nodes)} nodes is more than the limit of {MAX_NODES}")
+    nodes = [_parse_node(raw, pos, path) for pos, raw in enumerate(raw_nodes)]
+    return {"format": FORMAT, "source": dict(source), "model": model, "graph": graph,
+            "settings": dict(settings), "cpu_features": dict(cpu), "nodes": nodes}
+
+
+# ---- reading ----------------------------------------------------------------------------------
+
+def load_dump(path: str | os.PathLike) -> Dump:
+    """Read and validate one dump JSON; values are loaded lazily from the sibling .npz."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise DumpError(f"{path}: no such file") from None
+    except OSError as e:
+        raise DumpError(f"{path}: cannot read: {e.strerror or _one_line(e)}") from None
+    except UnicodeDecodeError:
+        raise DumpError(f"{path}: not UTF-8 text (not a {FORMAT} file?)") from None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise DumpError(f"{path}: invalid JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
+    except RecursionError:
+        raise DumpError(f"{path}: invalid JSON: nested too deeply") from None
+    fields = _parse_doc(doc, path)
+    m = DUMP_NAME_RE.match(path.name)
+    if m and m.group(2) != fields["graph"]:
+        raise _fail(path, "graph", f"is \"{fields['graph']}\" but the file name says \"{m.group(2)}\"")
+    npz = path.with_suffix(".npz")
+    return Dump(path=path, values_path=npz if npz.is_file() else None, **fields)
+
+
+def dump_files(directory: str | os.PathLike) -> list[Path]:
+    """The `NN-<graph>.json` files of a dump folder, in evaluation order."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise DumpError(f"{directory}: no such folder")
+    found: dict[int, Path] = {}
+    for p in directory.iterdir():
+        m = DUMP_NAME_RE.match(p.name)
+        if not m or not p.is_file():
+            continue
+        seq = int(m.group(1))
+        if seq in found:
+            raise DumpError(f"{directory}: two dumps with evaluation index {seq}: "
+                            f"{found[seq].name} and {p.name}")
+        found[seq] = p
+    if not found:
+        raise DumpError(f"{directory}: no dump files (expected NN-<graph>.json)")
+    return [found[k] for k in sorted(found)]
+
+
+def load_dump_dir(directory: str | os.PathLike) -> list[Dump]:
+    """All dumps of a folder, sorted by evaluation index NN."""
+    return [load_dump(p) for p in dump_files(directory)]
+
+
+# ---- writing ----------------------------------------------------------------------------------
+
+_HEADER_KEYS = ("source", "model", "settings", "cpu_features")
+
+
+def _encode(doc: dict[str, Any]) -> str:
+    # One header field and one node per line: stable, compact, and friendly to text diffs.
+    lines = ["{"]
+    for key in ("format", "source", "model", "graph", "settings", "cpu_features"):
+        lines.append(f" {json.dumps(key)}: {json.dumps(doc[key], sort_keys=True)},")
+    lines.append(' "nodes": [')
+    lines.append(",\n".join("  " + json.dumps(n) for n in doc["nodes"]))
+    lines.append(" ]")
+    lines.append("}")
+    return "\n".join(line for line in lines if line) + "\n"
+
+
+def _replace_atomically(path: Path, write: Callable[[Any], None]) -> None:
+    # A reader (or a crashed writer) must never see half a file.
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        write(f)
+    os.replace(tmp, path)
+
+
+def write_dump(directory: str | os.PathLike, seq: int, graph: str, header: dict[str, Any],
+               nodes: list[Node], values: dict[int, np.ndarray] | None = None,
+               max_data: int | None = None) -> Path:
+    """Write `NN-<graph>.json` (and `.npz` when there are values) into `directory`.
+
+    `header` holds source, model, settings and cpu_features. Values are stored for nodes with
+    at most `max_data` elements (all when None), as float32 unless given as integers. The
+    document is validated with the reader's rules first, so what is written can be read back.
+    """
+    directory = Path(directory)
+    if not _is_int(seq) or seq < 0:
+        raise DumpError(f"{directory}: evaluation index must be a non-negative int, got {_short(seq)}")
+    json_path = directory / f"{seq:02d}-{graph}.json"
+    if header.get("format", FORMAT) != FORMAT:
+        raise _fail(json_path, "format", f"expected \"{FORMAT}\", got {_short(header['format'])}")
+    doc: dict[str, Any] = {"format": FORMAT, "graph": graph}
+    doc.update({k: header[k] for k in _HEADER_KEYS if k in header})
+    doc["nodes"] = [n.to_dict() for n in nodes]
+    parsed = _parse_doc(doc, json_path)
+
+    arrays: dict[str, np.ndarray] = {}
+    for index, arr in sorted((values or {}).items()):
+        if not _is_int(index) or not 0 <= index < len(parsed["nodes"]):
+            raise DumpError(f"{json_path}: values for node {_short(index)}, which does not exist")
+        node = parsed["nodes"][index]
+        arr = np.asarray(arr)
+        if arr.size != node.nelements:
+            raise DumpError(f"{json_path}: values for node {index} ('{node.name}') have {arr.size} "
+                            f"elements, ne {node.ne} needs {node.nelements}")
+        if max_data is not None and arr.size > max_data:
+            continue
+        if arr.dtype.kind not in "iu":
+            arr = arr.astype(np.float32, copy=False)
+        arrays[f"n{index}"] = arr.reshape(node.shape)
+
+    directory.mkdir(parents=True, exist_ok=True)
+    npz_path = json_path.with_suffix(".npz")
+    if arrays:
+        _replace_atomically(npz_path, lambda f: np.savez_compressed(f, **arrays))
+    else:
+        npz_path.unlink(missing_ok=True)  # a stale npz would pair old values with new nodes
+    # The JSON goes last: its presence marks a complete dump.
+    _replace_atomically(json_path, lambda f: f.write(_encode(doc).encode("utf-8")))
+    return json_path

@@ -1,0 +1,73 @@
+"""Run a scenario in graphgen's own engine and write `graphgen-dump/1` files.
+
+The same scenario drives `graphgen.reference.runner` in llama.cpp, so the two dump folders
+pair up graph by graph.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from . import __version__
+from .dump import write_dump
+from .ops import ggml as G
+from .record import NodeRecorder, cpu_features
+from .runtime.session import Session
+from .scenario import Scenario
+
+
+def engine_header(model_name: str) -> dict:
+    return {"source": {"engine": "graphgen", "version": __version__, "ggml": "0.15.3 (ggml-python 0.0.45)"},
+            "model": model_name, "cpu_features": cpu_features(G.cpu_lib())}
+
+
+def run_scenario(model_path, scenario: Scenario, out=None, max_data: int = 262144, progress=None):
+    """Run every step; write dumps into `out` when given. Returns [(step, Result, dump path)]."""
+    model_path = Path(model_path)
+    sess = Session(model_path, n_ctx=scenario.n_ctx, n_ubatch=scenario.n_ubatch,
+                   flash_attn=scenario.flash_attn, type_kv=scenario.type_kv, n_seq=scenario.n_seq,
+                   n_threads=scenario.n_threads)
+    hp = sess.hparams
+    header = engine_header(model_path.name)
+    rec = NodeRecorder(G.op_desc, G.type_name, max_data) if out is not None else None
+    context_rows: dict[tuple[int, int], np.ndarray] = {}
+    results, seq_no = [], 0
+    try:
+        for step in scenario.steps:
+            if progress:
+                progress(step)
+            if step.kind == "seq_rm":
+                sess.seq_rm(step.seq, step.pos0, step.p1)
+                continue
+            if rec is not None:
+                rec.reset()
+            if step.kind == "inject":
+                x = scenario.features(step, hp.n_embd_inp_enc)
+                r = sess.inject(x, step.pos0, step.seq, recorder=rec)
+                if r.h_nextn is not None:
+                    for i in range(step.n_tokens):
+                        context_rows[(step.seq, step.pos0 + i)] = r.h_nextn[i]
+            else:
+                state = None
+                if sess.model.variant == "lilicorr":
+                    rows = []
+                    for b in step.blocks:
+                        if b.embd_state == "random":
+                            rows.append(scenario.random_state(step, len(b.tokens), hp.n_embd))
+                        else:
+                            row = context_rows.get((b.seq, b.pos0 - 1))
+                            rows.append(None if row is None else np.tile(row, (len(b.tokens), 1)))
+                    state = None if any(r_ is None for r_ in rows) else np.concatenate(rows)
+                r = sess.block_multi([(b.seq, b.tokens, b.pos0) for b in step.blocks], recorder=rec,
+                                     embd_state=state)
+            path = None
+            if out is not None:
+                path = write_dump(out, seq_no, step.kind, dict(header, settings=sess.settings(step.kind)),
+                                  rec.nodes, rec.values)
+            results.append((step, r, path))
+            seq_no += 1
+    finally:
+        sess.close()
+    return results

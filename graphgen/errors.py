@@ -1,0 +1,17 @@
+"""Exceptions graphgen raises for bad input; each message names the key, tensor or shape."""
+
+
+class GraphgenError(Exception):
+    """Base class of graphgen's input errors."""
+
+
+class GGUFModelError(GraphgenError, ValueError):
+    """A GGUF that graphgen (or upstream's loader) would not accept."""
+
+
+class BatchError(GraphgenError, ValueError):
+    """A batch whose size, positions or sequences cannot be run."""
+
+
+class KVCacheFullError(GraphgenError, RuntimeError):
+    """The KV cache has no room for a batch; the cache is left as it was."""

@@ -1,0 +1,141 @@
+"""Read a computed ggml node into the dump format: the eval-callback half of a dump.
+
+Both engines use this: the reference passes node pointers from llama.cpp's cb_eval, graphgen
+from its own scheduler callback. The struct below is ggml's `struct ggml_tensor`, whose layout is
+the same in ggml 0.15.3 and 0.27.0; it is declared here so the reference process never has to
+import a second ggml through ggml-python.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+GGML_MAX_DIMS = 4
+GGML_MAX_SRC = 10
+GGML_MAX_NAME = 64
+GGML_MAX_OP_PARAMS = 64
+
+
+class TensorStruct(ctypes.Structure):
+    pass
+
+
+TensorStruct._fields_ = [
+    ("type", ctypes.c_int),
+    ("buffer", ctypes.c_void_p),
+    ("ne", ctypes.c_int64 * GGML_MAX_DIMS),
+    ("nb", ctypes.c_size_t * GGML_MAX_DIMS),
+    ("op", ctypes.c_int),
+    ("op_params", ctypes.c_int32 * (GGML_MAX_OP_PARAMS // 4)),
+    ("flags", ctypes.c_int32),
+    ("src", ctypes.POINTER(TensorStruct) * GGML_MAX_SRC),
+    ("view_src", ctypes.POINTER(TensorStruct)),
+    ("view_offs", ctypes.c_size_t),
+    ("data", ctypes.c_void_p),
+    ("name", ctypes.c_char * GGML_MAX_NAME),
+    ("extra", ctypes.c_void_p),
+    ("padding", ctypes.c_char * 8),
+]
+
+# ggml_type ids shared by both ggml versions for the plain types
+NUMPY_TYPES = {0: np.float32, 1: np.float16, 24: np.int8, 25: np.int16, 26: np.int32, 27: np.int64,
+               28: np.float64}
+GGML_TYPE_BF16 = 30
+
+CPU_FEATURES = ("sse3", "ssse3", "avx", "avx_vnni", "avx2", "bmi2", "f16c", "fma", "avx512",
+                "avx512_vbmi", "avx512_vnni", "avx512_bf16", "amx_int8", "neon", "arm_fma", "fp16_va",
+                "dotprod", "matmul_int8", "sve", "sme", "riscv_v", "vsx", "wasm_simd", "llamafile")
+
+
+def cpu_features(cpu_lib) -> dict:
+    """What the ggml CPU library in `cpu_lib` (a ctypes CDLL) was built for."""
+    out = {}
+    for feat in CPU_FEATURES:
+        fn = getattr(cpu_lib, f"ggml_cpu_has_{feat}", None)
+        if fn is None:
+            continue
+        fn.restype = ctypes.c_int
+        fn.argtypes = []
+        out[feat.upper()] = bool(fn())
+    return out
+
+
+def src_names(t: TensorStruct) -> list[str]:
+    names = []
+    for i in range(GGML_MAX_SRC):
+        s = t.src[i]
+        names.append(s.contents.name.decode(errors="replace") if s else "")
+    while names and names[-1] == "":
+        names.pop()
+    return names
+
+
+def read_values(t: TensorStruct, max_data: int, read_bytes=None) -> np.ndarray | None:
+    """Values of a computed node as float32 in numpy order (ne3, ne2, ne1, ne0), or None.
+
+    Views are read through their strides. `read_bytes(tensor, nbytes)` fetches device memory
+    when the data pointer is not host memory.
+    """
+    ne = [int(x) for x in t.ne]
+    n = ne[0] * ne[1] * ne[2] * ne[3]
+    if n > max_data or n == 0:
+        return None
+    if t.type == GGML_TYPE_BF16:
+        dt = np.uint16
+    elif t.type in NUMPY_TYPES:
+        dt = NUMPY_TYPES[t.type]
+    else:
+        return None  # quantized: not compared by value
+    nb = [int(x) for x in t.nb]
+    extent = sum((ne[i] - 1) * nb[i] for i in range(4)) + np.dtype(dt).itemsize
+    if read_bytes is not None:
+        raw = read_bytes(t, extent)
+    else:
+        if not t.data:
+            return None
+        raw = (ctypes.c_char * extent).from_address(t.data)
+    arr = np.ndarray(shape=(ne[3], ne[2], ne[1], ne[0]), dtype=dt, buffer=raw,
+                     strides=(nb[3], nb[2], nb[1], nb[0]))
+    if t.type == GGML_TYPE_BF16:
+        return (arr.astype(np.uint32) << 16).view(np.float32).copy()
+    return arr.astype(np.float32)
+
+
+class NodeRecorder:
+    """Collects nodes in evaluation order for one graph, as dump.Node objects plus values."""
+
+    def __init__(self, op_desc, type_name, max_data: int = 262144, read_bytes=None):
+        self.op_desc = op_desc      # callable(ptr) -> str
+        self.type_name = type_name  # callable(int) -> str
+        self.max_data = max_data
+        self.read_bytes = read_bytes
+        self.nodes = []
+        self.values = {}
+        self.backends = {}
+
+    def reset(self):
+        self.nodes, self.values, self.backends = [], {}, {}
+
+    def record(self, addr: int, backend: str | None = None):
+        from .dump import Node
+        t = TensorStruct.from_address(addr)
+        idx = len(self.nodes)
+        vs = t.view_src
+        self.nodes.append(Node(
+            index=idx,
+            name=t.name.decode(errors="replace"),
+            op=self.op_desc(addr),
+            type=self.type_name(t.type),
+            ne=[int(x) for x in t.ne],
+            src=src_names(t),
+            view_src=vs.contents.name.decode(errors="replace") if vs else None,
+            view_offs=int(t.view_offs),
+            op_params=[int(x) for x in t.op_params],
+        ))
+        if backend is not None:
+            self.backends[idx] = backend
+        vals = read_values(t, self.max_data, self.read_bytes)
+        if vals is not None:
+            self.values[idx] = vals

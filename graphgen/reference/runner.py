@@ -1,0 +1,231 @@
+"""Run a scenario in the reference llama.cpp and dump every graph it evaluates.
+
+This module runs in a child process (`python -m graphgen.reference.runner`): a GGML_ASSERT
+in llama.cpp aborts the whole process, and the parent then reports "no reference" instead of
+dying with it. The parent side is `run_reference()`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from ..record import NodeRecorder, cpu_features
+from ..scenario import Scenario, load_scenario
+from .libload import REFERENCE_BUILD, REFERENCE_VERSION, ReferenceUnavailable, load_llama
+
+GGML_TYPE_IDS = {"f32": 0, "f16": 1}
+LLAMA_TOKEN_NULL = -1
+
+
+class ReferenceFailed(RuntimeError):
+    """llama.cpp could not run the scenario (load failure, abort, decode error)."""
+
+
+def _model_meta(path: Path) -> dict:
+    from gguf import GGUFReader
+
+    r = GGUFReader(str(path))
+
+    def get(key, default=None):
+        f = r.fields.get(key)
+        if f is None:
+            return default
+        vals = [f.parts[i] for i in f.data]
+        if len(vals) == 1 and f.types[0] != 9:  # scalar (9 = array)
+            v = vals[0]
+            return v.tobytes().decode() if v.dtype == np.uint8 else v[0].item()
+        return [v[0].item() for v in vals]
+
+    return {
+        "n_embd": int(get("dflash.embedding_length")),
+        "target_layers": get("dflash.target_layers", []),
+        "causal": bool(get("dflash.attention.causal", False)),
+        "mrope": get("dflash.rope.dimension_sections") is not None,
+        "lilicorr": get("dflash.lilicorr.hidden_size", get("lilicorr.hidden_size")) is not None,
+    }
+
+
+def run_child(model: Path, scenario: Scenario, out: Path, max_data: int) -> list[Path]:
+    from ..dump import write_dump
+
+    ffi, lib, libdir = load_llama()
+    cpu_lib = ctypes.CDLL(str(libdir / "libggml-cpu.so.0"))
+    base_lib = ctypes.CDLL(str(libdir / "libggml-base.so.0"))
+    base_lib.ggml_op_desc.restype = ctypes.c_char_p
+    base_lib.ggml_op_desc.argtypes = [ctypes.c_void_p]
+    base_lib.ggml_type_name.restype = ctypes.c_char_p
+    base_lib.ggml_type_name.argtypes = [ctypes.c_int]
+    llama_dl = ctypes.CDLL(str(libdir / "libllama.so.0"))
+    set_nextn = llama_dl._Z26llama_set_embeddings_nextnP13llama_contextbb
+    set_nextn.argtypes = [ctypes.c_void_p, ctypes.c_bool, ctypes.c_bool]
+
+    meta = _model_meta(model)
+    n_embd_inp = meta["n_embd"] * len(meta["target_layers"])
+    feats = cpu_features(cpu_lib)
+
+    rec = NodeRecorder(lambda p: base_lib.ggml_op_desc(p).decode(),
+                       lambda t: base_lib.ggml_type_name(t).decode(), max_data)
+
+    @ffi.callback("bool(struct ggml_tensor *, bool, void *)")
+    def cb_eval(t, ask, ud):
+        if not ask:
+            rec.record(int(ffi.cast("uintptr_t", t)))
+        return True
+
+    lib.llama_backend_init()
+    mparams = lib.llama_model_default_params()
+    mdl = lib.llama_model_load_from_file(str(model).encode(), mparams)
+    if mdl == ffi.NULL:
+        raise ReferenceFailed(f"llama.cpp {REFERENCE_BUILD} could not load {model}")
+    cparams = lib.llama_context_default_params()
+    cparams.n_ctx = scenario.n_ctx
+    cparams.n_batch = scenario.n_ubatch
+    cparams.n_ubatch = scenario.n_ubatch
+    cparams.n_seq_max = scenario.n_seq
+    cparams.n_threads = scenario.n_threads
+    cparams.n_threads_batch = scenario.n_threads
+    cparams.flash_attn_type = 1 if scenario.flash_attn else 0
+    cparams.type_k = GGML_TYPE_IDS[scenario.type_kv]
+    cparams.type_v = GGML_TYPE_IDS[scenario.type_kv]
+    cparams.cb_eval = cb_eval
+    cparams.cb_eval_user_data = ffi.NULL
+    ctx = lib.llama_init_from_model(mdl, cparams)
+    if ctx == ffi.NULL:
+        raise ReferenceFailed(f"llama.cpp {REFERENCE_BUILD} could not create a context for {model}")
+    # h_nextn is what the drivers read (LiliCorr's context features, DFlash2/DSpark lattices)
+    set_nextn(int(ffi.cast("uintptr_t", ctx)), True, False)
+
+    header = {
+        "source": {"engine": "llama.cpp", "version": REFERENCE_BUILD,
+                   "package": f"llama-cpp-py-sync=={REFERENCE_VERSION}"},
+        "model": model.name,
+        "cpu_features": feats,
+    }
+    written = []
+    keep = []  # host buffers must outlive llama_process
+    context_rows: dict[tuple[int, int], np.ndarray] = {}
+    mem = lib.llama_get_memory(ctx)
+    seq_no = 0
+    for step in scenario.steps:
+        if step.kind == "seq_rm":
+            lib.llama_memory_seq_rm(mem, step.seq, step.pos0, step.p1)
+            continue
+        batch = lib.llama_batch_ext_init(ctx)
+        if step.kind == "inject":
+            x = np.ascontiguousarray(scenario.features(step, n_embd_inp))
+            keep.append(x)
+            for i in range(step.n_tokens):
+                row = ffi.cast("float *", x[i:].ctypes.data)
+                idx = lib.llama_batch_ext_add_embd(batch, step.seq, {"data": row, "n_rows": 1, "n_embd": n_embd_inp})
+                p = step.pos0 + i
+                pos = ffi.new("llama_pos[4]", [p, p, p, 0] if meta["mrope"] else [p, 0, 0, 0])
+                lib.llama_batch_ext_set_pos(batch, idx, pos)
+                lib.llama_batch_ext_set_output_embd(batch, idx, True)
+            lib.llama_set_causal_attn(ctx, True)
+        else:
+            for b in step.blocks:
+                state = None
+                if meta["lilicorr"]:
+                    if b.embd_state == "random":
+                        state = scenario.random_state(step, len(b.tokens), meta["n_embd"])
+                    else:
+                        row = context_rows.get((b.seq, b.pos0 - 1))
+                        state = None if row is None else np.tile(row, (len(b.tokens), 1))
+                    if state is not None:
+                        state = np.ascontiguousarray(state, dtype=np.float32)
+                        keep.append(state)
+                for i, tok in enumerate(b.tokens):
+                    idx = lib.llama_batch_ext_add_token(batch, b.seq, tok)
+                    pos = ffi.new("llama_pos[4]", [b.pos0 + i, 0, 0, 0])
+                    lib.llama_batch_ext_set_pos(batch, idx, pos)
+                    lib.llama_batch_ext_set_output_logits(batch, idx, True)
+                    if state is not None:
+                        lib.llama_batch_ext_set_embd_state(
+                            batch, idx, {"data": ffi.cast("float *", state[i:].ctypes.data),
+                                         "n_rows": 1, "n_embd": meta["n_embd"]})
+            lib.llama_set_causal_attn(ctx, meta["causal"])
+        rec.reset()
+        ret = lib.llama_process(ctx, lib.LLAMA_PROCESS_TYPE_DECODE, batch)
+        lib.llama_batch_ext_free(batch)
+        if ret != 0:
+            raise ReferenceFailed(f"llama_process returned {ret} at step {step.index} ({step.kind})")
+        if step.kind == "inject" and meta["lilicorr"]:
+            get = lib.llama_get_embeddings_ith
+            for i in range(step.n_tokens):
+                # the injected chunk's context features are h_nextn of each row
+                ptr = _nextn_row(llama_dl, ffi, ctx, i)
+                if ptr is not None:
+                    context_rows[(step.seq, step.pos0 + i)] = np.ctypeslib.as_array(
+                        ptr, shape=(meta["n_embd"],)).copy()
+            del get
+        settings = {"flash_attn": scenario.flash_attn, "type_k": scenario.type_kv,
+                    "type_v": scenario.type_kv, "n_ctx": scenario.n_ctx, "n_ubatch": scenario.n_ubatch,
+                    "n_kv": None, "causal": meta["causal"] if step.kind == "block" else True}
+        path = write_dump(out, seq_no, step.kind, dict(header, settings=settings), rec.nodes, rec.values)
+        written.append(path)
+        seq_no += 1
+    lib.llama_free(ctx)
+    lib.llama_model_free(mdl)
+    return written
+
+
+def _nextn_row(llama_dl, ffi, ctx, i):
+    fn = llama_dl._Z30llama_get_embeddings_nextn_ithP13llama_contexti
+    fn.restype = ctypes.POINTER(ctypes.c_float)
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    p = fn(int(ffi.cast("uintptr_t", ctx)), i)
+    return p if p else None
+
+
+def run_reference(model, scenario_path, out, max_data: int = 262144, timeout: float = 600) -> list[Path]:
+    """Run the reference in a child process; raise ReferenceFailed/ReferenceUnavailable on failure."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    for old in out.glob("[0-9][0-9]-*.json"):
+        old.unlink()
+        old.with_suffix(".npz").unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "graphgen.reference.runner", str(model), str(scenario_path), str(out),
+           "--max-data", str(max_data)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                              env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    except subprocess.TimeoutExpired:
+        raise ReferenceFailed(f"llama.cpp {REFERENCE_BUILD} did not finish within {timeout:.0f} s") from None
+    if proc.returncode == 3:
+        raise ReferenceUnavailable(proc.stderr.strip().splitlines()[-1])
+    if proc.returncode != 0:
+        tail = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()][-3:]
+        how = f"signal {-proc.returncode}" if proc.returncode < 0 else f"exit {proc.returncode}"
+        raise ReferenceFailed(f"llama.cpp {REFERENCE_BUILD} failed ({how}): " + " | ".join(tail))
+    return [Path(p) for p in json.loads(proc.stdout.strip().splitlines()[-1])]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m graphgen.reference.runner")
+    ap.add_argument("model")
+    ap.add_argument("scenario")
+    ap.add_argument("out")
+    ap.add_argument("--max-data", type=int, default=262144)
+    a = ap.parse_args(argv)
+    try:
+        paths = run_child(Path(a.model), load_scenario(a.scenario), Path(a.out), a.max_data)
+    except ReferenceUnavailable as e:
+        print(f"graphgen: error: {e}", file=sys.stderr)
+        return 3
+    except ReferenceFailed as e:
+        print(f"graphgen: error: {e}", file=sys.stderr)
+        return 4
+    print(json.dumps([str(p) for p in paths]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

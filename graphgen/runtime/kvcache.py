@@ -1,0 +1,266 @@
+"""The KV cache, as llama_kv_cache (unified, one stream) keeps it for the DFlash graphs.
+
+Cells hold a position and a set of sequences. A batch takes slots from `head` on (empty cells,
+or cells of one sequence that its sliding window masks), K/V are written with set_rows through
+index inputs, and the graph reads views over the first n_kv cells, n_kv padded to 256.
+With flash attention off the V cache is transposed, one row per head element.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import KVCacheFullError
+from ..ops import ggml as G
+
+N_KV_PAD = 256
+
+
+@dataclass
+class UBatch:
+    """One graph's worth of tokens, in batch order."""
+    pos: np.ndarray            # int32 [n_tokens]
+    seq: np.ndarray            # int32 [n_tokens]
+    tokens: np.ndarray | None = None   # int32 [n_tokens] for token batches
+    embd: np.ndarray | None = None     # float32 [n_tokens, n_embd_inp] for injection batches
+    embd_state: np.ndarray | None = None  # float32 [n_tokens, n_embd] (LiliCorr blocks)
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.pos.shape[0])
+
+    @property
+    def is_embd(self) -> bool:
+        return self.embd is not None
+
+
+def is_masked_swa(n_swa: int, p0: int, p1: int) -> bool:
+    """Standard sliding window: key p0 is out of the window of query p1."""
+    return n_swa > 0 and p1 - p0 >= n_swa
+
+
+class KVCache:
+    def __init__(self, hparams, layer_ids, kv_size: int, type_k: int, type_v: int, v_trans: bool,
+                 n_swa: int = 0, backend=None):
+        self.hparams = hparams
+        self.layer_ids = list(layer_ids)
+        self.size = kv_size
+        self.type_k, self.type_v = type_k, type_v
+        self.v_trans = v_trans
+        self.n_swa = n_swa
+        self.pos = np.full(kv_size, -1, dtype=np.int64)
+        self.seqs: list[set] = [set() for _ in range(kv_size)]
+        self.head = 0
+        self.k: dict[int, object] = {}
+        self.v: dict[int, object] = {}
+        self._ctx = None
+        self._buf = None
+        if backend is not None:
+            self._alloc(backend)
+
+    # -- storage ----------------------------------------------------------------------------
+    def _alloc(self, backend):
+        n = 2 * len(self.layer_ids)
+        params = G.ggml_init_params(mem_size=G.ggml_tensor_overhead() * (n + 2), mem_buffer=None, no_alloc=True)
+        self._ctx = G.ggml_init(params)
+        hp = self.hparams
+        for il in self.layer_ids:
+            k = G.ggml_new_tensor_3d(self._ctx, self.type_k, hp.n_embd_k_gqa, self.size, 1)
+            v = G.ggml_new_tensor_3d(self._ctx, self.type_v, hp.n_embd_v_gqa, self.size, 1)
+            G.set_name(k, f"cache_k_l{il}")
+            G.set_name(v, f"cache_v_l{il}")
+            self.k[il], self.v[il] = k, v
+        self._buf = G.ggml_backend_alloc_ctx_tensors(self._ctx, backend)
+        if not self._buf:
+            raise MemoryError("could not allocate the KV cache")
+        G.ggml_backend_buffer_clear(self._buf, 0)
+
+    @property
+    def nbytes(self) -> int:
+        return int(G.ggml_backend_buffer_get_size(self._buf)) if self._buf else 0
+
+    def free(self):
+        if self._buf:
+            G.ggml_backend_buffer_free(self._buf)
+            self._buf = None
+        if self._ctx:
+            G.ggml_free(self._ctx)
+            self._ctx = None
+
+    # -- cells ------------------------------------------------------------------------------
+    def used(self) -> int:
+        return int(np.count_nonzero(self.pos >= 0))
+
+    def used_max_p1(self) -> int:
+        nz = np.nonzero(self.pos >= 0)[0]
+        return int(nz[-1]) + 1 if nz.size else 0
+
+    def seq_pos_max(self, seq: int) -> int:
+        ps = [int(self.pos[i]) for i in range(self.size) if seq in self.seqs[i]]
+        return max(ps) if ps else -1
+
+    def seq_pos_min(self, seq: int) -> int:
+        ps = [int(self.pos[i]) for i in range(self.size) if seq in self.seqs[i]]
+        return min(ps) if ps else -1
+
+    def find_slot(self, ub: UBatch) -> list[int]:
+        """Cells for the batch's tokens, searched from head as upstream's find_slot (non-contiguous)."""
+        n = ub.n_tokens
+        if n > self.size:
+            raise KVCacheFullError(f"a batch of {n} tokens is larger than the KV cache ({self.size} cells)")
+        head = self.head
+        if head > self.used() + 2 * n:
+            head = 0
+        idxs, tested = [], 0
+        while len(idxs) < n:
+            if head + 1 > self.size:
+                tested += self.size - head
+                head = 0
+                continue
+            idx = head
+            head += 1
+            tested += 1
+            can_use = self.pos[idx] < 0
+            if not can_use and len(self.seqs[idx]) == 1:
+                (s,) = self.seqs[idx]
+                can_use = is_masked_swa(self.n_swa, int(self.pos[idx]), self.seq_pos_max(s) + 1)
+            if can_use:
+                idxs.append(idx)
+            if tested >= self.size and len(idxs) < n:
+                raise KVCacheFullError(f"the KV cache ({self.size} cells, {self.used()} used) has no room "
+                                       f"for {n} more tokens; remove a sequence or raise n_ctx")
+        return idxs
+
+    def apply_ubatch(self, idxs: list[int], ub: UBatch):
+        rm_max: dict[int, int] = {}
+        for i, idx in enumerate(idxs):
+            if self.pos[idx] >= 0:
+                (s,) = self.seqs[idx]
+                rm_max[s] = max(rm_max.get(s, -1), int(self.pos[idx]))
+                self.pos[idx] = -1
+                self.seqs[idx] = set()
+            self.pos[idx] = int(ub.pos[i])
+            self.seqs[idx] = {int(ub.seq[i])}
+        # a sequence's overwritten (out-of-window) positions are purged as a range
+        for s, pmax in rm_max.items():
+            pmin = self.seq_pos_min(s)
+            if 0 <= pmin <= pmax:
+                self.seq_rm(s, pmin, pmax + 1)
+        self.head = idxs[-1] + 1
+
+    def snapshot(self):
+        return self.pos.copy(), [set(s) for s in self.seqs], self.head
+
+    def restore(self, snap):
+        self.pos, self.seqs, self.head = snap[0].copy(), [set(s) for s in snap[1]], snap[2]
+
+    def seq_rm(self, seq: int, p0: int, p1: int) -> bool:
+        p0 = max(p0, 0)
+        p1 = np.iinfo(np.int32).max if p1 < 0 else p1
+        new_head = self.size
+        for i in range(self.size):
+            if self.pos[i] < 0 or not (p0 <= self.pos[i] < p1):
+                continue
+            if seq < 0 or seq in self.seqs[i]:
+                if seq < 0:
+                    self.seqs[i] = set()
+                else:
+                    self.seqs[i].discard(seq)
+                if not self.seqs[i]:
+                    self.pos[i] = -1
+                    if new_head == self.size:
+                        new_head = i
+        if new_head != self.size and new_head < self.head:
+            self.head = new_head
+        return True
+
+    def clear(self):
+        self.pos[:] = -1
+        self.seqs = [set() for _ in range(self.size)]
+        self.head = 0
+
+    def get_n_kv(self) -> int:
+        used = self.used_max_p1()
+        padded = -(-used // N_KV_PAD) * N_KV_PAD
+        return min(self.size, max(N_KV_PAD, padded))
+
+    # -- graph side -------------------------------------------------------------------------
+    def build_input_k_idxs(self, ctx, n_tokens: int):
+        t = G.ggml_new_tensor_1d(ctx, G.GGML_TYPE_I64, n_tokens)
+        G.ggml_set_input(t)
+        return G.set_name(t, "attn_inp_k_idxs")
+
+    def build_input_v_idxs(self, ctx, n_tokens: int):
+        n = n_tokens * self.hparams.n_embd_v_gqa if self.v_trans else n_tokens
+        t = G.ggml_new_tensor_1d(ctx, G.GGML_TYPE_I64, n)
+        G.ggml_set_input(t)
+        return G.set_name(t, "attn_inp_v_idxs")
+
+    def cpy_k(self, ctx, k_cur, k_idxs, il: int):
+        k = self.k[il]
+        n_embd_gqa = G.ne(k_cur, 0) * G.ne(k_cur, 1)
+        # dims 0 and 1 merge: rows of one token are contiguous
+        k_cur = G.ggml_view_2d(ctx, k_cur, n_embd_gqa, G.ne(k_cur, 2), G.nb(k_cur, 2), 0)
+        return G.ggml_set_rows(ctx, k, k_cur, k_idxs)
+
+    def cpy_v(self, ctx, v_cur, v_idxs, il: int):
+        v = self.v[il]
+        n_embd_gqa = G.ne(v_cur, 0) * G.ne(v_cur, 1)
+        n_tokens = G.ne(v_cur, 2)
+        if not self.v_trans:
+            v_cur = G.ggml_view_2d(ctx, v_cur, n_embd_gqa, n_tokens, G.nb(v_cur, 2), 0)
+            return G.ggml_set_rows(ctx, v, v_cur, v_idxs)
+        if G.ggml_row_size(G.ttype(v_cur), n_embd_gqa) == G.nb(v_cur, 2):
+            v_cur = G.ggml_reshape_2d(ctx, v_cur, n_embd_gqa, n_tokens)
+        else:
+            v_cur = G.ggml_cont_2d(ctx, v_cur, n_embd_gqa, n_tokens)
+        # each row of the transposed cache is a single head element
+        v_view = G.ggml_reshape_2d(ctx, v, 1, G.nelements(v))
+        v_cur = G.ggml_reshape_2d(ctx, v_cur, 1, G.nelements(v_cur))
+        return G.ggml_set_rows(ctx, v_view, v_cur, v_idxs)
+
+    def get_k(self, ctx, il: int, n_kv: int):
+        k = self.k[il]
+        hp = self.hparams
+        rs = lambda n: G.ggml_row_size(G.ttype(k), n)  # noqa: E731
+        return G.ggml_view_4d(ctx, k, hp.n_embd_head_k, hp.n_head_kv, n_kv, 1,
+                              rs(hp.n_embd_head_k), rs(hp.n_embd_k_gqa), rs(hp.n_embd_k_gqa * self.size), 0)
+
+    def get_v(self, ctx, il: int, n_kv: int):
+        v = self.v[il]
+        hp = self.hparams
+        rs = lambda n: G.ggml_row_size(G.ttype(v), n)  # noqa: E731
+        if not self.v_trans:
+            return G.ggml_view_4d(ctx, v, hp.n_embd_head_v, hp.n_head_kv, n_kv, 1,
+                                  rs(hp.n_embd_head_v), rs(hp.n_embd_v_gqa), rs(hp.n_embd_v_gqa * self.size), 0)
+        return G.ggml_view_4d(ctx, v, n_kv, hp.n_head_kv, hp.n_embd_head_v, 1,
+                              rs(self.size * hp.n_embd_head_v), rs(self.size),
+                              rs(self.size * hp.n_embd_v_gqa), 0)
+
+    # -- input values -----------------------------------------------------------------------
+    def k_idxs_values(self, idxs: list[int]) -> np.ndarray:
+        return np.asarray(idxs, dtype=np.int64)
+
+    def v_idxs_values(self, idxs: list[int]) -> np.ndarray:
+        if not self.v_trans:
+            return np.asarray(idxs, dtype=np.int64)
+        n_gqa = self.hparams.n_embd_v_gqa
+        j = np.arange(n_gqa, dtype=np.int64)
+        return (j[None, :] * self.size + np.asarray(idxs, dtype=np.int64)[:, None]).reshape(-1)
+
+    def kq_mask_values(self, ub: UBatch, n_kv: int, causal: bool, dtype) -> np.ndarray:
+        """[n_tokens, n_kv]: 0 where a query sees a key, -inf where it does not."""
+        pos = self.pos[:n_kv]
+        out = np.full((ub.n_tokens, n_kv), -np.inf, dtype=np.float32)
+        for i in range(ub.n_tokens):
+            s, p1 = int(ub.seq[i]), int(ub.pos[i])
+            keep = np.array([pos[j] >= 0 and s in self.seqs[j] for j in range(n_kv)], dtype=bool)
+            if causal:
+                keep &= pos <= p1
+            if self.n_swa > 0:
+                keep &= ~((p1 - pos) >= self.n_swa)
+            out[i, keep] = 0.0
+        return out.astype(dtype)

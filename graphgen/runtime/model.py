@@ -1,0 +1,443 @@
+"""GGUF -> hparams + weights on a backend, as llama_model_dflash's loaders read them.
+
+`load(path)` reads the metadata with gguf-py (memory-mapped), detects the head (variant) and
+the backbone exactly as the seed's load_arch_hparams does, validates every key and tensor shape
+before ggml sees them, and uploads the weights into one backend buffer.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import GGUFModelError
+from ..ops import ggml as G
+
+ARCH = "dflash"
+
+VARIANT_DFLASH, VARIANT_DFLASH2, VARIANT_DSPARK, VARIANT_LILICORR = "dflash", "dflash2", "dspark", "lilicorr"
+BACKBONE_BASE, BACKBONE_DSV4, BACKBONE_DSV41, BACKBONE_MISTRAL_LARGE4 = "base", "dsv4", "dsv41", "mistral-large4"
+
+# gguf-py GGMLQuantizationType values graphgen can hold as weights
+SUPPORTED_WEIGHT_TYPES = {0: "f32", 1: "f16", 8: "q8_0", 30: "bf16", 26: "i32", 27: "i64"}
+
+
+@dataclass
+class HParams:
+    n_embd: int = 0
+    n_layer: int = 0
+    n_ff: int = 0
+    n_head: int = 0
+    n_head_kv: int = 0
+    n_embd_head_k: int = 0
+    n_embd_head_v: int = 0
+    n_rot: int = 0
+    n_vocab: int = 0
+    n_ctx_train: int = 0
+    f_norm_rms_eps: float = 1e-6
+    rope_freq_base: float = 10000.0
+    rope_freq_scale: float = 1.0
+    rope_sections: list = field(default_factory=lambda: [0, 0, 0, 0])
+    n_swa: int = 0
+    swa_layers: list = field(default_factory=list)
+    f_attention_scale: float = 0.0
+    f_embedding_scale: float = 0.0
+    f_attn_value_scale: float = 0.0
+    f_logit_scale: float = 0.0
+    f_final_logit_softcapping: float = 0.0
+    causal_attn: bool = False
+    ffn_op: str = "silu"
+    target_layers: list = field(default_factory=list)
+    block_size: int = 0
+    conv_kernel_size: int = 0
+    conv_group_size: int = 0
+    selector_rank: int = 0
+    selector_top_k: int = 0
+    mask_token_id: int = -1
+    lilicorr: dict = field(default_factory=dict)
+    hc_mult: int = 0
+    n_lora_kv: int = 0
+
+    @property
+    def n_embd_inp_enc(self) -> int:
+        return len(self.target_layers) * self.n_embd
+
+    @property
+    def n_embd_k_gqa(self) -> int:
+        return self.n_embd_head_k * self.n_head_kv
+
+    @property
+    def n_embd_v_gqa(self) -> int:
+        return self.n_embd_head_v * self.n_head_kv
+
+    @property
+    def use_iswa(self) -> bool:
+        return self.n_swa > 0
+
+    def is_swa(self, il: int) -> bool:
+        return self.use_iswa and il < len(self.swa_layers) and bool(self.swa_layers[il])
+
+    @property
+    def rope_type(self) -> int:
+        if any(self.rope_sections):
+            return G.GGML_ROPE_TYPE_MROPE
+        return G.GGML_ROPE_TYPE_NEOX
+
+    @property
+    def n_pos_per_embd(self) -> int:
+        return 4 if self.rope_type == G.GGML_ROPE_TYPE_MROPE else 1
+
+
+class Layer:
+    """The per-layer tensors, under upstream's llama_layer field names (None when absent)."""
+
+    FIELDS = {
+        "attn_norm": "attn_norm.weight", "wq": "attn_q.weight", "wk": "attn_k.weight",
+        "wv": "attn_v.weight", "wo": "attn_output.weight", "wq_s": "attn_q.scale",
+        "wk_s": "attn_k.scale", "wv_s": "attn_v.scale", "wo_s": "attn_output.scale",
+        "attn_q_norm": "attn_q_norm.weight", "attn_k_norm": "attn_k_norm.weight",
+        "attn_post_norm": "post_attention_norm.weight", "ffn_post_norm": "post_ffw_norm.weight",
+        "out_scale": "layer_output_scale.weight", "rope_freqs": "rope_freqs.weight",
+        "attn_sinks": "attn_sinks.weight", "ffn_norm": "ffn_norm.weight",
+        "ffn_gate": "ffn_gate.weight", "ffn_down": "ffn_down.weight", "ffn_up": "ffn_up.weight",
+        "ffn_gate_s": "ffn_gate.scale", "ffn_down_s": "ffn_down.scale", "ffn_up_s": "ffn_up.scale",
+        "dflash_attn_conv_base": "attn_conv_base", "dflash_attn_conv_proj": "attn_conv_proj.weight",
+        "dflash_ffn_conv_base": "ffn_conv_base", "dflash_ffn_conv_proj": "ffn_conv_proj.weight",
+    }
+
+    def __init__(self, il: int, tensors: dict):
+        self.il = il
+        for attr, suffix in self.FIELDS.items():
+            setattr(self, attr, tensors.get(f"blk.{il}.{suffix}"))
+
+
+class _Meta:
+    """Typed access to GGUF metadata with errors that name the key."""
+
+    def __init__(self, reader, path):
+        self.r = reader
+        self.path = path
+
+    def has(self, key):
+        return key in self.r.fields
+
+    def get(self, key, default=None, required=False, kind=None):
+        f = self.r.fields.get(key)
+        if f is None:
+            if required:
+                raise GGUFModelError(f"{self.path}: missing key '{key}'")
+            return default
+        try:
+            vals = [f.parts[i] for i in f.data]
+            is_array = int(f.types[0]) == 9
+            if not is_array:
+                v = vals[0]
+                if v.dtype == np.uint8 and int(f.types[0]) == 8:  # string
+                    return v.tobytes().decode()
+                out = v[0].item()
+            elif len(f.types) > 1 and int(f.types[1]) == 8:
+                out = [v.tobytes().decode() for v in vals]
+            else:
+                out = [v[0].item() for v in vals]
+        except Exception as e:  # malformed field data
+            raise GGUFModelError(f"{self.path}: key '{key}' is malformed ({e})") from None
+        if kind == "int":
+            if isinstance(out, list) or isinstance(out, float) or isinstance(out, str):
+                raise GGUFModelError(f"{self.path}: key '{key}' must be an integer, got {out!r}")
+            out = int(out)
+        elif kind == "float":
+            if isinstance(out, (list, str)):
+                raise GGUFModelError(f"{self.path}: key '{key}' must be a number, got {out!r}")
+            out = float(out)
+        elif kind == "array":
+            if not isinstance(out, list):
+                out = [out]
+        return out
+
+
+def read_hparams(reader, path) -> tuple[HParams, str, str]:
+    m = _Meta(reader, path)
+    arch = m.get("general.architecture", required=True)
+    if arch != ARCH:
+        raise GGUFModelError(f"{path}: general.architecture is '{arch}', graphgen drafts are '{ARCH}'")
+    k = lambda s: f"{ARCH}.{s}"  # noqa: E731
+    hp = HParams()
+    hp.n_embd = m.get(k("embedding_length"), required=True, kind="int")
+    hp.n_layer = m.get(k("block_count"), required=True, kind="int")
+    hp.n_ff = m.get(k("feed_forward_length"), 0, kind="int")
+    hp.n_head = m.get(k("attention.head_count"), required=True, kind="int")
+    hp.n_head_kv = m.get(k("attention.head_count_kv"), hp.n_head, kind="int")
+    hp.n_ctx_train = m.get(k("context_length"), required=True, kind="int")
+    for key, val, lo, hi in ((k("embedding_length"), hp.n_embd, 1, 1 << 20),
+                             (k("block_count"), hp.n_layer, 1, 4096),
+                             (k("attention.head_count"), hp.n_head, 1, 1 << 16),
+                             (k("attention.head_count_kv"), hp.n_head_kv, 1, 1 << 16),
+                             (k("context_length"), hp.n_ctx_train, 1, 1 << 31),
+                             (k("feed_forward_length"), hp.n_ff, 0, 1 << 24)):
+        if not lo <= val <= hi:
+            raise GGUFModelError(f"{path}: key '{key}' = {val} is out of range [{lo}, {hi}]")
+    if hp.n_head % hp.n_head_kv:
+        raise GGUFModelError(f"{path}: key '{k('attention.head_count')}' = {hp.n_head} is not a multiple "
+                             f"of '{k('attention.head_count_kv')}' = {hp.n_head_kv}")
+    default_head = hp.n_embd // hp.n_head
+    hp.n_embd_head_k = m.get(k("attention.key_length"), default_head, kind="int")
+    hp.n_embd_head_v = m.get(k("attention.value_length"), default_head, kind="int")
+    if hp.n_embd_head_k <= 0 or hp.n_embd_head_v <= 0:
+        raise GGUFModelError(f"{path}: head dimension must be positive (key '{k('attention.key_length')}')")
+    hp.n_rot = m.get(k("rope.dimension_count"), hp.n_embd_head_k, kind="int")
+    if hp.n_rot <= 0 or hp.n_rot > hp.n_embd_head_k or hp.n_rot % 2:
+        raise GGUFModelError(f"{path}: key '{k('rope.dimension_count')}' = {hp.n_rot} must be even and "
+                             f"<= the head dimension {hp.n_embd_head_k}")
+    hp.f_norm_rms_eps = m.get(k("attention.layer_norm_rms_epsilon"), required=True, kind="float")
+    hp.rope_freq_base = m.get(k("rope.freq_base"), 10000.0, kind="float")
+    factor = m.get(k("rope.scaling.factor"), 0.0, kind="float")
+    hp.rope_freq_scale = 1.0 / factor if factor else 1.0
+    hp.f_embedding_scale = m.get(k("embedding_scale"), 0.0, kind="float")
+    hp.f_attention_scale = m.get(k("attention.scale"), 0.0, kind="float")
+    hp.f_attn_value_scale = m.get(k("attention.value_scale"), 0.0, kind="float")
+    hp.f_logit_scale = m.get(k("logit_scale"), 0.0, kind="float")
+    hp.f_final_logit_softcapping = m.get(k("final_logit_softcapping"), 0.0, kind="float")
+    hp.causal_attn = bool(m.get(k("attention.causal"), False))
+    act = m.get(k("hidden_activation"), "silu")
+    if act in ("gelu", "gelu_pytorch_tanh"):
+        hp.ffn_op = "gelu"
+    elif act != "silu":
+        raise GGUFModelError(f"{path}: unsupported DFlash hidden activation '{act}' (key '{k('hidden_activation')}')")
+    sections = m.get(k("rope.dimension_sections"), None, kind="array")
+    if sections is not None:
+        if len(sections) > 4 or any((not isinstance(s, int)) or s < 0 for s in sections):
+            raise GGUFModelError(f"{path}: key '{k('rope.dimension_sections')}' must hold up to 4 non-negative ints")
+        hp.rope_sections = (list(sections) + [0, 0, 0, 0])[:4]
+        if any(hp.rope_sections) and sum(hp.rope_sections) * 2 > hp.n_rot:
+            raise GGUFModelError(f"{path}: key '{k('rope.dimension_sections')}' covers more than n_rot/2 = {hp.n_rot // 2}")
+    hp.block_size = m.get(k("block_size"), 0, kind="int")
+    hp.conv_kernel_size = m.get(k("conv_kernel_size"), 0, kind="int")
+    hp.conv_group_size = m.get(k("conv_group_size"), 0, kind="int")
+    hp.selector_rank = m.get(k("selector_rank"), 0, kind="int")
+    hp.selector_top_k = m.get(k("selector_top_k"), 0, kind="int")
+    tl = m.get(k("target_layers"), None, kind="array")
+    if tl is None:
+        raise GGUFModelError(f"{path}: DFlash model requires 'target_layers' in GGUF metadata (key '{k('target_layers')}')")
+    if not tl or any(not isinstance(x, int) for x in tl):
+        raise GGUFModelError(f"{path}: key '{k('target_layers')}' must be a non-empty integer array")
+    hp.target_layers = list(tl)
+    tokens = m.get("tokenizer.ggml.tokens", None)
+    hp.n_vocab = len(tokens) if isinstance(tokens, list) else 0
+    hp.mask_token_id = m.get("tokenizer.ggml.mask_token_id", -1, kind="int")
+    hp.hc_mult = m.get(k("hyper_connection.count"), 0, kind="int")
+    hp.n_lora_kv = m.get(k("attention.kv_lora_rank"), 0, kind="int")
+
+    # head: read from tensors, as the seed does
+    names = {t.name for t in reader.tensors}
+    has_lilicorr = m.has(k("lilicorr.hidden_size")) or m.has("lilicorr.hidden_size")
+    if "markov_w1.weight" in names:
+        variant = VARIANT_DSPARK
+    elif "selector_hidden.weight" in names:
+        variant = VARIANT_DFLASH2
+    elif has_lilicorr:
+        variant = VARIANT_LILICORR
+    else:
+        variant = VARIANT_DFLASH
+    if variant == VARIANT_DFLASH2:
+        if not (hp.selector_rank > 0 and hp.selector_top_k > 0 and hp.conv_kernel_size > 0 and hp.conv_group_size > 0):
+            raise GGUFModelError(f"{path}: DFlash2 model is missing conv/selector metadata "
+                                 f"(keys '{k('selector_rank')}', '{k('selector_top_k')}', "
+                                 f"'{k('conv_kernel_size')}', '{k('conv_group_size')}')")
+    if hp.conv_group_size > 0 and hp.n_embd % hp.conv_group_size:
+        raise GGUFModelError(f"{path}: DFlash hidden size must be divisible by conv_group_size "
+                             f"({hp.n_embd} % {hp.conv_group_size}, key '{k('conv_group_size')}')")
+
+    # backbone
+    if hp.hc_mult > 0:
+        backbone = BACKBONE_DSV4
+    elif hp.n_lora_kv > 0:
+        backbone = BACKBONE_MISTRAL_LARGE4
+    else:
+        backbone = BACKBONE_BASE
+        n_swa = m.get(k("attention.sliding_window"), 0, kind="int")
+        if n_swa < 0:
+            raise GGUFModelError(f"{path}: key '{k('attention.sliding_window')}' must be >= 0")
+        if n_swa > 0:
+            pattern = m.get(k("attention.sliding_window_pattern"), None, kind="array")
+            if pattern is None:
+                raise GGUFModelError(f"{path}: missing key '{k('attention.sliding_window_pattern')}' "
+                                     "(required with a sliding window)")
+            if len(pattern) != hp.n_layer:
+                raise GGUFModelError(f"{path}: key '{k('attention.sliding_window_pattern')}' has "
+                                     f"{len(pattern)} entries for {hp.n_layer} layers")
+            if not any(pattern):
+                raise GGUFModelError(f"{path}: key '{k('attention.sliding_window_pattern')}' marks no "
+                                     "layer as sliding-window although a window is set")
+            hp.n_swa = n_swa
+            hp.swa_layers = [bool(p) for p in pattern]
+    if backbone != BACKBONE_BASE:
+        raise GGUFModelError(f"{path}: the {backbone} backbone is not supported by this graphgen build yet")
+    return hp, variant, backbone
+
+
+class Model:
+    """A loaded draft: hparams, variant, backbone and its weights in a backend buffer."""
+
+    def __init__(self, path, backend=None):
+        from gguf import GGUFReader
+
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise GGUFModelError(f"{self.path}: no such file")
+        with open(self.path, "rb") as f:
+            magic = f.read(4)
+        if magic != b"GGUF":
+            raise GGUFModelError(f"{self.path}: not a GGUF file (magic {magic!r})")
+        try:
+            reader = GGUFReader(str(self.path), "r")
+        except Exception as e:  # gguf-py raises ValueError/IndexError/struct.error on truncation
+            raise GGUFModelError(f"{self.path}: malformed or truncated GGUF ({type(e).__name__}: {e})") from None
+        self.hparams, self.variant, self.backbone = read_hparams(reader, self.path)
+        self._reader = reader
+        self._check_tensors(reader)
+        self.backend = backend
+        self.tensors: dict = {}
+        self._ctx = None
+        self._buf = None
+        if backend is not None:
+            self.upload(backend)
+
+    # -- validation -------------------------------------------------------------------------
+    def _expected_shapes(self) -> dict:
+        hp = self.hparams
+        e, hk = hp.n_embd, hp.n_embd_head_k
+        n_vocab_out = self._n_vocab_draft
+        want = {
+            "fc.weight": (hp.n_embd_inp_enc, e), "enc.output_norm.weight": (e,),
+            "output_norm.weight": (e,), "token_embd.weight": (e, hp.n_vocab or None),
+            "output.weight": (e, n_vocab_out), "fc.scale": (1,), "output.scale": (1,),
+        }
+        for il in range(hp.n_layer):
+            b = f"blk.{il}."
+            want.update({
+                b + "attn_norm.weight": (e,), b + "attn_q.weight": (e, hk * hp.n_head),
+                b + "attn_k.weight": (e, hp.n_embd_k_gqa), b + "attn_v.weight": (e, hp.n_embd_v_gqa),
+                b + "attn_output.weight": (hk * hp.n_head, e), b + "attn_q_norm.weight": (hk,),
+                b + "attn_k_norm.weight": (hk,), b + "post_attention_norm.weight": (e,),
+                b + "post_ffw_norm.weight": (e,), b + "layer_output_scale.weight": (1,),
+                b + "rope_freqs.weight": (hk // 2,), b + "attn_sinks.weight": (hp.n_head,),
+                b + "ffn_norm.weight": (e,), b + "ffn_gate.weight": (e, hp.n_ff),
+                b + "ffn_down.weight": (hp.n_ff, e), b + "ffn_up.weight": (e, hp.n_ff),
+            })
+            for s in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_down", "ffn_up"):
+                want[b + s + ".scale"] = (1,)
+        return want
+
+    def _required(self) -> list:
+        hp = self.hparams
+        req = ["fc.weight", "enc.output_norm.weight", "output_norm.weight"]
+        for il in range(hp.n_layer):
+            req += [f"blk.{il}.{s}.weight" for s in ("attn_norm", "attn_q", "attn_k", "attn_output",
+                                                      "attn_q_norm", "attn_k_norm", "ffn_norm",
+                                                      "ffn_gate", "ffn_down", "ffn_up")]
+        return req
+
+    def _check_tensors(self, reader):
+        hp = self.hparams
+        seen = {}
+        for t in reader.tensors:
+            if t.name in seen:
+                raise GGUFModelError(f"{self.path}: duplicated tensor '{t.name}'")
+            seen[t.name] = t
+            if int(t.tensor_type) not in SUPPORTED_WEIGHT_TYPES:
+                raise GGUFModelError(f"{self.path}: tensor '{t.name}' has unsupported type {t.tensor_type.name}")
+        d2t = seen.get("d2t")
+        self._n_vocab_draft = int(d2t.shape[0]) if d2t is not None else hp.n_vocab
+        if d2t is not None and int(d2t.tensor_type) != 27:
+            raise GGUFModelError(f"{self.path}: tensor 'd2t' must be i64")
+        for name in self._required():
+            if name not in seen:
+                raise GGUFModelError(f"{self.path}: missing tensor '{name}'")
+        want = self._expected_shapes()
+        for name, t in seen.items():
+            shape = tuple(int(x) for x in t.shape)
+            exp = want.get(name)
+            if exp is None:
+                continue
+            if len(shape) != len(exp) or any(w is not None and w != s for w, s in zip(exp, shape)):
+                raise GGUFModelError(f"{self.path}: tensor '{name}' has shape {list(shape)}, expected "
+                                     f"{[w if w is not None else '*' for w in exp]}")
+        if "token_embd.weight" not in seen or ("output.weight" not in seen and d2t is not None):
+            raise GGUFModelError(f"{self.path}: the draft has no 'token_embd.weight'/'output.weight'; "
+                                 "graphgen runs drafts that carry their own embeddings and lm head")
+        if hp.n_vocab == 0:
+            hp.n_vocab = int(seen["token_embd.weight"].shape[1])
+        if hp.mask_token_id >= hp.n_vocab:
+            raise GGUFModelError(f"{self.path}: key 'tokenizer.ggml.mask_token_id' = {hp.mask_token_id} "
+                                 f"is outside the vocabulary ({hp.n_vocab})")
+        end = self.path.stat().st_size
+        for t in reader.tensors:
+            if int(t.data_offset) + int(t.n_bytes) > end:
+                raise GGUFModelError(f"{self.path}: tensor '{t.name}' data lies past the end of the file")
+
+    # -- upload -----------------------------------------------------------------------------
+    def upload(self, backend):
+        reader = self._reader
+        n = len(reader.tensors)
+        params = G.ggml_init_params(mem_size=G.ggml_tensor_overhead() * (n + 8), mem_buffer=None, no_alloc=True)
+        ctx = G.ggml_init(params)
+        created = []
+        for t in reader.tensors:
+            shape = [int(x) for x in t.shape] + [1] * (4 - len(t.shape))
+            gt = G.ggml_new_tensor(ctx, int(t.tensor_type), len(t.shape),
+                                   (ctypes.c_int64 * 4)(*shape))
+            G.set_name(gt, t.name)
+            created.append((gt, t))
+        output_alias = "output.weight" not in {t.name for t in reader.tensors}
+        buf = G.ggml_backend_alloc_ctx_tensors(ctx, backend)
+        if not buf:
+            raise GGUFModelError(f"{self.path}: could not allocate the weights on the backend")
+        for gt, t in created:
+            data = np.ascontiguousarray(t.data)
+            G.ggml_backend_tensor_set(gt, data.ctypes.data_as(ctypes.c_void_p), 0, data.nbytes)
+            self.tensors[t.name] = gt
+        self._ctx, self._buf = ctx, buf
+        self.backend = backend
+        # a draft without its own lm head reuses the token embeddings (TENSOR_DUPLICATED upstream)
+        if output_alias:
+            self.tensors["output.weight"] = self.tensors["token_embd.weight"]
+        t = self.tensors
+        self.tok_embd = t.get("token_embd.weight")
+        self.output = t.get("output.weight")
+        self.output_s = t.get("output.scale")
+        self.fc = t.get("fc.weight")
+        self.fc_s = t.get("fc.scale")
+        self.output_norm_enc = t.get("enc.output_norm.weight")
+        self.output_norm = t.get("output_norm.weight")
+        self.d2t = t.get("d2t")
+        self.layers = [Layer(il, t) for il in range(self.hparams.n_layer)]
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(int(t.n_bytes) for t in self._reader.tensors)
+
+    def tensor_table(self) -> list[tuple[str, str, list]]:
+        return [(t.name, t.tensor_type.name, [int(x) for x in t.shape]) for t in self._reader.tensors]
+
+    def close(self):
+        if self._buf:
+            G.ggml_backend_buffer_free(self._buf)
+            self._buf = None
+        if self._ctx:
+            G.ggml_free(self._ctx)
+            self._ctx = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def load(path, backend=None) -> Model:
+    """Read a draft GGUF; with a backend the weights are uploaded to it."""
+    return Model(path, backend)

@@ -1,0 +1,224 @@
+"""Session: a backend, a loaded draft and its KV cache; batches in, numpy results out.
+
+Per batch: validate it (ggml asserts would kill the interpreter), take KV slots, build the
+graph for the batch's shapes, let the scheduler allocate it, set the inputs, compute, read the
+outputs. A batch that fails leaves the cache as it was.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import BatchError, KVCacheFullError
+from ..graph import GRAPH_MAX_NODES, GraphParams, MemSlot
+from ..models.dflash import build_arch_graph
+from ..ops import ggml as G
+from .kvcache import KVCache, UBatch
+from .model import Model, load
+
+KV_TYPES = {"f32": G.GGML_TYPE_F32, "f16": G.GGML_TYPE_F16}
+
+
+@dataclass
+class Result:
+    graph: str
+    logits: np.ndarray | None = None     # [n_tokens, n_vocab]
+    embd: np.ndarray | None = None       # [n_tokens, n_embd]
+    h_nextn: np.ndarray | None = None
+    n_nodes: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+def _read(t, shape_from=None) -> np.ndarray | None:
+    if t is None or not t.contents.buffer:
+        return None
+    c = t.contents
+    out = np.empty((c.ne[3], c.ne[2], c.ne[1], c.ne[0]), dtype=np.float32)
+    if c.type != G.GGML_TYPE_F32:
+        return None
+    G.ggml_backend_tensor_get(t, out.ctypes.data_as(ctypes.c_void_p), 0, out.nbytes)
+    return out.reshape(-1, c.ne[0]) if c.ne[2] * c.ne[3] == 1 else out
+
+
+class Session:
+    def __init__(self, model, *, n_ctx: int = 256, n_ubatch: int = 64, flash_attn: bool = False,
+                 type_kv: str = "f16", n_seq: int = 1, n_threads: int = 1, backend: str = "cpu"):
+        if type_kv not in KV_TYPES:
+            raise ValueError(f"type_kv must be one of {', '.join(KV_TYPES)}, got {type_kv!r} "
+                             "(quantized caches need Hadamard rotations graphgen does not build)")
+        if backend != "cpu":
+            raise ValueError(f"backend {backend!r} is not available in this build; use 'cpu'")
+        if n_ctx < 1 or n_ubatch < 1 or n_seq < 1:
+            raise ValueError("n_ctx, n_ubatch and n_seq must be positive")
+        self._lock = threading.Lock()
+        self.backend = G.ggml_backend_cpu_init()
+        G.ggml_backend_cpu_set_n_threads(self.backend, n_threads)
+        self.model = model if isinstance(model, Model) else load(model)
+        if self.model.backend is None:
+            self.model.upload(self.backend)
+        self.hparams = hp = self.model.hparams
+        self.n_ctx, self.n_ubatch, self.n_seq = n_ctx, n_ubatch, n_seq
+        self.flash_attn = flash_attn
+        self.type_kv = type_kv
+        self.n_threads = n_threads
+        t = KV_TYPES[type_kv]
+        v_trans = not flash_attn
+        if hp.use_iswa:
+            base_layers = [il for il in range(hp.n_layer) if not hp.is_swa(il)]
+            swa_layers = [il for il in range(hp.n_layer) if hp.is_swa(il)]
+            size_swa = min(n_ctx, -(-(hp.n_swa * n_seq + n_ubatch) // 256) * 256)
+            self.caches = {"base": KVCache(hp, base_layers, n_ctx, t, t, v_trans, 0, self.backend),
+                           "swa": KVCache(hp, swa_layers, size_swa, t, t, v_trans, hp.n_swa, self.backend)}
+        else:
+            self.caches = {"base": KVCache(hp, range(hp.n_layer), n_ctx, t, t, v_trans, 0, self.backend)}
+        backends = (ctypes.c_void_p * 1)(self.backend)
+        self.sched = G.ggml_backend_sched_new(backends, None, 1, GRAPH_MAX_NODES, False, True)
+        self.last_graph = None
+
+    # -- batches ----------------------------------------------------------------------------
+    def _check_common(self, pos, seq):
+        if pos.ndim != 1 or pos.shape[0] == 0:
+            raise BatchError("a batch needs at least one token")
+        if pos.shape[0] > self.n_ubatch:
+            raise BatchError(f"batch of {pos.shape[0]} tokens is larger than n_ubatch {self.n_ubatch}")
+        if (pos < 0).any():
+            raise BatchError(f"negative position {int(pos.min())} in the batch")
+        if ((seq < 0) | (seq >= self.n_seq)).any():
+            bad = int(seq[(seq < 0) | (seq >= self.n_seq)][0])
+            raise BatchError(f"sequence id {bad} is outside [0, {self.n_seq})")
+        for s in np.unique(seq):
+            ps = pos[seq == s]
+            if len(np.unique(ps)) != len(ps):
+                raise BatchError(f"sequence {int(s)} repeats a position in one batch")
+
+    def make_inject(self, features, pos0: int, seq: int = 0) -> UBatch:
+        x = np.asarray(features, dtype=np.float32)
+        w = self.hparams.n_embd_inp_enc
+        if x.ndim != 2 or x.shape[1] != w:
+            raise BatchError(f"target features must be [n_tokens, {w}] (len(target_layers) * n_embd), "
+                             f"got shape {list(x.shape)}")
+        if not np.isfinite(x).all():
+            raise BatchError("target features contain NaN or Inf")
+        n = x.shape[0]
+        pos = np.arange(pos0, pos0 + n, dtype=np.int32)
+        sq = np.full(n, seq, dtype=np.int32)
+        self._check_common(pos, sq)
+        return UBatch(pos=pos, seq=sq, embd=np.ascontiguousarray(x))
+
+    def make_block(self, blocks, embd_state=None) -> UBatch:
+        """blocks: [(seq, tokens, pos0), ...] into one batch, in that order."""
+        toks, pos, seq = [], [], []
+        for s, t, p0 in blocks:
+            t = [int(x) for x in t]
+            toks += t
+            pos += list(range(p0, p0 + len(t)))
+            seq += [s] * len(t)
+        tokens = np.asarray(toks, dtype=np.int32)
+        pos_a = np.asarray(pos, dtype=np.int32)
+        seq_a = np.asarray(seq, dtype=np.int32)
+        if tokens.size and (tokens.min() < 0 or tokens.max() >= self.hparams.n_vocab):
+            bad = int(tokens[(tokens < 0) | (tokens >= self.hparams.n_vocab)][0])
+            raise BatchError(f"token id {bad} is outside the vocabulary [0, {self.hparams.n_vocab})")
+        self._check_common(pos_a, seq_a)
+        st = None
+        if embd_state is not None:
+            st = np.asarray(embd_state, dtype=np.float32)
+            if st.shape != (tokens.size, self.hparams.n_embd):
+                raise BatchError(f"embd_state must be [{tokens.size}, {self.hparams.n_embd}], got {list(st.shape)}")
+        return UBatch(pos=pos_a, seq=seq_a, tokens=tokens, embd_state=st)
+
+    # -- compute ----------------------------------------------------------------------------
+    def decode(self, ub: UBatch, recorder=None) -> Result:
+        with self._lock:
+            snaps = {k: c.snapshot() for k, c in self.caches.items()}
+            try:
+                mem = {}
+                for k, c in self.caches.items():
+                    idxs = c.find_slot(ub)
+                    c.apply_ubatch(idxs, ub)
+                    mem[k] = MemSlot(c, idxs, c.get_n_kv())
+                return self._compute(ub, mem, recorder)
+            except BaseException:
+                for k, c in self.caches.items():
+                    c.restore(snaps[k])
+                raise
+
+    def _compute(self, ub: UBatch, mem: dict, recorder) -> Result:
+        causal = self.hparams.causal_attn if not ub.is_embd else True
+        params = GraphParams(model=self.model, ubatch=ub, mem=mem, flash_attn=self.flash_attn,
+                             causal_attn=causal)
+        g = build_arch_graph(params)
+        try:
+            G.ggml_backend_sched_reset(self.sched)
+            cb_keep = None
+            if recorder is not None:
+                def _eval(t, ask, _ud):
+                    if not ask:
+                        recorder.record(ctypes.cast(t, ctypes.c_void_p).value)
+                    return True
+                cb_keep = G.ggml_backend_sched_eval_callback(_eval)
+                G.ggml_backend_sched_set_eval_callback(self.sched, cb_keep, None)
+            else:
+                G.ggml_backend_sched_set_eval_callback(self.sched, G.ggml_backend_sched_eval_callback(0), None)
+            if not G.ggml_backend_sched_alloc_graph(self.sched, g.gf):
+                raise MemoryError("the scheduler could not allocate the graph")
+            for t, values in g.res.inputs:
+                if not t.contents.buffer:
+                    continue  # an input the graph does not use has no memory
+                arr = np.ascontiguousarray(values())
+                G.ggml_backend_tensor_set(t, arr.ctypes.data_as(ctypes.c_void_p), 0, arr.nbytes)
+            status = G.ggml_backend_sched_graph_compute(self.sched, g.gf)
+            if status != 0:
+                raise RuntimeError(f"ggml compute failed with status {status}")
+            res = Result(graph="inject" if ub.is_embd else "block", n_nodes=G.ggml_graph_n_nodes(g.gf))
+            res.logits = _read(g.res.t_logits)
+            res.embd = _read(g.res.t_embd)
+            res.h_nextn = _read(g.res.t_h_nextn)
+            self.last_graph = {"n_nodes": res.n_nodes}
+            del cb_keep
+            return res
+        finally:
+            g.free()
+
+    def inject(self, features, pos0: int, seq: int = 0, recorder=None) -> Result:
+        return self.decode(self.make_inject(features, pos0, seq), recorder)
+
+    def block(self, tokens, pos0: int, seq: int = 0, recorder=None, embd_state=None) -> Result:
+        return self.decode(self.make_block([(seq, tokens, pos0)], embd_state), recorder)
+
+    def block_multi(self, blocks, recorder=None, embd_state=None) -> Result:
+        return self.decode(self.make_block(blocks, embd_state), recorder)
+
+    def seq_rm(self, seq: int, p0: int = -1, p1: int = -1):
+        with self._lock:
+            for c in self.caches.values():
+                c.seq_rm(seq, p0, p1)
+
+    def settings(self, graph: str) -> dict:
+        return {"flash_attn": self.flash_attn, "type_k": self.type_kv, "type_v": self.type_kv,
+                "n_ctx": self.n_ctx, "n_ubatch": self.n_ubatch, "n_kv": None,
+                "causal": self.hparams.causal_attn if graph == "block" else True}
+
+    def close(self):
+        if getattr(self, "sched", None):
+            G.ggml_backend_sched_free(self.sched)
+            self.sched = None
+        for c in getattr(self, "caches", {}).values():
+            c.free()
+        self.caches = {}
+        if getattr(self, "model", None) is not None:
+            self.model.close()
+        if getattr(self, "backend", None):
+            G.ggml_backend_free(self.backend)
+            self.backend = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

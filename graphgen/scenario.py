@@ -1,0 +1,190 @@
+"""Scenarios: what to run, the same for graphgen and the reference llama.cpp.
+
+A scenario is a small JSON document::
+
+    {"n_ctx": 256, "n_ubatch": 64, "flash_attn": "off", "type_kv": "f16", "seed": 1,
+     "steps": [{"inject": {"n_tokens": 6, "pos0": 0}},
+               {"block": {"tokens": [7, 255, 255, 255], "pos0": 6}}]}
+
+Each inject or block step is one graph evaluation. Target features of inject step i are
+``default_rng(seed + i).standard_normal((n_tokens, n_embd_inp), dtype=float32)``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+KV_TYPES = ("f16", "f32")
+FLASH_ATTN = ("off", "on")
+
+
+class ScenarioError(ValueError):
+    """A scenario that cannot run; the message names the step and field."""
+
+
+@dataclass
+class SeqBlock:
+    seq: int
+    tokens: list[int]
+    pos0: int
+    embd_state: str = "context"  # "context" (features of pos0-1 from the inject) or "random"
+
+
+@dataclass
+class Step:
+    kind: str  # "inject" | "block" | "seq_rm"
+    index: int
+    seq: int = 0
+    n_tokens: int = 0
+    pos0: int = 0
+    p1: int = -1
+    blocks: list[SeqBlock] = field(default_factory=list)
+
+    @property
+    def graph(self) -> str:
+        return self.kind
+
+
+@dataclass
+class Scenario:
+    n_ctx: int = 256
+    n_ubatch: int = 64
+    flash_attn: bool = False
+    type_kv: str = "f16"
+    seed: int = 1
+    n_seq: int = 1
+    n_threads: int = 1
+    steps: list[Step] = field(default_factory=list)
+
+    def features(self, step: Step, n_embd_inp: int) -> np.ndarray:
+        rng = np.random.default_rng(self.seed + step.index)
+        return rng.standard_normal((step.n_tokens, n_embd_inp), dtype=np.float32)
+
+    def random_state(self, step: Step, n_tokens: int, n_embd: int) -> np.ndarray:
+        rng = np.random.default_rng(self.seed + step.index)
+        return rng.standard_normal((n_tokens, n_embd), dtype=np.float32)
+
+    def to_dict(self) -> dict:
+        steps = []
+        for s in self.steps:
+            if s.kind == "inject":
+                steps.append({"inject": {"n_tokens": s.n_tokens, "pos0": s.pos0, "seq": s.seq}})
+            elif s.kind == "seq_rm":
+                steps.append({"seq_rm": {"seq": s.seq, "p0": s.pos0, "p1": s.p1}})
+            else:
+                steps.append({"block": {"seqs": [
+                    {"seq": b.seq, "tokens": b.tokens, "pos0": b.pos0, "embd_state": b.embd_state}
+                    for b in s.blocks]}})
+        return {"n_ctx": self.n_ctx, "n_ubatch": self.n_ubatch,
+                "flash_attn": "on" if self.flash_attn else "off", "type_kv": self.type_kv,
+                "seed": self.seed, "n_seq": self.n_seq, "n_threads": self.n_threads, "steps": steps}
+
+
+def _int(d: dict, key: str, where: str, default=None, lo=None, hi=None) -> int:
+    if key not in d:
+        if default is None:
+            raise ScenarioError(f"{where}: missing '{key}'")
+        return default
+    v = d[key]
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ScenarioError(f"{where}: '{key}' must be an integer, got {v!r}")
+    if lo is not None and v < lo:
+        raise ScenarioError(f"{where}: '{key}' = {v} is below {lo}")
+    if hi is not None and v > hi:
+        raise ScenarioError(f"{where}: '{key}' = {v} is above {hi}")
+    return v
+
+
+def parse_scenario(doc: dict, where: str = "scenario") -> Scenario:
+    if not isinstance(doc, dict):
+        raise ScenarioError(f"{where}: expected a JSON object")
+    known = {"n_ctx", "n_ubatch", "flash_attn", "type_kv", "seed", "n_seq", "n_threads", "steps"}
+    unknown = sorted(set(doc) - known)
+    if unknown:
+        raise ScenarioError(f"{where}: unknown field '{unknown[0]}'")
+    sc = Scenario()
+    sc.n_ctx = _int(doc, "n_ctx", where, 256, lo=1, hi=1 << 20)
+    sc.n_ubatch = _int(doc, "n_ubatch", where, 64, lo=1, hi=8192)
+    sc.seed = _int(doc, "seed", where, 1, lo=0)
+    sc.n_seq = _int(doc, "n_seq", where, 1, lo=1, hi=256)
+    sc.n_threads = _int(doc, "n_threads", where, 1, lo=1, hi=256)
+    fa = doc.get("flash_attn", "off")
+    if fa not in FLASH_ATTN and not isinstance(fa, bool):
+        raise ScenarioError(f"{where}: 'flash_attn' must be 'on' or 'off', got {fa!r}")
+    sc.flash_attn = fa is True or fa == "on"
+    sc.type_kv = doc.get("type_kv", "f16")
+    if sc.type_kv not in KV_TYPES:
+        raise ScenarioError(f"{where}: 'type_kv' must be one of {', '.join(KV_TYPES)}, got {sc.type_kv!r}"
+                            " (quantized caches need Hadamard rotations graphgen does not build)")
+    steps = doc.get("steps")
+    if not isinstance(steps, list) or not steps:
+        raise ScenarioError(f"{where}: 'steps' must be a non-empty list")
+    for i, raw in enumerate(steps):
+        sw = f"{where}: step {i}"
+        if not isinstance(raw, dict) or len(raw) != 1:
+            raise ScenarioError(f"{sw}: expected an object with one key (inject, block or seq_rm)")
+        (kind, body), = raw.items()
+        if not isinstance(body, dict):
+            raise ScenarioError(f"{sw}: '{kind}' must be an object")
+        if kind == "inject":
+            n = _int(body, "n_tokens", f"{sw} inject", lo=1)
+            if n > sc.n_ubatch:
+                raise ScenarioError(f"{sw} inject: n_tokens {n} is longer than n_ubatch {sc.n_ubatch}")
+            st = Step("inject", i, seq=_int(body, "seq", sw, 0, lo=0, hi=sc.n_seq - 1),
+                      n_tokens=n, pos0=_int(body, "pos0", f"{sw} inject", 0, lo=0))
+        elif kind == "block":
+            entries = body.get("seqs", [body]) if "seqs" in body else [body]
+            if not isinstance(entries, list) or not entries:
+                raise ScenarioError(f"{sw} block: 'seqs' must be a non-empty list")
+            blocks = []
+            for j, e in enumerate(entries):
+                bw = f"{sw} block seq entry {j}"
+                if not isinstance(e, dict):
+                    raise ScenarioError(f"{bw}: expected an object")
+                toks = e.get("tokens")
+                if not isinstance(toks, list) or not toks or not all(
+                        isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in toks):
+                    raise ScenarioError(f"{bw}: 'tokens' must be a non-empty list of token ids >= 0")
+                es = e.get("embd_state", "context")
+                if es not in ("context", "random"):
+                    raise ScenarioError(f"{bw}: 'embd_state' must be 'context' or 'random'")
+                blocks.append(SeqBlock(_int(e, "seq", bw, 0, lo=0, hi=sc.n_seq - 1), list(toks),
+                                       _int(e, "pos0", bw, lo=0), es))
+            if len({b.seq for b in blocks}) != len(blocks):
+                raise ScenarioError(f"{sw} block: a sequence appears twice")
+            total = sum(len(b.tokens) for b in blocks)
+            if total > sc.n_ubatch:
+                raise ScenarioError(f"{sw} block: {total} tokens are longer than n_ubatch {sc.n_ubatch}")
+            st = Step("block", i, blocks=blocks)
+        elif kind == "seq_rm":
+            st = Step("seq_rm", i, seq=_int(body, "seq", sw, 0, lo=-1, hi=sc.n_seq - 1),
+                      pos0=_int(body, "p0", sw, 0, lo=-1), p1=_int(body, "p1", sw, -1, lo=-1))
+        else:
+            raise ScenarioError(f"{sw}: unknown step '{kind}' (expected inject, block or seq_rm)")
+        sc.steps.append(st)
+    return sc
+
+
+def load_scenario(path) -> Scenario:
+    p = Path(path)
+    try:
+        doc = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise ScenarioError(f"{p}: no such scenario file") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ScenarioError(f"{p}: not valid JSON ({e})") from None
+    return parse_scenario(doc, where=str(p))
+
+
+def default_scenario(block_size: int = 4, mask_token: int = 255, n_prompt: int = 6,
+                     flash_attn: bool = False, type_kv: str = "f16") -> Scenario:
+    """The scenario `graphgen demo` and the committed references use: a prompt, then one block."""
+    return parse_scenario({
+        "n_ctx": 256, "n_ubatch": 64, "flash_attn": "on" if flash_attn else "off",
+        "type_kv": type_kv, "seed": 1,
+        "steps": [{"inject": {"n_tokens": n_prompt, "pos0": 0}},
+                  {"block": {"tokens": [7] + [mask_token] * (block_size - 1), "pos0": n_prompt}}]})

@@ -1,0 +1,606 @@
+"""Tiny random-weight DFlash-family drafts, written as GGUF files llama.cpp's loader accepts.
+
+`make_model` writes arch "dflash" drafts for the four heads (DFlash, DFlash2, DSpark, LiliCorr)
+on the base backbone. Every key and tensor below is one that upstream reads
+(`llama_model_dflash::load_arch_hparams` / `load_arch_tensors` and the seed's
+`load_tensors_dflash2`, `load_tensors_dflash2_conv`, `load_tensors_dspark`,
+`load_tensors_lilicorr`), or a key the speculative driver reads; nothing else is written, because
+the loader rejects a file holding a tensor it never creates ("wrong number of tensors"). The one
+seed-only tensor, DSpark's RNN `joint_proj` (option joint), is rejected that way by build b11739.
+
+Shapes are given here in ggml order (ne0 first), as in the loader's create_tensor calls; numpy
+stores them reversed. The same seed always gives the same bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+import numpy as np
+
+ARCH = "dflash"
+VARIANTS = ("dflash", "dflash2", "dspark", "lilicorr")
+BACKBONES = ("base", "dsv4", "dsv41", "mistral_large4")
+HIDDEN_ACTS = ("silu", "gelu", "gelu_pytorch_tanh")
+
+# GGUF token types (llama_token_type)
+TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL = 1, 2, 3
+BOS_ID, EOS_ID, UNK_ID = 1, 2, 0
+
+# option -> default, with the variant it belongs to (None: any variant)
+OPTIONS: dict[str, tuple[object, str | None]] = {
+    "head_dim": (None, None),
+    "n_rot": (None, None),
+    "swa_window": (None, None),
+    "swa_pattern": (None, None),
+    "mrope_sections": (None, None),
+    "shared_kv": (False, None),
+    "sinks": (False, None),
+    "weight_scales": (False, None),
+    "post_norms": (False, None),
+    "out_scale": (False, None),
+    "rope_freqs": (False, None),
+    "attention_scale": (None, None),
+    "value_scale": (None, None),
+    "embedding_scale": (None, None),
+    "logit_scale": (None, None),
+    "final_softcap": (None, None),
+    "causal": (None, None),
+    "hidden_act": (None, None),
+    "d2t_vocab": (None, None),
+    # DFlash2 (conv keys also serve LiliCorr with lilicorr_conv)
+    "selector_rank": (8, "dflash2"),
+    "selector_top_k": (2, "dflash2"),
+    "conv_kernel_size": (3, "dflash2|lilicorr"),
+    "conv_group_size": (16, "dflash2|lilicorr"),
+    # DSpark
+    "markov_rank": (16, "dspark"),
+    "joint": (False, "dspark"),
+    "sample_from_anchor": (None, "dspark"),
+    # LiliCorr
+    "lilicorr_hidden": (None, "lilicorr"),
+    "lilicorr_top_k": (2, "lilicorr"),
+    "lilicorr_heads": (2, "lilicorr"),
+    "lilicorr_layers": (1, "lilicorr"),
+    "lilicorr_eps": (1e-6, "lilicorr"),
+    "lilicorr_logit_scale": (1.0, "lilicorr"),
+    "lilicorr_factor": (16, "lilicorr"),
+    "lilicorr_mlp": (None, "lilicorr"),
+    "lilicorr_conv": (False, "lilicorr"),
+}
+
+
+class _Draft:
+    """Keys and tensors of one draft, in creation order, drawn from one generator."""
+
+    def __init__(self, seed: int, weight_scales: bool):
+        self.rng = np.random.default_rng(seed)
+        self.weight_scales = weight_scales
+        self.keys: dict[str, tuple[str, object]] = {}
+        self.tensors: dict[str, np.ndarray] = {}
+
+    def key(self, name: str, kind: str, value) -> None:
+        self.keys[name] = (kind, value)
+
+    def add(self, name: str, data: np.ndarray) -> None:
+        if name in self.tensors:
+            raise AssertionError(f"tensor {name} written twice")
+        self.tensors[name] = data
+
+    def normal(self, name: str, ne, std: float, mean: float = 0.0) -> None:
+        shape = tuple(reversed(ne))
+        self.add(name, (mean + std * self.rng.standard_normal(shape)).astype(np.float32))
+
+    def linear(self, name: str, n_in: int, n_out: int, scale: bool = True) -> None:
+        """`name.weight` {n_in, n_out}; 1/sqrt(n_in) keeps activations O(1). With weight_scales,
+        also the optional `name.scale` {1} that build_lora_mm multiplies in, where upstream loads one."""
+        self.normal(f"{name}.weight", (n_in, n_out), 1.0 / np.sqrt(n_in))
+        if scale and self.weight_scales:
+            self.normal(f"{name}.scale", (1,), 0.1, mean=1.0)
+
+    def norm(self, name: str, n: int) -> None:
+        self.normal(name, (n,), 0.1, mean=1.0)
+
+    def bias(self, name: str, n: int) -> None:
+        self.normal(name, (n,), 0.02)
+
+
+def _kv(name: str) -> str:
+    return f"{ARCH}.{name}"
+
+
+def _check(cond: bool, message: str) -> None:
+    if not cond:
+        raise ValueError(message)
+
+
+def _positive_int(name: str, value) -> int:
+    _check(isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value > 0,
+           f"{name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def _resolve_options(variant: str, options: dict) -> dict:
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise ValueError(f"unknown option {unknown[0]!r}; known: {', '.join(OPTIONS)}")
+    opts = {}
+    for name, (default, owner) in OPTIONS.items():
+        if options.get(name) is not None:
+            if owner is not None and variant not in owner.split("|"):
+                raise ValueError(f"option {name} applies to variant {owner.replace('|', ' or ')} only, "
+                                 f"not {variant}")
+            opts[name] = options[name]
+        else:
+            opts[name] = default
+    if variant == "lilicorr" and not opts["lilicorr_conv"]:
+        for name in ("conv_kernel_size", "conv_group_size"):
+            _check(options.get(name) is None, f"option {name} needs lilicorr_conv=True on a LiliCorr draft")
+    return opts
+
+
+def make_model(path, variant="dflash", backbone="base", *, n_embd=64, n_layer=2, n_head=4,
+               n_head_kv=None, n_ff=128, n_vocab=256, block_size=4, target_layers=(1, 2), seed=0,
+               context_length=4096, rope_freq_base=10000.0, rms_eps=1e-6, conf=False,
+               **options) -> dict:
+    """Write a random-weight `dflash` draft GGUF to `path`; return a summary of what was written.
+
+    The summary has variant, backbone, path, n_tensors, keys (name -> value) and tensors
+    (name -> ggml shape, ne0 first).
+    """
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
+    if backbone != "base":
+        if backbone in BACKBONES:
+            raise NotImplementedError(f"backbone {backbone} comes later")
+        raise ValueError(f"backbone must be one of {', '.join(BACKBONES)}, got {backbone!r}")
+    opts = _resolve_options(variant, options)
+    _check(not conf or variant == "dspark", f"conf (the confidence head) applies to variant dspark only, "
+                                            f"not {variant}")
+
+    n_embd = _positive_int("n_embd", n_embd)
+    n_layer = _positive_int("n_layer", n_layer)
+    n_head = _positive_int("n_head", n_head)
+    n_head_kv = n_head if n_head_kv is None else _positive_int("n_head_kv", n_head_kv)
+    n_ff = _positive_int("n_ff", n_ff)
+    n_vocab = _positive_int("n_vocab", n_vocab)
+    block_size = _positive_int("block_size", block_size)
+    context_length = _positive_int("context_length", context_length)
+    _check(n_vocab >= 4, f"n_vocab must be at least 4 (unk, bos, eos and the mask token), got {n_vocab}")
+    _check(n_head % n_head_kv == 0, f"n_head ({n_head}) must be a multiple of n_head_kv ({n_head_kv})")
+    if opts["head_dim"] is None:
+        _check(n_embd % n_head == 0, f"n_embd ({n_embd}) must be divisible by n_head ({n_head}); "
+                                     "or give head_dim")
+        head_dim = n_embd // n_head
+    else:
+        head_dim = _positive_int("head_dim", opts["head_dim"])
+    target_layers = list(target_layers)
+    _check(len(target_layers) > 0, "target_layers must not be empty")
+    _check(all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) and t >= 0 for t in target_layers),
+           f"target_layers must be non-negative integers, got {target_layers!r}")
+    _check(rms_eps > 0, f"rms_eps must be positive, got {rms_eps}")
+    _check(rope_freq_base > 0, f"rope_freq_base must be positive, got {rope_freq_base}")
+
+    n_rot = opts["n_rot"]
+    if n_rot is not None:
+        n_rot = _positive_int("n_rot", n_rot)
+        _check(n_rot % 2 == 0 and n_rot <= head_dim, f"n_rot ({n_rot}) must be even and at most "
+                                                     f"head_dim ({head_dim})")
+    n_vocab_draft = n_vocab
+    if opts["d2t_vocab"] is not None:
+        n_vocab_draft = _positive_int("d2t_vocab", opts["d2t_vocab"])
+        _check(n_vocab_draft < n_vocab, f"d2t_vocab ({n_vocab_draft}) must be smaller than n_vocab ({n_vocab})")
+
+    d = _Draft(seed, bool(opts["weight_scales"]))
+
+    # --- hparams read by llama_model_base::load_hparams and load_arch_hparams
+    d.key(_kv("context_length"), "u32", context_length)
+    d.key(_kv("embedding_length"), "u32", n_embd)
+    d.key(_kv("block_count"), "u32", n_layer)
+    d.key(_kv("feed_forward_length"), "u32", n_ff)
+    d.key(_kv("attention.head_count"), "u32", n_head)
+    d.key(_kv("attention.head_count_kv"), "u32", n_head_kv)
+    d.key(_kv("attention.layer_norm_rms_epsilon"), "f32", float(rms_eps))
+    d.key(_kv("rope.freq_base"), "f32", float(rope_freq_base))
+    if opts["head_dim"] is not None:
+        d.key(_kv("attention.key_length"), "u32", head_dim)
+        d.key(_kv("attention.value_length"), "u32", head_dim)
+    if n_rot is not None:
+        d.key(_kv("rope.dimension_count"), "u32", n_rot)
+    # the loader throws without target_layers; DSpark asserts block_size, DFlash2/LiliCorr need it
+    d.key(_kv("target_layers"), "i32[]", [int(t) for t in target_layers])
+    d.key(_kv("block_size"), "u32", block_size)
+    _hparam_options(d, opts, n_layer, head_dim if n_rot is None else n_rot)
+
+    # --- head hparams, then the tokenizer
+    if variant == "dflash2":
+        _dflash2_keys(d, opts, n_embd)
+    elif variant == "dspark":
+        _dspark_keys(d, opts, conf)
+    elif variant == "lilicorr":
+        _lilicorr_keys(d, opts, n_embd, n_layer, block_size)
+    _tokenizer_keys(d, n_vocab)
+
+    # --- tensors, in load_arch_tensors order
+    d.normal("token_embd.weight", (n_embd, n_vocab), 1.0)
+    if n_vocab_draft != n_vocab:
+        # d2t maps draft rows to target token ids: the logits are scattered to these rows
+        ids = np.sort(d.rng.choice(n_vocab, size=n_vocab_draft, replace=False)).astype(np.int64)
+        d.add("d2t", ids)
+    if variant == "dspark":
+        _dspark_tensors(d, opts, n_embd, n_vocab, n_vocab_draft, conf)
+    elif variant == "dflash2":
+        _dflash2_tensors(d, opts, n_embd, n_vocab, n_layer)
+    elif variant == "lilicorr":
+        _lilicorr_tensors(d, opts, n_embd, n_layer, block_size)
+    d.linear("fc", len(target_layers) * n_embd, n_embd)
+    d.norm("enc.output_norm.weight", n_embd)  # encoder hidden_norm, after fc
+    d.norm("output_norm.weight", n_embd)      # decoder final norm
+    # output.scale is loaded only for an NVFP4 lm head, so an f32 draft carries none
+    d.linear("output", n_embd, n_vocab_draft, scale=False)
+    _base_layers(d, opts, n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff)
+
+    _write(Path(path), d)
+    return {
+        "variant": variant,
+        "backbone": backbone,
+        "path": str(path),
+        "n_tensors": len(d.tensors),
+        "keys": {name: value for name, (_, value) in d.keys.items()},
+        "tensors": {name: tuple(reversed(t.shape)) for name, t in d.tensors.items()},
+    }
+
+
+def _hparam_options(d: _Draft, opts: dict, n_layer: int, n_rot: int) -> None:
+    if opts["swa_pattern"] is not None and opts["swa_window"] is None:
+        raise ValueError("swa_pattern needs swa_window")
+    if opts["swa_window"] is not None:
+        window = _positive_int("swa_window", opts["swa_window"])
+        # upstream reads the pattern as required once a window is set; default: even layers slide
+        pattern = opts["swa_pattern"]
+        pattern = [il % 2 == 0 for il in range(n_layer)] if pattern is None else [bool(p) for p in pattern]
+        _check(len(pattern) == n_layer, f"swa_pattern has {len(pattern)} entries, n_layer is {n_layer}")
+        # a window with no sliding layer aborts upstream (GGML_ASSERT(hparams.is_swa_any()))
+        _check(any(pattern), "swa_pattern marks no layer as sliding; upstream aborts on such a window")
+        d.key(_kv("attention.sliding_window"), "u32", window)
+        d.key(_kv("attention.sliding_window_pattern"), "bool[]", pattern)
+    if opts["mrope_sections"] is not None:
+        sections = [int(s) for s in opts["mrope_sections"]]
+        _check(len(sections) == 4 and all(s >= 0 for s in sections) and sum(sections) > 0,
+               f"mrope_sections must be 4 non-negative ints with a positive sum, got {opts['mrope_sections']!r}")
+        _check(sum(sections) <= n_rot // 2, f"mrope_sections sum to {sum(sections)}, more than n_rot/2 "
+                                            f"({n_rot // 2})")
+        d.key(_kv("rope.dimension_sections"), "i32[]", sections)
+    if opts["final_softcap"] is not None:
+        _check(opts["final_softcap"] > 0, f"final_softcap must be positive, got {opts['final_softcap']}")
+    for opt, key in (("attention_scale", "attention.scale"), ("value_scale", "attention.value_scale"),
+                     ("embedding_scale", "embedding_scale"), ("logit_scale", "logit_scale"),
+                     ("final_softcap", "final_logit_softcapping")):
+        if opts[opt] is not None:
+            d.key(_kv(key), "f32", float(opts[opt]))
+    if opts["causal"] is not None:
+        d.key(_kv("attention.causal"), "bool", bool(opts["causal"]))
+    if opts["hidden_act"] is not None:
+        _check(opts["hidden_act"] in HIDDEN_ACTS,
+               f"hidden_act must be one of {', '.join(HIDDEN_ACTS)}, got {opts['hidden_act']!r}")
+        d.key(_kv("hidden_activation"), "str", opts["hidden_act"])
+
+
+def _tokenizer_keys(d: _Draft, n_vocab: int) -> None:
+    mask_id = n_vocab - 1
+    tokens = [f"<t{i}>" for i in range(n_vocab)]
+    types = [TOKEN_NORMAL] * n_vocab
+    for tid, text, kind in ((UNK_ID, "<unk>", TOKEN_UNKNOWN), (BOS_ID, "<s>", TOKEN_CONTROL),
+                            (EOS_ID, "</s>", TOKEN_CONTROL), (mask_id, "<mask>", TOKEN_CONTROL)):
+        tokens[tid], types[tid] = text, kind
+    d.key("tokenizer.ggml.model", "str", "llama")
+    d.key("tokenizer.ggml.tokens", "str[]", tokens)
+    d.key("tokenizer.ggml.scores", "f32[]", [-float(i) for i in range(n_vocab)])
+    d.key("tokenizer.ggml.token_type", "i32[]", types)
+    d.key("tokenizer.ggml.bos_token_id", "u32", BOS_ID)
+    d.key("tokenizer.ggml.eos_token_id", "u32", EOS_ID)
+    d.key("tokenizer.ggml.unknown_token_id", "u32", UNK_ID)
+    d.key("tokenizer.ggml.mask_token_id", "u32", mask_id)
+
+
+def _base_layers(d: _Draft, opts: dict, n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff) -> None:
+    """load_tensors_layers_base; the *.scale tensors are the loader's generic per-layer pass."""
+    for il in range(n_layer):
+        blk = f"blk.{il}"
+        d.norm(f"{blk}.attn_norm.weight", n_embd)
+        d.linear(f"{blk}.attn_q", n_embd, head_dim * n_head)
+        d.linear(f"{blk}.attn_k", n_embd, head_dim * n_head_kv)
+        if not opts["shared_kv"]:  # without attn_v, V is the RMS-normed K
+            d.linear(f"{blk}.attn_v", n_embd, head_dim * n_head_kv)
+        d.linear(f"{blk}.attn_output", head_dim * n_head, n_embd)
+        d.norm(f"{blk}.attn_q_norm.weight", head_dim)
+        d.norm(f"{blk}.attn_k_norm.weight", head_dim)
+        if opts["post_norms"]:
+            d.norm(f"{blk}.post_attention_norm.weight", n_embd)
+            d.norm(f"{blk}.post_ffw_norm.weight", n_embd)
+        if opts["out_scale"]:
+            d.normal(f"{blk}.layer_output_scale.weight", (1,), 0.1, mean=1.0)
+        if opts["rope_freqs"] and il == 0:
+            # one tensor without a layer index; upstream duplicates it into every layer
+            d.normal("rope_freqs.weight", (head_dim // 2,), 0.1, mean=1.0)
+        if opts["sinks"]:
+            d.normal(f"{blk}.attn_sinks.weight", (n_head,), 0.5)
+        d.norm(f"{blk}.ffn_norm.weight", n_embd)
+        d.linear(f"{blk}.ffn_gate", n_embd, n_ff)
+        d.linear(f"{blk}.ffn_down", n_ff, n_embd)
+        d.linear(f"{blk}.ffn_up", n_embd, n_ff)
+
+
+# --- DFlash2: local conv in the layers + candidate selector on the block
+
+def _dflash2_keys(d: _Draft, opts: dict, n_embd: int) -> None:
+    rank = _positive_int("selector_rank", opts["selector_rank"])
+    top_k = _positive_int("selector_top_k", opts["selector_top_k"])
+    _check(n_embd >= top_k * (top_k + 1),
+           f"DFlash2 needs n_embd >= selector_top_k*(selector_top_k+1) for the selector lattice: "
+           f"n_embd {n_embd} < {top_k * (top_k + 1)}")
+    d.key(_kv("selector_rank"), "u32", rank)
+    d.key(_kv("selector_top_k"), "u32", top_k)
+    _conv_keys(d, opts, n_embd)
+
+
+def _conv_keys(d: _Draft, opts: dict, n_embd: int) -> None:
+    kernel = _positive_int("conv_kernel_size", opts["conv_kernel_size"])
+    group = _positive_int("conv_group_size", opts["conv_group_size"])
+    _check(n_embd % group == 0, f"n_embd ({n_embd}) must be divisible by conv_group_size ({group})")
+    d.key(_kv("conv_kernel_size"), "u32", kernel)
+    d.key(_kv("conv_group_size"), "u32", group)
+
+
+def _dflash2_tensors(d: _Draft, opts: dict, n_embd: int, n_vocab: int, n_layer: int) -> None:
+    rank = opts["selector_rank"]
+    d.normal("selector_predecessor.weight", (rank, n_vocab), 1.0 / np.sqrt(rank))
+    d.normal("selector_successor.weight", (rank, n_vocab), 1.0 / np.sqrt(rank))
+    d.normal("selector_hidden.weight", (n_embd, rank), 1.0 / np.sqrt(n_embd))
+    _conv_tensors(d, opts, n_embd, n_layer)
+
+
+def _conv_tensors(d: _Draft, opts: dict, n_embd: int, n_layer: int) -> None:
+    """load_tensors_dflash2_conv: per-layer base taps {n_embd, kernel, 2} plus a projection to
+    2*kernel coefficients per channel group (side 0: attention input, side 1: FFN input)."""
+    kernel = opts["conv_kernel_size"]
+    projected = 2 * kernel * (n_embd // opts["conv_group_size"])
+    for il in range(n_layer):
+        for part in ("attn", "ffn"):
+            # the taps sum kernel terms: weights ~1/kernel keep the output O(1)
+            d.normal(f"blk.{il}.{part}_conv_base", (n_embd, kernel, 2), 0.5 / kernel)
+            d.normal(f"blk.{il}.{part}_conv_proj.weight", (n_embd, projected), 0.1 / np.sqrt(n_embd))
+
+
+# --- DSpark: Markov head (+ confidence head, + RNN joint head in the seed)
+
+def _dspark_keys(d: _Draft, opts: dict, conf: bool) -> None:
+    _positive_int("markov_rank", opts["markov_rank"])
+    # the driver reads a missing key as "has a confidence head", so say so either way
+    d.key(_kv("has_confidence_head"), "bool", bool(conf))
+    if opts["sample_from_anchor"] is not None:
+        d.key(_kv("sample_from_anchor"), "bool", bool(opts["sample_from_anchor"]))
+
+
+def _dspark_tensors(d: _Draft, opts: dict, n_embd: int, n_vocab: int, n_vocab_draft: int, conf: bool) -> None:
+    rank = opts["markov_rank"]
+    # w1 is a previous-token embedding over the full vocab, w2 projects it to draft-vocab bias
+    d.normal("markov_w1.weight", (rank, n_vocab), 1.0)
+    d.linear("markov_w2", rank, n_vocab_draft)
+    if conf:
+        d.normal("conf_proj.weight", (n_embd + rank, 1), 1.0 / np.sqrt(n_embd + rank))
+        d.bias("conf_proj.bias", 1)
+    if opts["joint"]:  # seed only: b11739 does not load joint_proj
+        d.normal("joint_proj.weight", (n_embd + 2 * rank, 3 * rank), 1.0 / np.sqrt(n_embd + 2 * rank))
+        d.bias("joint_proj.bias", 3 * rank)
+
+
+# --- LiliCorr: correlation scorer over the block's top-k candidates
+
+def _lilicorr_keys(d: _Draft, opts: dict, n_embd: int, n_layer: int, block_size: int) -> None:
+    # fill in the defaults that depend on n_embd, for _lilicorr_tensors
+    hidden = opts["lilicorr_hidden"] = n_embd if opts["lilicorr_hidden"] is None else _positive_int(
+        "lilicorr_hidden", opts["lilicorr_hidden"])
+    heads = _positive_int("lilicorr_heads", opts["lilicorr_heads"])
+    top_k = _positive_int("lilicorr_top_k", opts["lilicorr_top_k"])
+    layers = _positive_int("lilicorr_layers", opts["lilicorr_layers"])
+    factor = _positive_int("lilicorr_factor", opts["lilicorr_factor"])
+    opts["lilicorr_mlp"] = mlp = 2 * hidden if opts["lilicorr_mlp"] is None else _positive_int(
+        "lilicorr_mlp", opts["lilicorr_mlp"])
+    _check(block_size >= 2, f"LiliCorr needs block_size >= 2 (one anchor and at least one slot), got {block_size}")
+    _check(hidden % heads == 0, f"lilicorr_hidden ({hidden}) must be divisible by lilicorr_heads ({heads})")
+    _check(top_k * (top_k + 1) <= n_embd, f"LiliCorr needs n_embd >= lilicorr_top_k*(lilicorr_top_k+1): "
+                                          f"n_embd {n_embd} < {top_k * (top_k + 1)}")
+    # its head layers live on layers[0..num_layers) of the base stack
+    _check(layers <= n_layer, f"lilicorr_layers ({layers}) must not exceed n_layer ({n_layer})")
+    _check(opts["lilicorr_eps"] > 0, f"lilicorr_eps must be positive, got {opts['lilicorr_eps']}")
+    # LiliCorr keys carry no arch prefix
+    d.key("lilicorr.hidden_size", "u32", hidden)
+    d.key("lilicorr.candidate_topk", "u32", top_k)
+    d.key("lilicorr.num_heads", "u32", heads)
+    d.key("lilicorr.num_layers", "u32", layers)
+    d.key("lilicorr.vector_eps", "f32", float(opts["lilicorr_eps"]))
+    d.key("lilicorr.logit_scale", "f32", float(opts["lilicorr_logit_scale"]))
+    d.key("lilicorr.factor_dim", "u32", factor)
+    d.key("lilicorr.mlp_hidden_size", "u32", mlp)
+    if opts["lilicorr_conv"]:
+        _conv_keys(d, opts, n_embd)
+
+
+def _lilicorr_tensors(d: _Draft, opts: dict, n_embd: int, n_layer: int, block_size: int) -> None:
+    hidden, mlp = opts["lilicorr_hidden"], opts["lilicorr_mlp"]
+    top_k, heads, factor = opts["lilicorr_top_k"], opts["lilicorr_heads"], opts["lilicorr_factor"]
+    slots = block_size - 1
+    feature_bid = n_layer + opts["lilicorr_layers"]  # head layers sit after the base stack
+    if hidden != n_embd:
+        d.linear("lilicorr.token_proj", n_embd, hidden)
+        d.bias("lilicorr.token_proj.bias", hidden)
+    d.linear("lilicorr.pass_hidden_proj", n_embd, hidden)
+    d.bias("lilicorr.pass_hidden_proj.bias", hidden)
+    # the 5 per-candidate scalar features: norm, then a 2-layer MLP
+    d.norm(f"blk.{feature_bid}.ffn_norm.weight", 5)
+    d.bias(f"blk.{feature_bid}.ffn_norm.bias", 5)
+    d.linear(f"blk.{feature_bid}.ffn_up", 5, hidden, scale=False)
+    d.bias(f"blk.{feature_bid}.ffn_up.bias", hidden)
+    d.linear(f"blk.{feature_bid}.ffn_down", hidden, hidden, scale=False)
+    d.bias(f"blk.{feature_bid}.ffn_down.bias", hidden)
+    d.normal("lilicorr.slot_embedding.weight", (hidden, slots), 0.5)
+    d.normal("lilicorr.rank_embedding.weight", (hidden, top_k), 0.5)
+    d.normal("lilicorr.attention_bias.bias", (slots * top_k, slots * top_k, heads), 0.1)
+    d.linear("lilicorr.context_proj", n_embd, hidden)
+    d.bias("lilicorr.context_proj.bias", hidden)
+    for i in range(opts["lilicorr_layers"]):
+        bid = n_layer + i
+        d.norm(f"blk.{bid}.attn_norm.weight", hidden)
+        d.norm(f"blk.{bid}.ffn_norm.weight", hidden)
+        # the in-projection is named by head layer index i, not by block id
+        d.linear(f"lilicorr.layers.{i}.attn.in_proj", hidden, 3 * hidden, scale=False)
+        d.bias(f"lilicorr.layers.{i}.attn.in_proj.bias", 3 * hidden)
+        d.linear(f"blk.{bid}.attn_output", hidden, hidden)
+        d.bias(f"blk.{bid}.attn_output.bias", hidden)
+        d.linear(f"blk.{bid}.ffn_up", hidden, mlp)
+        d.bias(f"blk.{bid}.ffn_up.bias", mlp)
+        d.linear(f"blk.{bid}.ffn_down", mlp, hidden)
+        d.bias(f"blk.{bid}.ffn_down.bias", hidden)
+    d.norm("lilicorr.output_norm.weight", hidden)
+    d.norm("lilicorr.anchor_norm.weight", hidden)
+    d.linear("lilicorr.factor_input_proj", 3 * hidden, hidden, scale=False)
+    d.bias("lilicorr.factor_input_proj.bias", hidden)
+    for head in ("out_head", "in_head", "anchor_out_head"):
+        d.linear(f"lilicorr.{head}", hidden, factor, scale=False)
+        d.bias(f"lilicorr.{head}.bias", factor)
+    if opts["lilicorr_conv"]:
+        _conv_tensors(d, opts, n_embd, n_layer)
+
+
+def _write(path: Path, d: _Draft) -> None:
+    import gguf
+
+    # gguf logs its endianness on every writer at INFO
+    logging.getLogger("gguf.gguf_writer").setLevel(logging.WARNING)
+    w = gguf.GGUFWriter(str(path), ARCH)
+    scalar = {"u32": w.add_uint32, "f32": w.add_float32, "bool": w.add_bool, "str": w.add_string}
+    array_type = {"i32[]": gguf.GGUFValueType.INT32, "f32[]": gguf.GGUFValueType.FLOAT32,
+                  "bool[]": gguf.GGUFValueType.BOOL, "str[]": gguf.GGUFValueType.STRING}
+    for name, (kind, value) in d.keys.items():
+        if kind in scalar:
+            scalar[kind](name, value)
+        else:
+            w.add_key_value(name, list(value), gguf.GGUFValueType.ARRAY, sub_type=array_type[kind])
+    for name, data in d.tensors.items():
+        w.add_tensor(name, data)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+    finally:
+        w.close()
+
+
+# --- command line
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def add_make_model_args(parser: argparse.ArgumentParser) -> None:
+    """Arguments of `make_model`; read them back with `make_model_from_args`."""
+    parser.add_argument("out", metavar="OUT", help="GGUF file to write")
+    parser.add_argument("--variant", choices=VARIANTS, default="dflash")
+    parser.add_argument("--backbone", choices=BACKBONES, default="base")
+    parser.add_argument("--conf", action="store_true", help="DSpark confidence head")
+    parser.add_argument("--n-embd", type=int, default=64)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--heads-kv", type=int, default=None)
+    parser.add_argument("--head-dim", type=int, default=None)
+    parser.add_argument("--n-rot", type=int, default=None, help="rope.dimension_count")
+    parser.add_argument("--n-ff", type=int, default=128)
+    parser.add_argument("--vocab", type=int, default=256)
+    parser.add_argument("--block-size", type=int, default=4)
+    parser.add_argument("--target-layers", type=_int_list, default=[1, 2], metavar="1,2")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--context-length", type=int, default=4096)
+    parser.add_argument("--rope-freq-base", type=float, default=10000.0)
+    parser.add_argument("--rms-eps", type=float, default=1e-6)
+    g = parser.add_argument_group("layer options")
+    g.add_argument("--swa-window", type=int)
+    g.add_argument("--swa-pattern", type=_int_list, metavar="1,0,1", help="1 = sliding layer")
+    g.add_argument("--mrope-sections", type=_int_list, metavar="8,0,0,0")
+    g.add_argument("--shared-kv", action="store_true", help="no attn_v: V is the RMS-normed K")
+    g.add_argument("--sinks", action="store_true", help="per-head attention sinks")
+    g.add_argument("--weight-scales", action="store_true", help="per-tensor *.scale tensors")
+    g.add_argument("--post-norms", action="store_true")
+    g.add_argument("--out-scale", action="store_true", help="blk.N.layer_output_scale")
+    g.add_argument("--rope-freqs", action="store_true", help="rope_freqs.weight")
+    g.add_argument("--attention-scale", type=float)
+    g.add_argument("--value-scale", type=float)
+    g.add_argument("--embedding-scale", type=float)
+    g.add_argument("--logit-scale", type=float)
+    g.add_argument("--final-softcap", type=float)
+    g.add_argument("--causal", action="store_true", help="dflash.attention.causal = true")
+    g.add_argument("--hidden-act", choices=HIDDEN_ACTS)
+    g.add_argument("--d2t-vocab", type=int, help="reduced draft vocab with a d2t map")
+    g = parser.add_argument_group("DFlash2 (conv also for LiliCorr with --lilicorr-conv)")
+    g.add_argument("--selector-rank", type=int)
+    g.add_argument("--selector-top-k", type=int)
+    g.add_argument("--conv-kernel", type=int)
+    g.add_argument("--conv-group", type=int)
+    g = parser.add_argument_group("DSpark")
+    g.add_argument("--markov-rank", type=int)
+    g.add_argument("--joint", action="store_true", help="RNN joint head (seed only)")
+    g.add_argument("--sample-from-anchor", choices=("true", "false"),
+                   help="dflash.sample_from_anchor (absent means true)")
+    g = parser.add_argument_group("LiliCorr")
+    g.add_argument("--lilicorr-hidden", type=int)
+    g.add_argument("--lilicorr-top-k", type=int)
+    g.add_argument("--lilicorr-heads", type=int)
+    g.add_argument("--lilicorr-layers", type=int)
+    g.add_argument("--lilicorr-eps", type=float)
+    g.add_argument("--lilicorr-logit-scale", type=float)
+    g.add_argument("--lilicorr-factor", type=int)
+    g.add_argument("--lilicorr-mlp", type=int)
+    g.add_argument("--lilicorr-conv", action="store_true")
+
+
+# argparse dest -> make_model option, for the options passed only when given
+_ARG_OPTIONS = {
+    "head_dim": "head_dim", "n_rot": "n_rot", "swa_window": "swa_window", "swa_pattern": "swa_pattern",
+    "mrope_sections": "mrope_sections", "shared_kv": "shared_kv", "sinks": "sinks",
+    "weight_scales": "weight_scales", "post_norms": "post_norms", "out_scale": "out_scale",
+    "rope_freqs": "rope_freqs", "attention_scale": "attention_scale", "value_scale": "value_scale",
+    "embedding_scale": "embedding_scale", "logit_scale": "logit_scale", "final_softcap": "final_softcap",
+    "causal": "causal", "hidden_act": "hidden_act", "d2t_vocab": "d2t_vocab",
+    "selector_rank": "selector_rank", "selector_top_k": "selector_top_k",
+    "conv_kernel": "conv_kernel_size", "conv_group": "conv_group_size",
+    "markov_rank": "markov_rank", "joint": "joint", "sample_from_anchor": "sample_from_anchor",
+    "lilicorr_hidden": "lilicorr_hidden", "lilicorr_top_k": "lilicorr_top_k",
+    "lilicorr_heads": "lilicorr_heads", "lilicorr_layers": "lilicorr_layers",
+    "lilicorr_eps": "lilicorr_eps", "lilicorr_logit_scale": "lilicorr_logit_scale",
+    "lilicorr_factor": "lilicorr_factor", "lilicorr_mlp": "lilicorr_mlp", "lilicorr_conv": "lilicorr_conv",
+}
+
+
+def make_model_from_args(args: argparse.Namespace) -> dict:
+    options = {}
+    for dest, opt in _ARG_OPTIONS.items():
+        value = getattr(args, dest, None)
+        if value is None or value is False:  # not given: keep make_model's default
+            continue
+        if opt == "swa_pattern":
+            value = [bool(v) for v in value]
+        elif opt == "sample_from_anchor":
+            value = value == "true"
+        options[opt] = value
+    return make_model(
+        args.out, args.variant, args.backbone, n_embd=args.n_embd, n_layer=args.layers,
+        n_head=args.heads, n_head_kv=args.heads_kv, n_ff=args.n_ff, n_vocab=args.vocab,
+        block_size=args.block_size, target_layers=args.target_layers, seed=args.seed,
+        context_length=args.context_length, rope_freq_base=args.rope_freq_base, rms_eps=args.rms_eps,
+        conf=args.conf, **options)

@@ -1,0 +1,352 @@
+import argparse
+import dataclasses
+import json
+import re
+
+import numpy as np
+import pytest
+
+from graphgen.diff import (RulesError, add_diff_args, compare_values, diff_dumps, diff_paths,
+                           exit_code, load_rules, normalize_name, run_diff)
+from graphgen.dump import Node, load_dump, write_dump
+
+HEADER = {
+    "source": {"engine": "llama.cpp", "version": "b6000"},
+    "model": "tiny-dit.gguf",
+    "settings": {"flash_attn": False, "type_k": "f16", "type_v": "f16", "n_ctx": 64,
+                 "n_ubatch": 4, "n_kv": 4, "causal": False},
+    "cpu_features": {"AVX": True, "AVX2": True, "AVX512": False, "F16C": True, "FMA": True,
+                     "LLAMAFILE": True},
+}
+
+# name, op, type, ne, src, view_src  (one transformer block, llama.cpp style names)
+GRAPH = [
+    ("inp_noise_embd", "GET_ROWS", "f32", [16, 4], ["noise_embd.weight", "inp_noise"], None),
+    ("noise_norm-0", "RMS_NORM", "f32", [16, 4], ["inp_noise_embd"], None),
+    ("norm-0", "MUL", "f32", [16, 4], ["noise_norm-0", "blk.0.attn_norm.weight"], None),
+    ("Qcur-0", "MUL_MAT", "f32", [16, 4], ["blk.0.attn_q.weight", "norm-0"], None),
+    ("Kcur-0", "MUL_MAT", "f32", [16, 4], ["blk.0.attn_k.weight", "norm-0"], None),
+    ("Vcur-0", "MUL_MAT", "f32", [16, 4], ["blk.0.attn_v.weight", "norm-0"], None),
+    ("Qcur-0 (reshaped)", "RESHAPE", "f32", [8, 2, 4], ["Qcur-0"], "Qcur-0"),
+    ("Kcur-0 (reshaped)", "RESHAPE", "f32", [8, 2, 4], ["Kcur-0"], "Kcur-0"),
+    ("Qcur-0", "ROPE", "f32", [8, 2, 4], ["Qcur-0 (reshaped)", "inp_pos"], None),
+    ("Kcur-0", "ROPE", "f32", [8, 2, 4], ["Kcur-0 (reshaped)", "inp_pos"], None),
+    ("node_10", "VIEW", "f16", [8, 2, 4], ["cache_k_l0"], "cache_k_l0"),
+    ("node_11", "CPY", "f16", [8, 2, 4], ["Kcur-0", "node_10"], "node_10"),
+    ("Qcur-0 (permuted)", "PERMUTE", "f32", [8, 4, 2], ["Qcur-0"], "Qcur-0"),
+    ("cache_k_l0 (view)", "VIEW", "f16", [8, 4, 2], ["cache_k_l0"], "cache_k_l0"),
+    ("kq-0", "MUL_MAT", "f32", [4, 4, 2], ["cache_k_l0 (view)", "Qcur-0 (permuted)"], None),
+    ("kq_soft_max-0", "SOFT_MAX", "f32", [4, 4, 2], ["kq-0", "KQ_mask"], None),
+    ("node_16", "VIEW", "f16", [4, 8, 2], ["cache_v_l0"], "cache_v_l0"),
+    ("kqv-0", "MUL_MAT", "f32", [8, 4, 2], ["node_16", "kq_soft_max-0"], None),
+    ("kqv_merged-0", "PERMUTE", "f32", [8, 2, 4], ["kqv-0"], "kqv-0"),
+    ("kqv_merged_cont-0", "CONT", "f32", [16, 4], ["kqv_merged-0"], None),
+    ("attn_out-0", "MUL_MAT", "f32", [16, 4], ["blk.0.attn_output.weight", "kqv_merged_cont-0"], None),
+    ("ffn_inp-0", "ADD", "f32", [16, 4], ["attn_out-0", "inp_noise_embd"], None),
+    ("ffn_norm-0", "RMS_NORM", "f32", [16, 4], ["ffn_inp-0"], None),
+    ("node_23", "MUL", "f32", [16, 4], ["ffn_norm-0", "blk.0.ffn_norm.weight"], None),
+    ("ffn_gate-0", "MUL_MAT", "f32", [32, 4], ["blk.0.ffn_gate.weight", "node_23"], None),
+    ("ffn_up-0", "MUL_MAT", "f32", [32, 4], ["blk.0.ffn_up.weight", "node_23"], None),
+    ("ffn_swiglu-0", "SWIGLU_CLAMP", "f32", [32, 4], ["ffn_gate-0", "ffn_up-0"], None),
+    ("ffn_out-0", "MUL_MAT", "f32", [16, 4], ["blk.0.ffn_down.weight", "ffn_swiglu-0"], None),
+    ("l_out-0", "ADD", "f32", [16, 4], ["ffn_out-0", "ffn_inp-0"], None),
+    ("result_norm", "RMS_NORM", "f32", [16, 4], ["l_out-0"], None),
+    ("result_output", "MUL", "f32", [16, 4], ["result_norm", "output_norm.weight"], None),
+]
+SWIGLU = 26
+
+
+def make_graph(seed=0):
+    """[(Node, values)] for the block above, with random values."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for k, (name, op, typ, ne, src, view_src) in enumerate(GRAPH):
+        ne = list(ne) + [1] * (4 - len(ne))
+        params = [0] * 16
+        if op == "RMS_NORM":
+            params[0] = 0x3727C5AC  # eps 1e-5 as float bits, as ggml stores it
+        node = Node(k, name, op, typ, ne, list(src), view_src, 0, params)
+        out.append((node, rng.standard_normal(node.nelements).astype(np.float32)))
+    return out
+
+
+def renumber(graph):
+    """Reindex after nodes were inserted/removed, renaming automatic names as ggml would."""
+    auto = re.compile(r"node_[0-9a-z]+")
+    rename = {n.name: f"node_{k}" for k, (n, _) in enumerate(graph) if auto.fullmatch(n.name)}
+    out = []
+    for k, (n, v) in enumerate(graph):
+        out.append((dataclasses.replace(
+            n, index=k, name=rename.get(n.name, n.name), src=[rename.get(s, s) for s in n.src],
+            view_src=rename.get(n.view_src, n.view_src)), v))
+    return out
+
+
+def write(directory, graph, header=HEADER, seq=0):
+    nodes = [n for n, _ in graph]
+    values = {n.index: v for n, v in graph if v is not None}
+    return write_dump(directory, seq, "block", header, nodes, values)
+
+
+def diff(tmp_path, ours_graph, ref_graph=None, **kw):
+    ref = write(tmp_path / "ref", ref_graph or make_graph())
+    ours = write(tmp_path / "ours", ours_graph)
+    return diff_dumps(load_dump(ref), load_dump(ours), **kw)
+
+
+def copy_graph():
+    return [(dataclasses.replace(n, src=list(n.src), ne=list(n.ne)), v.copy()) for n, v in make_graph()]
+
+
+def test_identical(tmp_path):
+    r = diff(tmp_path, make_graph())
+    assert r.identical and exit_code([r]) == 0
+    assert r.structural == [] and r.first_divergence is None and r.notes == []
+    assert r.summary["matched"] == len(GRAPH) == r.summary["numeric_compared"]
+    assert r.summary["max_nmse"] == 0.0
+    assert "IDENTICAL" in r.format_text()
+
+
+def test_op_changed(tmp_path):
+    g = copy_graph()
+    g[21][0].op = "SUB"
+    r = diff(tmp_path, g)
+    assert not r.identical and exit_code([r]) == 1
+    [d] = r.structural
+    assert (d.kind, d.ref_index, d.ours_index) == ("changed", 21, 21)
+    assert d.fields == {"op": ("ADD", "SUB")}
+    assert r.first_divergence["kind"] == "changed" and r.first_divergence["ref_index"] == 21
+
+
+def test_shape_changed(tmp_path):
+    g = copy_graph()
+    g[24][0].ne = [16, 8, 1, 1]
+    r = diff(tmp_path, g)
+    [d] = r.structural
+    assert (d.kind, d.ref_index, d.ours_index) == ("changed", 24, 24)
+    assert d.fields == {"ne": ([32, 4, 1, 1], [16, 8, 1, 1])}
+    assert all(n.ref_index != 24 for n in r.numeric)  # values of a reshaped node are not compared
+    assert exit_code([r]) == 1
+
+
+def test_source_changed(tmp_path):
+    g = copy_graph()
+    g[3][0].src = ["blk.0.attn_q.weight", "noise_norm-0"]
+    r = diff(tmp_path, g)
+    [d] = r.structural
+    assert (d.kind, d.ref_index, d.ours_index) == ("changed", 3, 3)
+    assert d.fields == {"src": (["blk.0.attn_q.weight", "norm-0"], ["blk.0.attn_q.weight", "noise_norm-0"])}
+    assert exit_code([r]) == 1
+
+
+def test_inserted_node(tmp_path):
+    g = copy_graph()
+    scale = Node(0, "kq_scaled-0", "SCALE", "f32", [4, 4, 2, 1], ["kq-0"])
+    g.insert(15, (scale, np.ones(32, dtype=np.float32)))
+    g[16][0].src = ["kq_scaled-0", "KQ_mask"]  # the softmax now reads the scaled kq
+    g = renumber(g)
+    assert g[17][0].name == "node_17"  # automatic names shifted by one
+    r = diff(tmp_path, g)
+    kinds = [(d.kind, d.ref_index, d.ours_index) for d in r.structural]
+    assert kinds == [("inserted", None, 15), ("changed", 15, 16)]
+    assert r.structural[1].fields.keys() == {"src"}
+    fd = r.first_divergence
+    assert fd["kind"] == "inserted" and fd["ours_index"] == 15
+    marked = [row["index"] for row in fd["context"]["ours"] if row["mark"]]
+    assert marked == [15] and len(fd["context"]["ours"]) == 7
+    assert r.summary["inserted"] == 1 and r.summary["deleted"] == 0
+    assert exit_code([r]) == 1
+
+
+def test_deleted_node(tmp_path):
+    g = renumber([p for k, p in enumerate(copy_graph()) if k != 12])
+    r = diff(tmp_path, g)
+    assert r.structural[0].kind == "deleted" and r.structural[0].ref_index == 12
+    assert r.summary["deleted"] == 1
+
+
+def test_perturbed_value(tmp_path):
+    g = copy_graph()
+    g[17] = (g[17][0], g[17][1] + 0.01)
+    r = diff(tmp_path, g)
+    assert r.structural == []
+    [f] = r.numeric_failures
+    assert (f.ref_index, f.ours_index, f.name) == (17, 17, "kqv-0")
+    assert f.nmse > 1e-7 and f.max_abs == pytest.approx(0.01, rel=1e-3)
+    assert r.first_divergence["kind"] == "numeric" and r.first_divergence["ref_index"] == 17
+    assert exit_code([r]) == 1
+    # a loose enough threshold accepts it
+    assert diff(tmp_path, g, nmse=1e-2).identical
+
+
+def test_nan_positions_must_agree():
+    a = np.array([1.0, np.nan, -np.inf, 2.0], dtype=np.float32)
+    assert compare_values(a, a.copy()) == (0.0, 0.0, None)
+    b = a.copy()
+    b[2] = np.inf
+    assert "NaN/Inf" in compare_values(a, b)[2]
+    b = a.copy()
+    b[1] = 0.0
+    assert "NaN/Inf" in compare_values(a, b)[2]
+
+
+def test_nmse_of_zero_reference():
+    nmse, max_abs, _ = compare_values(np.zeros(4), np.full(4, 0.5))
+    assert nmse == pytest.approx(1.0) and max_abs == 0.5
+
+
+def test_auto_names_normalized():
+    assert normalize_name("node_3 (view)") == normalize_name("node_17 (view)") == "node_# (view)"
+    assert normalize_name("leaf_2") == "leaf_#"
+    assert normalize_name("mynode_3") == "mynode_3"
+
+
+def swiglu_chain_graph():
+    g = copy_graph()
+    gate, up, fused = g[24][0], g[25][0], g[SWIGLU]
+    rng = np.random.default_rng(7)
+    chain = [
+        (Node(0, "node_a", "CLAMP", "f32", list(gate.ne), ["ffn_gate-0"]), rng.standard_normal(128)),
+        (Node(0, "node_b", "CLAMP", "f32", list(up.ne), ["ffn_up-0"]), rng.standard_normal(128)),
+        (dataclasses.replace(fused[0], op="SWIGLU", src=["node_a", "node_b"]), fused[1]),
+    ]
+    return renumber(g[:SWIGLU] + chain + g[SWIGLU + 1:])
+
+
+RULES = {"rules": [{
+    "name": "swiglu_clamp",
+    "reason": "llama.cpp fuses the clamps into one SWIGLU_CLAMP op",
+    "ref": [{"op": "SWIGLU_CLAMP", "name": r"ffn_swiglu-\d+"}],
+    "ours": ["CLAMP", "CLAMP", {"op": "SWIGLU"}],
+}]}
+
+
+def test_rule_explains_fused_op(tmp_path):
+    g = swiglu_chain_graph()
+    plain = diff(tmp_path, g)
+    assert not plain.identical and plain.rules_fired == {}
+
+    rules_path = tmp_path / "rules.json"
+    rules_path.write_text(json.dumps(RULES))
+    r = diff(tmp_path, g, rules=rules_path)
+    assert r.identical and exit_code([r]) == 0
+    assert r.rules_fired == {"swiglu_clamp": 1}
+    [e] = r.explained
+    assert (e.ref_indices, e.ours_indices) == ([26], [26, 27, 28])
+    # the fused output and the chain's last node carry the same name: their values are compared
+    assert any((n.ref_index, n.ours_index) == (26, 28) for n in r.numeric)
+    assert "swiglu_clamp x1" in r.format_text()
+
+
+def test_rule_does_not_hide_value_error(tmp_path):
+    g = swiglu_chain_graph()
+    g[28] = (g[28][0], g[28][1] + 1.0)
+    r = diff(tmp_path, g, rules=load_rules_from(tmp_path))
+    assert not r.identical
+    assert [(f.ref_index, f.ours_index) for f in r.numeric_failures] == [(26, 28)]
+
+
+def load_rules_from(tmp_path):
+    p = tmp_path / "rules.json"
+    p.write_text(json.dumps(RULES))
+    return load_rules(p)
+
+
+def test_one_sided_rule_is_pass_through(tmp_path):
+    g = copy_graph()
+    cont = Node(0, "node_c", "CONT", "f32", [16, 4, 1, 1], ["kqv_merged_cont-0"])
+    g.insert(20, (cont, g[19][1].copy()))
+    g[21][0].src = ["blk.0.attn_output.weight", "node_c"]  # attn_out reads the extra copy
+    g = renumber(g)
+    rules = {"rules": [{"name": "extra_cont", "reason": "ours keeps a redundant copy",
+                        "ref": [], "ours": ["CONT"]}]}
+    p = tmp_path / "rules.json"
+    p.write_text(json.dumps(rules))
+    r = diff(tmp_path, g, rules=p)
+    assert r.identical and r.rules_fired == {"extra_cont": 1}
+    assert not diff(tmp_path, g).identical
+
+
+@pytest.mark.parametrize("doc, fragment", [
+    ({"rule": []}, "list 'rules'"),
+    ({"rules": [{"name": "x", "reason": "", "ref": [], "ours": []}]}, "both empty"),
+    ({"rules": [{"name": "x", "reason": "", "ref": [{"op": "A", "name": "("}], "ours": []}]},
+     "bad 'name' regex"),
+    ({"rules": [{"name": "x", "reason": "", "ref": ["A"], "our": ["B"]}]}, "unknown key"),
+    ({"rules": [{"name": "x", "ref": ["A"], "ours": ["B"]}]}, "'reason'"),
+])
+def test_bad_rules(tmp_path, doc, fragment):
+    p = tmp_path / "rules.json"
+    p.write_text(json.dumps(doc))
+    with pytest.raises(RulesError) as info:
+        load_rules(p)
+    assert fragment in str(info.value) and str(p) in str(info.value) and "\n" not in str(info.value)
+
+
+def test_cpu_features_note(tmp_path):
+    header = dict(HEADER, cpu_features=dict(HEADER["cpu_features"], AVX512=True))
+    ref = write(tmp_path / "ref", make_graph())
+    ours = write(tmp_path / "ours", make_graph(), header=header)
+    r = diff_dumps(load_dump(ref), load_dump(ours))
+    assert r.identical
+    [note] = r.notes
+    assert "AVX512 ref=false ours=true" in note and "last-bit" in note
+    assert note in r.format_text()
+
+
+def test_folders_paired_in_order(tmp_path):
+    for seq in range(3):
+        write(tmp_path / "ref", make_graph(), seq=seq)
+    for seq in range(2):
+        write(tmp_path / "ours", make_graph(), seq=seq)
+    results = diff_paths(tmp_path / "ref", tmp_path / "ours")
+    assert [r.identical for r in results] == [True, True, False]
+    assert "no counterpart" in results[2].notes[0]
+    assert exit_code(results) == 1
+
+
+def cli(*argv):
+    parser = add_diff_args(argparse.ArgumentParser(prog="graphgen graph-diff"))
+    return run_diff(parser.parse_args([str(a) for a in argv]))
+
+
+def test_cli_identical_and_json(tmp_path, capsys):
+    ref = write(tmp_path / "ref", make_graph())
+    assert cli(ref, ref) == 0
+    assert "IDENTICAL" in capsys.readouterr().out
+    g = copy_graph()
+    g[21][0].op = "SUB"
+    ours = write(tmp_path / "ours", g)
+    assert cli(ref, ours, "--json") == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["identical"] is False
+    assert doc["results"][0]["structural"][0]["fields"] == {"op": {"ref": "ADD", "ours": "SUB"}}
+
+
+def test_cli_missing_file(tmp_path, capsys):
+    ref = write(tmp_path / "ref", make_graph())
+    assert cli(ref, tmp_path / "nope.json") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("graphgen: error: ") and "nope.json" in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_cli_wrong_format(tmp_path, capsys):
+    ref = write(tmp_path / "ref", make_graph())
+    bad = tmp_path / "bad" / "00-block.json"
+    bad.parent.mkdir()
+    doc = json.loads(ref.read_text())
+    doc["format"] = "graphgen-dump/0"
+    bad.write_text(json.dumps(doc))
+    assert cli(ref, bad) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("graphgen: error: ") and "graphgen-dump/0" in err and err.count("\n") == 1
+
+
+def test_cli_bad_rules(tmp_path, capsys):
+    ref = write(tmp_path / "ref", make_graph())
+    rules = tmp_path / "rules.json"
+    rules.write_text("{not json")
+    assert cli(ref, ref, "--rules", rules) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("graphgen: error: ") and "invalid JSON" in err and err.count("\n") == 1

@@ -1,0 +1,185 @@
+import json
+
+import numpy as np
+import pytest
+
+from graphgen.dump import FORMAT, DumpError, Node, load_dump, load_dump_dir, write_dump
+
+HEADER = {
+    "source": {"engine": "graphgen", "version": "0.1"},
+    "model": "tiny.gguf",
+    "settings": {"flash_attn": False, "type_k": "f16", "type_v": "f16", "n_ctx": 256,
+                 "n_ubatch": 8, "n_kv": None, "causal": True},
+    "cpu_features": {"AVX": True, "AVX2": True, "AVX512": False, "F16C": True, "FMA": True},
+}
+
+
+def make_nodes():
+    return [
+        Node(0, "inp_embd", "GET_ROWS", "f32", [8, 3, 1, 1], ["token_embd.weight", "inp_tokens"]),
+        Node(1, "norm-0", "RMS_NORM", "f32", [8, 3, 1, 1], ["inp_embd"],
+             op_params=[0x3727C5AC] + [0] * 15),
+        Node(2, "node_2", "VIEW", "f32", [8, 1, 1, 1], ["norm-0"], view_src="norm-0", view_offs=32),
+        Node(3, "pos", "ARANGE", "i32", [3, 1, 1, 1], []),
+    ]
+
+
+def write_sample(tmp_path, seq=0, graph="block"):
+    nodes = make_nodes()
+    rng = np.random.default_rng(0)
+    values = {0: rng.standard_normal((1, 1, 3, 8)), 1: rng.standard_normal(24),
+              3: np.arange(3, dtype=np.int32)}
+    return write_dump(tmp_path, seq, graph, HEADER, nodes, values), nodes, values
+
+
+def test_round_trip(tmp_path):
+    path, nodes, values = write_sample(tmp_path)
+    assert path.name == "00-block.json"
+    d = load_dump(path)
+    assert d.format == FORMAT and d.graph == "block" and d.model == "tiny.gguf" and d.seq == 0
+    assert d.settings == HEADER["settings"] and d.cpu_features == HEADER["cpu_features"]
+    assert d.source == HEADER["source"]
+    assert d.nodes == nodes
+    assert d.has_values
+    v0 = d.values(0)
+    assert v0.dtype == np.float32 and v0.shape == (1, 1, 3, 8)
+    np.testing.assert_array_equal(v0, values[0].astype(np.float32))
+    assert d.values(1).shape == (1, 1, 3, 8)  # stored flat, read back in numpy shape
+    np.testing.assert_array_equal(d.values(3).ravel(), [0, 1, 2])
+    assert d.values(2) is None  # not stored
+    d.close()
+
+
+def test_write_is_stable_and_skips_big_values(tmp_path):
+    path, nodes, _ = write_sample(tmp_path)
+    first = path.read_text()
+    write_dump(tmp_path, 0, "block", HEADER, nodes, {0: np.zeros(24)}, max_data=10)
+    assert path.read_text() == first
+    assert not path.with_suffix(".npz").exists()  # nothing small enough: no stale values left
+    assert not load_dump(path).has_values
+
+
+def test_load_dump_dir_orders_by_index(tmp_path):
+    write_sample(tmp_path, 1, "block")
+    write_sample(tmp_path, 0, "inject")
+    write_sample(tmp_path, 10, "block")
+    (tmp_path / "notes.json").write_text("{}")
+    assert [(d.seq, d.graph) for d in load_dump_dir(tmp_path)] == [(0, "inject"), (1, "block"), (10, "block")]
+
+
+def test_load_dump_dir_empty(tmp_path):
+    with pytest.raises(DumpError, match="no dump files"):
+        load_dump_dir(tmp_path)
+
+
+def corrupt(tmp_path, edit):
+    path, _, _ = write_sample(tmp_path)
+    doc = json.loads(path.read_text())
+    edit(doc)
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def check_error(path, *fragments):
+    with pytest.raises(DumpError) as info:
+        load_dump(path)
+    msg = str(info.value)
+    assert "\n" not in msg
+    assert str(path) in msg
+    for f in fragments:
+        assert f in msg
+    return msg
+
+
+def test_bad_json(tmp_path):
+    path = tmp_path / "00-block.json"
+    path.write_text('{"format": "graphgen-dump/1",\n "nodes": [')
+    check_error(path, "invalid JSON", "line 2")
+
+
+def test_missing_file(tmp_path):
+    check_error(tmp_path / "00-block.json", "no such file")
+
+
+def test_wrong_format_tag(tmp_path):
+    path = corrupt(tmp_path, lambda d: d.update(format="graphgen-dump/2"))
+    check_error(path, "'format'", "graphgen-dump/2")
+
+
+def test_missing_format(tmp_path):
+    path = corrupt(tmp_path, lambda d: d.pop("format"))
+    check_error(path, "missing field 'format'")
+
+
+def test_missing_field(tmp_path):
+    path = corrupt(tmp_path, lambda d: d["settings"].pop("n_ubatch"))
+    check_error(path, "missing field 'settings.n_ubatch'")
+
+
+def test_missing_node_field(tmp_path):
+    path = corrupt(tmp_path, lambda d: d["nodes"][2].pop("view_offs"))
+    check_error(path, "missing field", "nodes[2]", "node_2", "view_offs")
+
+
+def test_ne_of_three(tmp_path):
+    path = corrupt(tmp_path, lambda d: d["nodes"][1].update(ne=[8, 3, 1]))
+    check_error(path, "nodes[1]", "norm-0", ".ne", "4 non-negative ints", "[8, 3, 1]")
+
+
+def test_duplicate_index(tmp_path):
+    path = corrupt(tmp_path, lambda d: d["nodes"][2].update(index=1))
+    check_error(path, "nodes[2].index", "duplicate index 1")
+
+
+def test_index_gap(tmp_path):
+    path = corrupt(tmp_path, lambda d: d["nodes"][2].update(index=5))
+    check_error(path, "nodes[2].index", "expected 2")
+
+
+def test_src_not_list(tmp_path):
+    path = corrupt(tmp_path, lambda d: d["nodes"][1].update(src="inp_embd"))
+    check_error(path, "nodes[1]", ".src", "list of source names")
+
+
+def test_src_not_strings(tmp_path):
+    path = corrupt(tmp_path, lambda d: d["nodes"][1].update(src=[None]))
+    check_error(path, ".src", "list of strings")
+
+
+def test_op_params_length(tmp_path):
+    path = corrupt(tmp_path, lambda d: d["nodes"][1].update(op_params=[0] * 15))
+    check_error(path, ".op_params", "16 int32")
+
+
+def test_bool_is_not_int(tmp_path):
+    path = corrupt(tmp_path, lambda d: d["settings"].update(n_ctx=True))
+    check_error(path, "settings.n_ctx", "an int")
+
+
+def test_graph_must_match_file_name(tmp_path):
+    path = corrupt(tmp_path, lambda d: d.update(graph="inject"))
+    check_error(path, "'graph'", "file name")
+
+
+def test_too_many_nodes(tmp_path, monkeypatch):
+    import graphgen.dump as dump
+    path, _, _ = write_sample(tmp_path)
+    monkeypatch.setattr(dump, "MAX_NODES", 3)
+    check_error(path, "'nodes'", "limit")
+
+
+def test_values_shape_mismatch(tmp_path):
+    path, nodes, _ = write_sample(tmp_path)
+    np.savez_compressed(path.with_suffix(".npz"), n0=np.zeros(5, dtype=np.float32))
+    with pytest.raises(DumpError, match="'n0' has 5 elements"):
+        load_dump(path).values(0)
+
+
+def test_write_validates(tmp_path):
+    bad = make_nodes()
+    bad[1].ne = [8, 3, 1]
+    with pytest.raises(DumpError, match=r"nodes\[1\]"):
+        write_dump(tmp_path, 0, "block", HEADER, bad, {})
+    with pytest.raises(DumpError, match="have 5 elements"):
+        write_dump(tmp_path, 0, "block", HEADER, make_nodes(), {0: np.zeros(5)})
+    assert not list(tmp_path.iterdir())
