@@ -196,7 +196,7 @@ class GraphBase(GraphContext):
             cur = ggml_reshape_2d(ctx, cur, n_vocab, n_outputs)
         self.cb(cur, "result_output", -1)
         self.res.t_logits = cur
-        ggml_build_forward_expand(self.gf, cur)
+        # not expanded here: the heads expand their outputs first (DSpark's confidences lead the graph)
         return cur
 
 
@@ -210,7 +210,8 @@ class GraphDFlash(GraphBase):
             return
         inp_tokens = self.build_inp_tokens()
         cur = self.build_layers(inp_tokens)
-        self.build_logits(cur)
+        cur = self.build_logits(cur)
+        ggml_build_forward_expand(self.gf, cur)
 
 
 class GraphEncoder(GraphContext):
@@ -242,4 +243,13 @@ def build_arch_graph(params: GraphParams) -> GraphContext:
         raise NotImplementedError(f"the {model.backbone} backbone is not supported by this graphgen build")
     if model.variant == "dflash":
         return GraphDFlash(params)
+    if model.variant == "dflash2":
+        from .dflash2 import GraphDFlash2
+        return GraphDFlash2(params)
+    if model.variant == "dspark":
+        from .dspark import GraphDSpark
+        return GraphDSpark(params)
+    if model.variant == "lilicorr":
+        from .lilicorr import GraphLiliCorr
+        return GraphLiliCorr(params)
     raise NotImplementedError(f"the {model.variant} head is not supported by this graphgen build")

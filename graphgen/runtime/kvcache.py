@@ -58,7 +58,7 @@ class KVCache:
         self.v: dict[int, object] = {}
         self._ctx = None
         self._buf = None
-        if backend is not None:
+        if backend is not None and self.layer_ids:
             self._alloc(backend)
 
     # -- storage ----------------------------------------------------------------------------

@@ -58,6 +58,15 @@ class HParams:
     selector_rank: int = 0
     selector_top_k: int = 0
     mask_token_id: int = -1
+    sample_from_anchor: bool = True
+    lilicorr_hidden_size: int = 0
+    lilicorr_candidate_topk: int = 0
+    lilicorr_num_heads: int = 0
+    lilicorr_layers: int = 0
+    lilicorr_vector_eps: float = 0.0
+    lilicorr_logit_scale: float = 0.0
+    lilicorr_factor_dim: int = 0
+    lilicorr_mlp_hidden_size: int = 0
     lilicorr: dict = field(default_factory=dict)
     hc_mult: int = 0
     n_lora_kv: int = 0
@@ -229,6 +238,8 @@ def read_hparams(reader, path) -> tuple[HParams, str, str]:
     hp.n_vocab = len(tokens) if isinstance(tokens, list) else 0
     hp.mask_token_id = m.get("tokenizer.ggml.mask_token_id", -1, kind="int")
     hp.hc_mult = m.get(k("hyper_connection.count"), 0, kind="int")
+    # the DSpark graph reads the key as a string: absent or "true" means slot 0 is a prediction slot
+    hp.sample_from_anchor = bool(m.get(k("sample_from_anchor"), True))
     hp.n_lora_kv = m.get(k("attention.kv_lora_rank"), 0, kind="int")
 
     # head: read from tensors, as the seed does
@@ -247,6 +258,16 @@ def read_hparams(reader, path) -> tuple[HParams, str, str]:
             raise GGUFModelError(f"{path}: DFlash2 model is missing conv/selector metadata "
                                  f"(keys '{k('selector_rank')}', '{k('selector_top_k')}', "
                                  f"'{k('conv_kernel_size')}', '{k('conv_group_size')}')")
+    if variant == VARIANT_DFLASH2:
+        if hp.block_size <= 0:
+            raise GGUFModelError(f"{path}: DFlash2 model is missing conv/selector metadata (key '{k('block_size')}')")
+        if hp.n_embd < hp.selector_top_k * (hp.selector_top_k + 1):
+            raise GGUFModelError(f"{path}: DFlash2 hidden size is too small for the selector lattice "
+                                 f"(key '{k('selector_top_k')}' = {hp.selector_top_k})")
+    if variant == VARIANT_DSPARK and hp.block_size <= 0:
+        raise GGUFModelError(f"{path}: DSpark draft requires '{k('block_size')}' in GGUF metadata")
+    if variant == VARIANT_LILICORR:
+        _read_lilicorr(m, hp, path)
     if hp.conv_group_size > 0 and hp.n_embd % hp.conv_group_size:
         raise GGUFModelError(f"{path}: DFlash hidden size must be divisible by conv_group_size "
                              f"({hp.n_embd} % {hp.conv_group_size}, key '{k('conv_group_size')}')")
@@ -277,6 +298,78 @@ def read_hparams(reader, path) -> tuple[HParams, str, str]:
     if backbone != BACKBONE_BASE:
         raise GGUFModelError(f"{path}: the {backbone} backbone is not supported by this graphgen build yet")
     return hp, variant, backbone
+
+
+def _read_lilicorr(m, hp: HParams, path) -> None:
+    """load_hparams_lilicorr + the head dimensions of load_tensors_lilicorr (keys carry no arch prefix)."""
+    hp.lilicorr_hidden_size = m.get("lilicorr.hidden_size", 0, kind="int")
+    hp.lilicorr_candidate_topk = m.get("lilicorr.candidate_topk", required=True, kind="int")
+    hp.lilicorr_num_heads = m.get("lilicorr.num_heads", required=True, kind="int")
+    hp.lilicorr_layers = m.get("lilicorr.num_layers", required=True, kind="int")
+    hp.lilicorr_vector_eps = m.get("lilicorr.vector_eps", required=True, kind="float")
+    hp.lilicorr_logit_scale = m.get("lilicorr.logit_scale", required=True, kind="float")
+    hp.lilicorr_factor_dim = m.get("lilicorr.factor_dim", required=True, kind="int")
+    hp.lilicorr_mlp_hidden_size = m.get("lilicorr.mlp_hidden_size", required=True, kind="int")
+    top_k = hp.lilicorr_candidate_topk
+    if (hp.block_size < 2 or hp.lilicorr_hidden_size <= 0 or hp.lilicorr_num_heads <= 0
+            or hp.lilicorr_hidden_size % hp.lilicorr_num_heads or top_k <= 0 or hp.lilicorr_layers <= 0
+            or hp.selector_top_k > 0 or top_k * (top_k + 1) > hp.n_embd):
+        raise GGUFModelError(f"{path}: invalid LiLiCorr DFlash metadata (keys 'dflash.block_size', "
+                             "'lilicorr.hidden_size', 'lilicorr.num_heads', 'lilicorr.candidate_topk', "
+                             "'lilicorr.num_layers', 'dflash.selector_top_k')")
+    if hp.lilicorr_factor_dim <= 0 or hp.lilicorr_mlp_hidden_size <= 0 or hp.lilicorr_layers > hp.n_layer:
+        raise GGUFModelError(f"{path}: invalid LiLiCorr head dimensions (keys 'lilicorr.factor_dim', "
+                             "'lilicorr.mlp_hidden_size', 'lilicorr.num_layers')")
+
+
+# head tensors: Model attribute -> GGUF name, per variant (upstream's load_tensors_<head>)
+DSPARK_TENSORS = {
+    "dspark_markov_w1": "markov_w1.weight", "dspark_markov_w2": "markov_w2.weight",
+    "dspark_markov_w2_s": "markov_w2.scale", "dspark_conf_proj": "conf_proj.weight",
+    "dspark_conf_proj_b": "conf_proj.bias", "dspark_joint_proj": "joint_proj.weight",
+    "dspark_joint_proj_b": "joint_proj.bias",
+}
+DFLASH2_TENSORS = {
+    "dflash_selector_prev": "selector_predecessor.weight", "dflash_selector_next": "selector_successor.weight",
+    "dflash_selector_hidden": "selector_hidden.weight",
+}
+LILICORR_TENSORS = {
+    "lilicorr_token_proj": "lilicorr.token_proj.weight", "lilicorr_token_proj_b": "lilicorr.token_proj.bias",
+    "lilicorr_token_proj_s": "lilicorr.token_proj.scale",
+    "lilicorr_pass_hidden_proj": "lilicorr.pass_hidden_proj.weight",
+    "lilicorr_pass_hidden_proj_b": "lilicorr.pass_hidden_proj.bias",
+    "lilicorr_pass_hidden_proj_s": "lilicorr.pass_hidden_proj.scale",
+    "lilicorr_slot_embedding": "lilicorr.slot_embedding.weight",
+    "lilicorr_rank_embedding": "lilicorr.rank_embedding.weight",
+    "lilicorr_attention_bias": "lilicorr.attention_bias.bias",
+    "lilicorr_context_proj": "lilicorr.context_proj.weight", "lilicorr_context_proj_b": "lilicorr.context_proj.bias",
+    "lilicorr_context_proj_s": "lilicorr.context_proj.scale",
+    "lilicorr_output_norm": "lilicorr.output_norm.weight", "lilicorr_anchor_norm": "lilicorr.anchor_norm.weight",
+    "lilicorr_factor_input_proj": "lilicorr.factor_input_proj.weight",
+    "lilicorr_factor_input_proj_b": "lilicorr.factor_input_proj.bias",
+    "lilicorr_out_head": "lilicorr.out_head.weight", "lilicorr_out_head_b": "lilicorr.out_head.bias",
+    "lilicorr_in_head": "lilicorr.in_head.weight", "lilicorr_in_head_b": "lilicorr.in_head.bias",
+    "lilicorr_anchor_out_head": "lilicorr.anchor_out_head.weight",
+    "lilicorr_anchor_out_head_b": "lilicorr.anchor_out_head.bias",
+}
+# per head layer i (block id n_layer + i); the in-projection is named by i itself
+LILICORR_LAYER_TENSORS = {
+    "lilicorr_attn_norm": "blk.{bid}.attn_norm.weight", "lilicorr_mlp_norm": "blk.{bid}.ffn_norm.weight",
+    "lilicorr_attn_in_proj": "lilicorr.layers.{i}.attn.in_proj.weight",
+    "lilicorr_attn_in_proj_b": "lilicorr.layers.{i}.attn.in_proj.bias",
+    "lilicorr_attn_out_proj": "blk.{bid}.attn_output.weight", "lilicorr_attn_out_proj_b": "blk.{bid}.attn_output.bias",
+    "lilicorr_attn_out_proj_s": "blk.{bid}.attn_output.scale",
+    "lilicorr_mlp_0": "blk.{bid}.ffn_up.weight", "lilicorr_mlp_0_b": "blk.{bid}.ffn_up.bias",
+    "lilicorr_mlp_0_s": "blk.{bid}.ffn_up.scale",
+    "lilicorr_mlp_2": "blk.{bid}.ffn_down.weight", "lilicorr_mlp_2_b": "blk.{bid}.ffn_down.bias",
+    "lilicorr_mlp_2_s": "blk.{bid}.ffn_down.scale",
+}
+# the 5 per-candidate scalar features sit on block id n_layer + num_layers
+LILICORR_FEATURE_TENSORS = {
+    "lilicorr_feature_norm": "blk.{fb}.ffn_norm.weight", "lilicorr_feature_norm_b": "blk.{fb}.ffn_norm.bias",
+    "lilicorr_feature_mlp_1": "blk.{fb}.ffn_up.weight", "lilicorr_feature_mlp_1_b": "blk.{fb}.ffn_up.bias",
+    "lilicorr_feature_mlp_3": "blk.{fb}.ffn_down.weight", "lilicorr_feature_mlp_3_b": "blk.{fb}.ffn_down.bias",
+}
 
 
 class Model:
@@ -330,7 +423,77 @@ class Model:
             })
             for s in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_down", "ffn_up"):
                 want[b + s + ".scale"] = (1,)
+        want.update(self._head_shapes())
         return want
+
+    def _conv_shapes(self) -> dict:
+        """load_tensors_dflash2_conv: per layer base taps {n_embd, kernel, 2} and the projection."""
+        hp = self.hparams
+        if not (hp.conv_kernel_size > 0 and hp.conv_group_size > 0):
+            return {}
+        e, kernel = hp.n_embd, hp.conv_kernel_size
+        projected = 2 * kernel * (e // hp.conv_group_size)
+        want = {}
+        for il in range(hp.n_layer):
+            for part in ("attn", "ffn"):
+                want[f"blk.{il}.{part}_conv_base"] = (e, kernel, 2)
+                want[f"blk.{il}.{part}_conv_proj.weight"] = (e, projected)
+        return want
+
+    def _head_shapes(self) -> dict:
+        hp, v = self.hparams, self.variant
+        e, n_vocab = hp.n_embd, hp.n_vocab or None
+        if v == VARIANT_DSPARK:
+            rank = self._dspark_rank
+            return {"markov_w1.weight": (rank, n_vocab), "markov_w2.weight": (rank, self._n_vocab_draft or None),
+                    "markov_w2.scale": (1,), "conf_proj.weight": (e + rank, 1), "conf_proj.bias": (1,),
+                    "joint_proj.weight": (e + 2 * rank, 3 * rank), "joint_proj.bias": (3 * rank,)}
+        if v == VARIANT_DFLASH2:
+            rank = hp.selector_rank
+            want = {"selector_predecessor.weight": (rank, n_vocab), "selector_successor.weight": (rank, n_vocab),
+                    "selector_hidden.weight": (e, rank)}
+            want.update(self._conv_shapes())
+            return want
+        if v == VARIANT_LILICORR:
+            hidden, top_k, heads = hp.lilicorr_hidden_size, hp.lilicorr_candidate_topk, hp.lilicorr_num_heads
+            factor, mlp = hp.lilicorr_factor_dim, hp.lilicorr_mlp_hidden_size
+            slots = hp.block_size - 1
+            fb = hp.n_layer + hp.lilicorr_layers
+            want = {
+                "lilicorr.token_proj.weight": (e, hidden), "lilicorr.token_proj.bias": (hidden,),
+                "lilicorr.token_proj.scale": (1,),
+                "lilicorr.pass_hidden_proj.weight": (e, hidden), "lilicorr.pass_hidden_proj.bias": (hidden,),
+                "lilicorr.pass_hidden_proj.scale": (1,),
+                f"blk.{fb}.ffn_norm.weight": (5,), f"blk.{fb}.ffn_norm.bias": (5,),
+                f"blk.{fb}.ffn_up.weight": (5, hidden), f"blk.{fb}.ffn_up.bias": (hidden,),
+                f"blk.{fb}.ffn_down.weight": (hidden, hidden), f"blk.{fb}.ffn_down.bias": (hidden,),
+                "lilicorr.slot_embedding.weight": (hidden, slots), "lilicorr.rank_embedding.weight": (hidden, top_k),
+                "lilicorr.attention_bias.bias": (slots * top_k, slots * top_k, heads),
+                "lilicorr.context_proj.weight": (e, hidden), "lilicorr.context_proj.bias": (hidden,),
+                "lilicorr.context_proj.scale": (1,),
+                "lilicorr.output_norm.weight": (hidden,), "lilicorr.anchor_norm.weight": (hidden,),
+                "lilicorr.factor_input_proj.weight": (3 * hidden, hidden),
+                "lilicorr.factor_input_proj.bias": (hidden,),
+            }
+            for head in ("out_head", "in_head", "anchor_out_head"):
+                want[f"lilicorr.{head}.weight"] = (hidden, factor)
+                want[f"lilicorr.{head}.bias"] = (factor,)
+            for i in range(hp.lilicorr_layers):
+                bid = hp.n_layer + i
+                want.update({
+                    f"blk.{bid}.attn_norm.weight": (hidden,), f"blk.{bid}.ffn_norm.weight": (hidden,),
+                    f"lilicorr.layers.{i}.attn.in_proj.weight": (hidden, 3 * hidden),
+                    f"lilicorr.layers.{i}.attn.in_proj.bias": (3 * hidden,),
+                    f"blk.{bid}.attn_output.weight": (hidden, hidden), f"blk.{bid}.attn_output.bias": (hidden,),
+                    f"blk.{bid}.attn_output.scale": (1,),
+                    f"blk.{bid}.ffn_up.weight": (hidden, mlp), f"blk.{bid}.ffn_up.bias": (mlp,),
+                    f"blk.{bid}.ffn_up.scale": (1,),
+                    f"blk.{bid}.ffn_down.weight": (mlp, hidden), f"blk.{bid}.ffn_down.bias": (hidden,),
+                    f"blk.{bid}.ffn_down.scale": (1,),
+                })
+            want.update(self._conv_shapes())
+            return want
+        return {}
 
     def _required(self) -> list:
         hp = self.hparams
@@ -339,6 +502,22 @@ class Model:
             req += [f"blk.{il}.{s}.weight" for s in ("attn_norm", "attn_q", "attn_k", "attn_output",
                                                       "attn_q_norm", "attn_k_norm", "ffn_norm",
                                                       "ffn_gate", "ffn_down", "ffn_up")]
+        v = self.variant
+        if v == VARIANT_DSPARK:
+            req += ["markov_w1.weight", "markov_w2.weight"]
+        elif v == VARIANT_DFLASH2:
+            req += list(DFLASH2_TENSORS.values())
+        elif v == VARIANT_LILICORR:
+            fb = hp.n_layer + hp.lilicorr_layers
+            optional = {"lilicorr.token_proj.weight", "lilicorr.token_proj.bias"} \
+                if hp.lilicorr_hidden_size == hp.n_embd else set()
+            req += [n for n in LILICORR_TENSORS.values() if not n.endswith(".scale") and n not in optional]
+            req += [n.format(fb=fb) for n in LILICORR_FEATURE_TENSORS.values()]
+            for i in range(hp.lilicorr_layers):
+                req += [n.format(bid=hp.n_layer + i, i=i) for n in LILICORR_LAYER_TENSORS.values()
+                        if not n.endswith(".scale")]
+        if v in (VARIANT_DFLASH2, VARIANT_LILICORR) and hp.conv_kernel_size > 0 and hp.conv_group_size > 0:
+            req += list(self._conv_shapes())
         return req
 
     def _check_tensors(self, reader):
@@ -350,6 +529,8 @@ class Model:
             seen[t.name] = t
             if int(t.tensor_type) not in SUPPORTED_WEIGHT_TYPES:
                 raise GGUFModelError(f"{self.path}: tensor '{t.name}' has unsupported type {t.tensor_type.name}")
+        w1 = seen.get("markov_w1.weight")
+        self._dspark_rank = int(w1.shape[0]) if w1 is not None else 0
         d2t = seen.get("d2t")
         self._n_vocab_draft = int(d2t.shape[0]) if d2t is not None else hp.n_vocab
         if d2t is not None and int(d2t.tensor_type) != 27:
@@ -415,6 +596,17 @@ class Model:
         self.output_norm = t.get("output_norm.weight")
         self.d2t = t.get("d2t")
         self.layers = [Layer(il, t) for il in range(self.hparams.n_layer)]
+        # the heads' tensors; those of another head stay None
+        hp, v = self.hparams, self.variant
+        for heads, variant in ((DSPARK_TENSORS, VARIANT_DSPARK), (DFLASH2_TENSORS, VARIANT_DFLASH2),
+                               (LILICORR_TENSORS, VARIANT_LILICORR), (LILICORR_FEATURE_TENSORS, VARIANT_LILICORR)):
+            fb = hp.n_layer + hp.lilicorr_layers
+            for attr, name in heads.items():
+                setattr(self, attr, t.get(name.format(fb=fb)) if v == variant else None)
+        for i, layer in enumerate(self.layers):
+            for attr, name in LILICORR_LAYER_TENSORS.items():
+                use = v == VARIANT_LILICORR and i < hp.lilicorr_layers
+                setattr(layer, attr, t.get(name.format(bid=hp.n_layer + i, i=i)) if use else None)
 
     @property
     def weight_bytes(self) -> int:

@@ -71,7 +71,8 @@ class Session:
         if hp.use_iswa:
             base_layers = [il for il in range(hp.n_layer) if not hp.is_swa(il)]
             swa_layers = [il for il in range(hp.n_layer) if hp.is_swa(il)]
-            size_swa = min(n_ctx, -(-(hp.n_swa * n_seq + n_ubatch) // 256) * 256)
+            # llama.cpp's default swa_full: the sliding cache is as large as the base cache
+            size_swa = n_ctx
             self.caches = {"base": KVCache(hp, base_layers, n_ctx, t, t, v_trans, 0, self.backend),
                            "swa": KVCache(hp, swa_layers, size_swa, t, t, v_trans, hp.n_swa, self.backend)}
         else:

@@ -1,0 +1,188 @@
+"""src/models/dflash2.cpp: DFlash2 = DFlash + a block-local dynamic conv in the layers and a
+candidate selector that packs top-k candidates and their transition scores into h_nextn.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..graph import GraphParams
+from ..ops import ggml as G
+from ..ops.ggml import (ggml_add, ggml_build_forward_expand, ggml_cast, ggml_concat, ggml_cont, ggml_cont_1d,
+                        ggml_cont_2d, ggml_fill, ggml_get_rows, ggml_is_contiguous, ggml_mul, ggml_mul_mat,
+                        ggml_new_tensor_3d, ggml_pad, ggml_pad_ext, ggml_repeat, ggml_repeat_4d,
+                        ggml_reshape_1d, ggml_reshape_2d, ggml_reshape_3d, ggml_reshape_4d, ggml_top_k,
+                        ggml_view_1d, ggml_view_2d, ggml_view_3d, ggml_view_4d)
+from .dflash import GraphBase
+
+
+def n_seqs_unq(ubatch) -> int:
+    """ubatch.n_seqs_unq: the distinct sequences of the batch, one draft block each."""
+    return len(np.unique(ubatch.seq))
+
+
+def build_dflash2_conv(g, hidden, dynamic, base, side: int):
+    """Block-local causal conv with per-token dynamic taps added to the layer's base taps."""
+    hparams = g.hparams
+    hidden_size = G.ne(hidden, 0)
+    n_tokens = G.ne(hidden, 1)
+    n_blocks = n_seqs_unq(g.ubatch)
+    kernel_size = hparams.conv_kernel_size
+    group_size = hparams.conv_group_size
+    n_groups = hidden_size // group_size
+
+    if not (n_blocks > 0 and n_tokens % n_blocks == 0):
+        raise ValueError("the DFlash2 conv needs equal-size blocks")
+    if dynamic is None or base is None or not 0 <= side < 2:
+        raise ValueError("the DFlash2 conv needs its projection, its base taps and a side of 0 or 1")
+
+    block_size = n_tokens // n_blocks
+    ctx0 = g.ctx0
+    # ggml_cont copies even when the tensor is already contiguous
+    if not ggml_is_contiguous(hidden) or G.ne(hidden, 1) != n_tokens:
+        hidden = ggml_cont_2d(ctx0, hidden, hidden_size, n_tokens)
+    if not ggml_is_contiguous(dynamic) or G.ne(dynamic, 1) != n_tokens:
+        dynamic = ggml_cont_2d(ctx0, dynamic, G.ne(dynamic, 0), n_tokens)
+    blocks = ggml_reshape_3d(ctx0, hidden, hidden_size, block_size, n_blocks)
+    coeffs = ggml_reshape_4d(ctx0, dynamic, n_groups, kernel_size, 2, n_tokens)
+    coeffs_side = ggml_view_3d(ctx0, coeffs, n_groups, kernel_size, n_tokens,
+                               G.nb(coeffs, 1), G.nb(coeffs, 3), side * G.nb(coeffs, 2))
+
+    coeff_all = ggml_cont(ctx0, coeffs_side)
+    coeff_all = ggml_reshape_4d(ctx0, coeff_all, 1, n_groups, kernel_size, n_tokens)
+    coeff_all = ggml_repeat_4d(ctx0, coeff_all, group_size, n_groups, kernel_size, n_tokens)
+
+    base_side = ggml_reshape_4d(ctx0,
+                                ggml_view_1d(ctx0, base, hidden_size * kernel_size, side * G.nb(base, 2)),
+                                group_size, n_groups, kernel_size, 1)
+
+    weight_all = ggml_add(ctx0, coeff_all, base_side)
+
+    # taps at or past block_size only read the left padding and add nothing
+    n_taps = min(kernel_size, block_size)
+
+    result = None
+    for tap in range(n_taps):
+        values = blocks
+        if tap > 0:
+            previous = ggml_view_3d(ctx0, blocks, hidden_size, block_size - tap, n_blocks,
+                                    G.nb(blocks, 1), G.nb(blocks, 2), 0)
+            values = ggml_pad_ext(ctx0, previous, 0, 0, tap, 0, 0, 0, 0, 0)
+        values = ggml_reshape_2d(ctx0, values, hidden_size, n_tokens)
+
+        weight = ggml_reshape_2d(ctx0,
+                                 ggml_cont(ctx0, ggml_view_4d(ctx0, weight_all, group_size, n_groups, 1, n_tokens,
+                                                              G.nb(weight_all, 1), G.nb(weight_all, 2),
+                                                              G.nb(weight_all, 3), tap * G.nb(weight_all, 2))),
+                                 hidden_size, n_tokens)
+
+        term = ggml_mul(ctx0, weight, values)
+        result = ggml_add(ctx0, result, term) if result is not None else term
+    return result
+
+
+def build_dflash2_selector(g, model, tokens):
+    """Top-k candidates per block position plus the pairwise transition scores, packed into the
+    nextn output slot for the CPU-side walk."""
+    ctx0 = g.ctx0
+    res = g.res
+
+    hparams = g.hparams
+    n_tokens = g.n_tokens
+    n_embd = g.n_embd
+
+    top_k = hparams.selector_top_k
+    rank = hparams.selector_rank
+    n_blocks = n_seqs_unq(g.ubatch)
+    if not (n_blocks > 0 and n_tokens % n_blocks == 0):
+        raise ValueError("the DFlash2 selector needs equal-size blocks")
+    if G.ne(res.t_logits, 1) != n_tokens:
+        raise ValueError("the DFlash2 selector needs logits for every token")
+    if tokens is None:
+        return
+
+    tokens_per_block = n_tokens // n_blocks
+    block_size = min(tokens_per_block, hparams.block_size)
+    row_used = top_k + top_k * top_k
+
+    candidates = ggml_top_k(ctx0, res.t_logits, top_k)
+    logits_rows = ggml_reshape_3d(ctx0, res.t_logits, 1, G.ne(res.t_logits, 0), n_tokens)
+    unary = ggml_reshape_2d(ctx0, ggml_get_rows(ctx0, logits_rows, candidates), top_k, n_tokens)
+    gate = g.build_lora_mm(model.dflash_selector_hidden, res.t_embd)
+
+    # Everything below indexes [.., tokens_per_block, n_blocks]: the block
+    # position varies fastest, sequences are the outer dimension.
+    cand_blk = ggml_reshape_3d(ctx0, candidates, top_k, tokens_per_block, n_blocks)
+    unary_blk = ggml_reshape_3d(ctx0, unary, top_k, tokens_per_block, n_blocks)
+    gate_blk = ggml_reshape_3d(ctx0, gate, rank, tokens_per_block, n_blocks)
+
+    # a position's score reads only the candidate sets at pos-1 and pos, so a run
+    # of positions has no internal dependency and scores in one batched matmul
+    def score_run(beg_pos, n_pos, pred_ids):
+        cand_run = ggml_cont(ctx0, ggml_view_3d(ctx0, cand_blk, top_k, n_pos, n_blocks,
+                                                G.nb(cand_blk, 1), G.nb(cand_blk, 2), beg_pos * G.nb(cand_blk, 1)))
+        unary_run = ggml_cont(ctx0, ggml_view_3d(ctx0, unary_blk, top_k, n_pos, n_blocks,
+                                                 G.nb(unary_blk, 1), G.nb(unary_blk, 2), beg_pos * G.nb(unary_blk, 1)))
+        gate_run = ggml_cont(ctx0, ggml_view_3d(ctx0, gate_blk, rank, n_pos, n_blocks,
+                                                G.nb(gate_blk, 1), G.nb(gate_blk, 2), beg_pos * G.nb(gate_blk, 1)))
+
+        n_pred = G.ne(pred_ids, 0) // (n_pos * n_blocks)
+
+        successor = ggml_reshape_4d(ctx0,
+                                    ggml_get_rows(ctx0, model.dflash_selector_next,
+                                                  ggml_reshape_1d(ctx0, cand_run, top_k * n_pos * n_blocks)),
+                                    rank, top_k, n_pos, n_blocks)
+        predecessor = ggml_reshape_4d(ctx0, ggml_get_rows(ctx0, model.dflash_selector_prev, pred_ids),
+                                      rank, n_pred, n_pos, n_blocks)
+
+        gate_bcast = ggml_reshape_4d(ctx0, gate_run, rank, 1, n_pos, n_blocks)
+        cond = ggml_mul(ctx0, predecessor, ggml_repeat(ctx0, gate_bcast, predecessor))
+        score = ggml_mul_mat(ctx0, successor, cond)
+        if n_pred == 1:
+            score = ggml_repeat_4d(ctx0, score, top_k, top_k, n_pos, n_blocks)
+        unary_bcast = ggml_reshape_4d(ctx0, unary_run, top_k, 1, n_pos, n_blocks)
+        score = ggml_add(ctx0, score, ggml_repeat(ctx0, unary_bcast, score))
+
+        row = ggml_concat(ctx0,
+                          ggml_cast(ctx0, cand_run, G.GGML_TYPE_F32),
+                          ggml_reshape_3d(ctx0, score, top_k * top_k, n_pos, n_blocks), 0)
+        return ggml_pad(ctx0, row, n_embd - row_used, 0, 0, 0)
+
+    packed = ggml_fill(ctx0, ggml_new_tensor_3d(ctx0, G.GGML_TYPE_F32, n_embd, 1, n_blocks), 0.0)
+
+    if block_size > 1:
+        # Position 1 alone: its predecessor is the anchor token, one id per
+        # sequence rather than a candidate set.
+        anchor_ids = ggml_cont_1d(ctx0,
+                                  ggml_view_2d(ctx0, tokens, 1, n_blocks, tokens_per_block * G.nb(tokens, 0), 0),
+                                  n_blocks)
+        packed = ggml_concat(ctx0, packed, score_run(1, 1, anchor_ids), 1)
+    if block_size > 2:
+        prev_ids = ggml_reshape_1d(ctx0,
+                                   ggml_cont(ctx0, ggml_view_3d(ctx0, cand_blk, top_k, block_size - 2, n_blocks,
+                                                                G.nb(cand_blk, 1), G.nb(cand_blk, 2),
+                                                                G.nb(cand_blk, 1))),
+                                   top_k * (block_size - 2) * n_blocks)
+        packed = ggml_concat(ctx0, packed, score_run(2, block_size - 2, prev_ids), 1)
+
+    packed = ggml_reshape_2d(ctx0, packed, n_embd, block_size * n_blocks)
+    g.cb(packed, "dflash2_lattice", -1)
+    res.t_h_nextn = packed
+    ggml_build_forward_expand(g.gf, packed)
+
+
+class GraphDFlash2(GraphBase):
+    """graph_dflash2: the conv backbone and lm head, then the selector lattice."""
+
+    def __init__(self, params: GraphParams):
+        super().__init__(params)
+        if self.ubatch.is_embd:
+            self.build_inject()
+            return
+
+        inp_tokens = self.build_inp_tokens()
+        cur = self.build_layers(inp_tokens)
+
+        self.build_logits(cur)
+
+        build_dflash2_selector(self, self.model, inp_tokens)

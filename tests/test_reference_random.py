@@ -1,0 +1,100 @@
+"""Random configurations, made with make-model, compared live against llama.cpp b11739.
+
+Marked `reference`: it needs the reference extra (CI installs it). Each configuration runs in
+both engines and must be structurally identical, with NMSE 0 on the reference's CPU build.
+"""
+
+import json
+
+import numpy as np
+import pytest
+
+from conftest import reference_available
+from graphgen.diff import diff_paths
+from graphgen.engine import run_scenario
+from graphgen.ops import ggml as G
+from graphgen.record import cpu_features
+from graphgen.scenario import parse_scenario
+from graphgen.synth import make_model
+
+pytestmark = [pytest.mark.reference,
+              pytest.mark.skipif(not reference_available(), reason="reference extra not installed")]
+
+N_CONFIGS = 24
+
+
+def random_config(seed: int):
+    rng = np.random.default_rng(1000 + seed)
+    n_head_kv = int(rng.choice([1, 2, 4]))
+    n_head = n_head_kv * int(rng.choice([1, 2, 4]))
+    head_dim = int(rng.choice([16, 32, 64]))
+    n_layer = int(rng.integers(1, 4))
+    kw = {"n_embd": n_head * head_dim if rng.random() < 0.7 else int(rng.choice([64, 128])),
+          "n_layer": n_layer, "n_head": n_head, "n_head_kv": n_head_kv,
+          "n_ff": int(rng.choice([64, 128, 192])), "n_vocab": int(rng.choice([64, 256, 300])),
+          "block_size": int(rng.integers(2, 9)), "target_layers": list(range(int(rng.integers(1, 4)))),
+          "seed": seed}
+    if kw["n_embd"] != n_head * head_dim:
+        kw["head_dim"] = head_dim
+    n_rot = head_dim if rng.random() < 0.7 else head_dim // 2
+    if n_rot != head_dim:
+        kw["n_rot"] = n_rot
+    r = rng.random()
+    if r < 0.25 and n_layer >= 1:
+        pattern = [bool(x) for x in rng.integers(0, 2, n_layer)]
+        pattern[int(rng.integers(0, n_layer))] = True
+        kw["swa_window"] = int(rng.integers(2, 12))
+        kw["swa_pattern"] = pattern
+    elif r < 0.4:
+        a = int(rng.integers(1, n_rot // 4 + 1))
+        b = int(rng.integers(0, (n_rot // 2 - a) + 1))
+        c = int(rng.integers(0, (n_rot // 2 - a - b) + 1))
+        kw["mrope_sections"] = [a, b, c, 0]
+    if rng.random() < 0.3:
+        kw["shared_kv"] = True
+    if rng.random() < 0.3:
+        kw["sinks"] = True
+    if rng.random() < 0.3:
+        kw["attention_scale"] = float(rng.uniform(0.05, 0.3))
+    if rng.random() < 0.3:
+        kw["embedding_scale"] = float(rng.uniform(0.5, 2.0))
+    if rng.random() < 0.2:
+        kw["weight_scales"] = True
+    if rng.random() < 0.2:
+        kw["causal"] = True
+    n_prompt = int(rng.integers(1, 21))
+    mask = kw["n_vocab"] - 1
+    steps = [{"inject": {"n_tokens": n_prompt, "pos0": 0}},
+             {"block": {"tokens": [int(rng.integers(0, mask))] + [mask] * (kw["block_size"] - 1), "pos0": n_prompt}}]
+    if rng.random() < 0.5:  # a second round, as the driver runs it: drop the block, inject, draft again
+        n2 = int(rng.integers(1, 5))
+        steps += [{"seq_rm": {"seq": 0, "p0": n_prompt, "p1": -1}},
+                  {"inject": {"n_tokens": n2, "pos0": n_prompt}},
+                  {"block": {"tokens": [3] + [mask] * (kw["block_size"] - 1), "pos0": n_prompt + n2}}]
+    sc = {"n_ctx": int(rng.choice([256, 512])), "n_ubatch": 64,
+          "flash_attn": "on" if rng.random() < 0.5 else "off",
+          "type_kv": "f16" if rng.random() < 0.7 else "f32", "seed": seed, "steps": steps}
+    return kw, sc
+
+
+@pytest.mark.parametrize("seed", range(N_CONFIGS))
+def test_random_config_matches_llama_cpp(seed, tmp_path):
+    from graphgen.reference.runner import ReferenceFailed, run_reference
+
+    kw, sc = random_config(seed)
+    model = tmp_path / "draft.gguf"
+    make_model(model, "dflash", **kw)
+    scen = tmp_path / "scenario.json"
+    scen.write_text(json.dumps(sc))
+    try:
+        run_reference(model, scen, tmp_path / "ref")
+    except ReferenceFailed as e:  # an upstream abort is "no reference", not a graphgen failure
+        pytest.skip(f"llama.cpp could not run this configuration: {e}")
+    run_scenario(model, parse_scenario(sc), tmp_path / "ours")
+    same_build = cpu_features(G.cpu_lib()).get("AVX512") is False
+    results = diff_paths(tmp_path / "ref", tmp_path / "ours")
+    assert len(results) == sum(1 for s in sc["steps"] if "seq_rm" not in s)
+    for res in results:
+        assert not res.structural, f"config {kw} {sc}\n" + res.format_text()
+        bound = 0.0 if same_build else 1e-6
+        assert all((n.nmse or 0.0) <= bound for n in res.numeric), f"config {kw}\n" + res.format_text()
