@@ -12,7 +12,7 @@ from graphgen.record import cpu_features
 from graphgen.scenario import load_scenario
 from make_references import build_model
 
-PORTED_VARIANTS = {"dflash", "dspark"}
+PORTED_VARIANTS = {"dflash", "dflash2", "dspark"}
 CASES = sorted(p.name for p in REF_DIR.iterdir() if (p / "case.json").is_file())
 PORTED = [c for c in CASES
           if json.loads((REF_DIR / c / "case.json").read_text())["make_model"]["variant"] in PORTED_VARIANTS]

@@ -1,0 +1,65 @@
+"""Session behaviour: several sequences in one batch, graph reuse across rounds, results."""
+
+import numpy as np
+import pytest
+
+from graphgen.runtime.session import Session
+from graphgen.synth import make_model
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    p = tmp_path_factory.mktemp("sess") / "tiny.gguf"
+    make_model(p, "dflash", seed=5)
+    return p
+
+
+@pytest.mark.parametrize("flash_attn", [False, True])
+def test_several_sequences_in_one_block_equal_one_at_a_time(tiny, flash_attn):
+    rng = np.random.default_rng(7)
+    prompts = [rng.standard_normal((n, 128), dtype=np.float32) for n in (5, 9, 3)]
+    blocks = [[7, 255, 255, 255], [11, 255, 255, 255], [2, 255, 255, 255]]
+
+    with Session(tiny, n_ctx=256, n_seq=3, flash_attn=flash_attn) as s:
+        for seq, x in enumerate(prompts):
+            s.inject(x, 0, seq)
+        together = s.block_multi([(seq, blocks[seq], len(prompts[seq])) for seq in range(3)]).logits
+
+    for seq, x in enumerate(prompts):
+        with Session(tiny, n_ctx=256, flash_attn=flash_attn) as s:
+            s.inject(x, 0)
+            alone = s.block(blocks[seq], len(x)).logits
+        got = together[4 * seq:4 * seq + 4]
+        np.testing.assert_allclose(got, alone, rtol=2e-4, atol=2e-4)
+        assert (got.argmax(-1) == alone.argmax(-1)).all()
+
+
+def test_block_removal_restores_the_same_draft(tiny):
+    x = np.random.default_rng(1).standard_normal((6, 128), dtype=np.float32)
+    with Session(tiny) as s:
+        s.inject(x, 0)
+        a = s.block([7, 255, 255, 255], 6).logits
+        s.seq_rm(0, 6, -1)
+        b = s.block([7, 255, 255, 255], 6).logits
+    np.testing.assert_array_equal(a, b)
+
+
+def test_other_sequences_are_masked(tiny):
+    x = np.random.default_rng(2).standard_normal((6, 128), dtype=np.float32)
+    y = np.random.default_rng(3).standard_normal((6, 128), dtype=np.float32)
+    with Session(tiny, n_seq=2) as s:
+        s.inject(x, 0, 0)
+        a = s.block([7, 255, 255, 255], 6, seq=0).logits
+        s.seq_rm(0, 6, -1)
+        s.inject(y, 0, 1)  # another sequence's context must not leak into sequence 0
+        b = s.block([7, 255, 255, 255], 6, seq=0).logits
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_inject_returns_fused_features(tiny):
+    x = np.random.default_rng(4).standard_normal((3, 128), dtype=np.float32)
+    with Session(tiny) as s:
+        r = s.inject(x, 0)
+    assert r.embd.shape == (3, 64) and r.logits is None
+    # RMS-normed rows times a weight near 1: row norms near sqrt(n_embd)
+    assert np.all(np.abs(np.linalg.norm(r.embd, axis=1) / 8.0 - 1) < 0.5)
