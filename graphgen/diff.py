@@ -209,6 +209,7 @@ class DiffResult:
     explained: list[Explained] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
+    builds: dict[str, str] = field(default_factory=dict)
 
     @property
     def numeric_failures(self) -> list[NumericResult]:
@@ -222,12 +223,14 @@ class DiffResult:
                 "numeric": [r.to_dict() for r in self.numeric],
                 "first_divergence": self.first_divergence, "rules_fired": dict(self.rules_fired),
                 "explained": [vars(e) for e in self.explained], "notes": list(self.notes),
-                "summary": summary}
+                "summary": summary, "builds": dict(self.builds)}
 
     def format_text(self) -> str:
         s = self.summary
         out = [f"graph-diff [{self.graph}]  ref: {self.ref_path or '-'}  ours: {self.ours_path or '-'}",
                f"result: {'IDENTICAL' if self.identical else 'DIVERGED'}"]
+        if self.builds:
+            out += [f"  {side:4s} build: {desc}" for side, desc in self.builds.items()]
         fd = self.first_divergence
         if fd:
             out += ["", f"first divergence: {fd['detail']}"]
@@ -636,7 +639,18 @@ def diff_dumps(ref: Dump, ours: Dump, nmse: float | dict[str, float] | None = No
     return DiffResult(ref_path=str(ref.path), ours_path=str(ours.path), graph=ref.graph,
                       identical=not structural and not fails, structural=structural, numeric=numeric,
                       first_divergence=first, rules_fired=dict(Counter(e.rule for e in explained)),
-                      explained=explained, notes=notes, summary=summary)
+                      explained=explained, notes=notes, summary=summary,
+                      builds={"ref": describe_build(ref), "ours": describe_build(ours)})
+
+
+SIMD_FEATURES = ("AVX", "AVX2", "AVX512", "F16C", "FMA", "BMI2", "LLAMAFILE", "NEON", "SVE")
+
+
+def describe_build(d) -> str:
+    """Which engine and CPU kernels computed a dump, e.g. 'graphgen 0.1.0 [AVX AVX2 F16C FMA LLAMAFILE]'."""
+    src = d.source or {}
+    feats = " ".join(f for f in SIMD_FEATURES if d.cpu_features.get(f))
+    return f"{src.get('engine', '?')} {src.get('version', '?')} [{feats or 'no SIMD features'}]"
 
 
 def _fmt_feat(v: bool | None) -> str:

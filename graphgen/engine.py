@@ -13,7 +13,7 @@ import numpy as np
 from . import __version__
 from .dump import write_dump
 from .ops import ggml as G
-from .record import NodeRecorder, cpu_features
+from .record import NodeRecorder, cpu_features, n_kv_from_nodes
 from .runtime.session import Session
 from .scenario import Scenario
 
@@ -43,7 +43,9 @@ def run_scenario(model_path, scenario: Scenario, out=None, max_data: int = 26214
                 continue
             if rec is not None:
                 rec.reset()
-            if step.kind == "inject":
+            if step.kind == "encoder":
+                r = sess.encode(scenario.features(step, hp.n_embd_inp_enc), step.pos0, step.seq, recorder=rec)
+            elif step.kind == "inject":
                 x = scenario.features(step, hp.n_embd_inp_enc)
                 r = sess.inject(x, step.pos0, step.seq, recorder=rec)
                 if r.h_nextn is not None:
@@ -64,7 +66,8 @@ def run_scenario(model_path, scenario: Scenario, out=None, max_data: int = 26214
                                      embd_state=state)
             path = None
             if out is not None:
-                path = write_dump(out, seq_no, step.kind, dict(header, settings=sess.settings(step.kind)),
+                settings = dict(sess.settings(step.kind), n_kv=n_kv_from_nodes(rec.nodes))
+                path = write_dump(out, seq_no, step.kind, dict(header, settings=settings),
                                   rec.nodes, rec.values)
             results.append((step, r, path))
             seq_no += 1

@@ -139,3 +139,11 @@ class NodeRecorder:
         vals = read_values(t, self.max_data, self.read_bytes)
         if vals is not None:
             self.values[idx] = vals
+
+
+def n_kv_from_nodes(nodes) -> int | None:
+    """n_kv as the graph used it: the cell count of the first K-cache view the attention reads."""
+    for n in nodes:
+        if n.op == "VIEW" and (n.view_src or "").startswith("cache_k_l"):
+            return int(n.ne[2])
+    return None

@@ -36,7 +36,7 @@ class SeqBlock:
 
 @dataclass
 class Step:
-    kind: str  # "inject" | "block" | "seq_rm"
+    kind: str  # "inject" | "block" | "encoder" | "seq_rm"
     index: int
     seq: int = 0
     n_tokens: int = 0
@@ -71,8 +71,9 @@ class Scenario:
     def to_dict(self) -> dict:
         steps = []
         for s in self.steps:
-            if s.kind == "inject":
-                steps.append({"inject": {"n_tokens": s.n_tokens, "pos0": s.pos0, "seq": s.seq}})
+            if s.kind in ("inject", "encoder"):
+                steps.append({"inject" if s.kind == "inject" else "encode":
+                              {"n_tokens": s.n_tokens, "pos0": s.pos0, "seq": s.seq}})
             elif s.kind == "seq_rm":
                 steps.append({"seq_rm": {"seq": s.seq, "p0": s.pos0, "p1": s.p1}})
             else:
@@ -126,7 +127,7 @@ def parse_scenario(doc: dict, where: str = "scenario") -> Scenario:
     for i, raw in enumerate(steps):
         sw = f"{where}: step {i}"
         if not isinstance(raw, dict) or len(raw) != 1:
-            raise ScenarioError(f"{sw}: expected an object with one key (inject, block or seq_rm)")
+            raise ScenarioError(f"{sw}: expected an object with one key (inject, block, encode or seq_rm)")
         (kind, body), = raw.items()
         if not isinstance(body, dict):
             raise ScenarioError(f"{sw}: '{kind}' must be an object")
@@ -136,6 +137,12 @@ def parse_scenario(doc: dict, where: str = "scenario") -> Scenario:
                 raise ScenarioError(f"{sw} inject: n_tokens {n} is longer than n_ubatch {sc.n_ubatch}")
             st = Step("inject", i, seq=_int(body, "seq", sw, 0, lo=0, hi=sc.n_seq - 1),
                       n_tokens=n, pos0=_int(body, "pos0", f"{sw} inject", 0, lo=0))
+        elif kind == "encode":
+            n = _int(body, "n_tokens", f"{sw} encode", lo=1)
+            if n > sc.n_ubatch:
+                raise ScenarioError(f"{sw} encode: n_tokens {n} is longer than n_ubatch {sc.n_ubatch}")
+            st = Step("encoder", i, seq=_int(body, "seq", sw, 0, lo=0, hi=sc.n_seq - 1),
+                      n_tokens=n, pos0=_int(body, "pos0", f"{sw} encode", 0, lo=0))
         elif kind == "block":
             entries = body.get("seqs", [body]) if "seqs" in body else [body]
             if not isinstance(entries, list) or not entries:
@@ -164,7 +171,7 @@ def parse_scenario(doc: dict, where: str = "scenario") -> Scenario:
             st = Step("seq_rm", i, seq=_int(body, "seq", sw, 0, lo=-1, hi=sc.n_seq - 1),
                       pos0=_int(body, "p0", sw, 0, lo=-1), p1=_int(body, "p1", sw, -1, lo=-1))
         else:
-            raise ScenarioError(f"{sw}: unknown step '{kind}' (expected inject, block or seq_rm)")
+            raise ScenarioError(f"{sw}: unknown step '{kind}' (expected inject, block, encode or seq_rm)")
         sc.steps.append(st)
     return sc
 

@@ -19,7 +19,7 @@ PORTED = [c for c in CASES
 
 
 def same_build_as_reference(case_dir) -> bool:
-    ref = json.loads((case_dir / "00-inject.json").read_text())["cpu_features"]
+    ref = json.loads(sorted(case_dir.glob("[0-9][0-9]-*.json"))[0].read_text())["cpu_features"]
     ours = cpu_features(G.cpu_lib())
     return all(ours.get(k) == v for k, v in ref.items() if k in ours)
 
@@ -28,7 +28,7 @@ def test_every_case_has_dumps():
     assert len(CASES) >= 16
     for c in CASES:
         assert (REF_DIR / c / "scenario.json").is_file()
-        assert (REF_DIR / c / "00-inject.json").is_file() and (REF_DIR / c / "01-block.json").is_file()
+        assert list((REF_DIR / c).glob("*-inject.json")) and list((REF_DIR / c).glob("*-block.json"))
 
 
 @pytest.mark.parametrize("case", PORTED)
@@ -37,7 +37,7 @@ def test_graphgen_matches_llama_cpp(case, tmp_path, models_dir):
     model = build_model(case_dir, models_dir)
     run_scenario(model, load_scenario(case_dir / "scenario.json"), tmp_path)
     results = diff_paths(case_dir, tmp_path)
-    assert len(results) == 2
+    assert len(results) == len(list(case_dir.glob("[0-9][0-9]-*.json"))) >= 2
     for res in results:
         assert not res.structural, res.format_text()
         if same_build_as_reference(case_dir):

@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from graphgen.scenario import default_scenario  # noqa: E402
+from graphgen.scenario import default_scenario, parse_scenario  # noqa: E402
 from graphgen.synth import make_model  # noqa: E402
 
 REF_DIR = ROOT / "tests" / "reference"
@@ -41,6 +41,7 @@ CASES = {
                            "swa_pattern": [True, False, True]}, {"flash_attn": True}),
     "dflash-sharedkv-fa-off": ({"variant": "dflash", "shared_kv": True}, {}),
     "dflash-sharedkv-fa-on": ({"variant": "dflash", "shared_kv": True}, {"flash_attn": True}),
+    "dflash-encoder": ({"variant": "dflash"}, {"encode": 5}),
     "dflash2-fa-off": ({"variant": "dflash2"}, {}),
     "dflash2-fa-on": ({"variant": "dflash2"}, {"flash_attn": True}),
     "dspark-fa-off": ({"variant": "dspark"}, {}),
@@ -78,7 +79,13 @@ def make_case(name: str, tmp: Path) -> str:
     variant = kw.pop("variant")
     gguf = tmp / f"{name}.gguf"
     make_model(gguf, variant, **kw)
+    sc_kw = dict(sc_kw)
+    n_encode = sc_kw.pop("encode", 0)
     sc = default_scenario(block_size=kw["block_size"], mask_token=kw["n_vocab"] - 1, **sc_kw)
+    if n_encode:  # the encoder graph (LLAMA_PROCESS_TYPE_ENCODE) before the usual inject + block
+        doc = sc.to_dict()
+        doc["steps"].insert(0, {"encode": {"n_tokens": n_encode, "pos0": 0}})
+        sc = parse_scenario(doc)
     out = REF_DIR / name
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..record import NodeRecorder, cpu_features
+from ..record import NodeRecorder, cpu_features, n_kv_from_nodes
 from ..scenario import Scenario, load_scenario
 from .libload import REFERENCE_BUILD, REFERENCE_VERSION, ReferenceUnavailable, load_llama
 
@@ -119,7 +119,7 @@ def run_child(model: Path, scenario: Scenario, out: Path, max_data: int) -> list
             lib.llama_memory_seq_rm(mem, step.seq, step.pos0, step.p1)
             continue
         batch = lib.llama_batch_ext_init(ctx)
-        if step.kind == "inject":
+        if step.kind in ("inject", "encoder"):
             x = np.ascontiguousarray(scenario.features(step, n_embd_inp))
             keep.append(x)
             for i in range(step.n_tokens):
@@ -153,7 +153,8 @@ def run_child(model: Path, scenario: Scenario, out: Path, max_data: int) -> list
                                          "n_rows": 1, "n_embd": meta["n_embd"]})
             lib.llama_set_causal_attn(ctx, meta["causal"])
         rec.reset()
-        ret = lib.llama_process(ctx, lib.LLAMA_PROCESS_TYPE_DECODE, batch)
+        ptype = lib.LLAMA_PROCESS_TYPE_ENCODE if step.kind == "encoder" else lib.LLAMA_PROCESS_TYPE_DECODE
+        ret = lib.llama_process(ctx, ptype, batch)
         lib.llama_batch_ext_free(batch)
         if ret != 0:
             raise ReferenceFailed(f"llama_process returned {ret} at step {step.index} ({step.kind})")
@@ -168,7 +169,7 @@ def run_child(model: Path, scenario: Scenario, out: Path, max_data: int) -> list
             del get
         settings = {"flash_attn": scenario.flash_attn, "type_k": scenario.type_kv,
                     "type_v": scenario.type_kv, "n_ctx": scenario.n_ctx, "n_ubatch": scenario.n_ubatch,
-                    "n_kv": None, "causal": meta["causal"] if step.kind == "block" else True}
+                    "n_kv": n_kv_from_nodes(rec.nodes), "causal": meta["causal"] if step.kind == "block" else True}
         path = write_dump(out, seq_no, step.kind, dict(header, settings=settings), rec.nodes, rec.values)
         written.append(path)
         seq_no += 1

@@ -149,10 +149,10 @@ class Session:
                     c.restore(snaps[k])
                 raise
 
-    def _compute(self, ub: UBatch, mem: dict, recorder) -> Result:
+    def _compute(self, ub: UBatch, mem: dict, recorder, graph_type: str = "decoder") -> Result:
         causal = self.hparams.causal_attn if not ub.is_embd else True
         params = GraphParams(model=self.model, ubatch=ub, mem=mem, flash_attn=self.flash_attn,
-                             causal_attn=causal)
+                             causal_attn=causal, graph_type=graph_type)
         g = build_arch_graph(params)
         try:
             G.ggml_backend_sched_reset(self.sched)
@@ -176,7 +176,8 @@ class Session:
             status = G.ggml_backend_sched_graph_compute(self.sched, g.gf)
             if status != 0:
                 raise RuntimeError(f"ggml compute failed with status {status}")
-            res = Result(graph="inject" if ub.is_embd else "block", n_nodes=G.ggml_graph_n_nodes(g.gf))
+            kind = "encoder" if graph_type == "encoder" else "inject" if ub.is_embd else "block"
+            res = Result(graph=kind, n_nodes=G.ggml_graph_n_nodes(g.gf))
             res.logits = _read(g.res.t_logits)
             res.embd = _read(g.res.t_embd)
             res.h_nextn = _read(g.res.t_h_nextn)
@@ -185,6 +186,12 @@ class Session:
             return res
         finally:
             g.free()
+
+    def encode(self, features, pos0: int = 0, seq: int = 0, recorder=None) -> Result:
+        """The encoder graph: target features through fc and the encoder norm, no KV cache."""
+        ub = self.make_inject(features, pos0, seq)
+        with self._lock:
+            return self._compute(ub, {}, recorder, graph_type="encoder")
 
     def inject(self, features, pos0: int, seq: int = 0, recorder=None) -> Result:
         return self.decode(self.make_inject(features, pos0, seq), recorder)

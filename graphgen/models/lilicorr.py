@@ -1,0 +1,238 @@
+"""src/models/lilicorr.cpp: LiliCorr = DFlash + a correlation scorer over the block's top-k candidates.
+
+The scorer runs a small transformer over the (slot, candidate) nodes of each block and packs the
+candidates and their anchor/transition scores into h_nextn for the CPU-side lattice walk. The
+injection graph exposes the fused context features as h_nextn; the driver feeds the anchor's row
+back as the block's embd_state.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..graph import GraphParams
+from ..ops import ggml as G
+from ..ops.ggml import (ggml_add, ggml_arange, ggml_argsort, ggml_build_forward_expand, ggml_cast, ggml_concat,
+                        ggml_cont, ggml_cont_2d, ggml_get_rows, ggml_l2_norm, ggml_log, ggml_mul, ggml_mul_mat,
+                        ggml_new_tensor_2d, ggml_norm, ggml_out_prod, ggml_pad, ggml_pad_ext, ggml_permute,
+                        ggml_repeat, ggml_repeat_4d, ggml_reshape_1d, ggml_reshape_2d, ggml_reshape_3d,
+                        ggml_reshape_4d, ggml_rms_norm, ggml_scale, ggml_scale_bias, ggml_set_input, ggml_silu,
+                        ggml_soft_max, ggml_soft_max_ext, ggml_step, ggml_sub, ggml_top_k, ggml_transpose,
+                        ggml_view_3d, ggml_view_4d)
+from .dflash import GraphBase, get_tok_embd
+from .dflash2 import n_seqs_unq
+
+
+def build_lilicorr_scores(g, model, tok_embd, anchors):
+    ctx0 = g.ctx0
+    res = g.res
+
+    hparams = g.hparams
+    n_tokens = g.n_tokens
+    n_embd = g.n_embd
+
+    hidden = hparams.lilicorr_hidden_size
+    top_k = hparams.lilicorr_candidate_topk
+    heads = hparams.lilicorr_num_heads
+    n_blocks = n_seqs_unq(g.ubatch)
+    if not (n_blocks > 0 and n_tokens % n_blocks == 0):
+        raise ValueError("the LiliCorr scorer needs equal-size blocks")
+    if G.ne(res.t_logits, 1) != n_tokens:
+        raise ValueError("the LiliCorr scorer needs logits for every token")
+    if anchors is None or tok_embd is None:
+        raise ValueError("the LiliCorr scorer needs the anchors and the token embeddings")
+
+    tokens_per_block = n_tokens // n_blocks
+    block_size = hparams.block_size
+    row_used = top_k + top_k * top_k
+    slots = block_size - 1
+    nodes = slots * top_k
+    factor_dim = G.ne(model.lilicorr_out_head, 1)
+    if tokens_per_block != block_size:
+        raise ValueError("the LiliCorr scorer needs full blocks")
+
+    candidates = ggml_top_k(ctx0, res.t_logits, top_k)
+    logits_rows = ggml_reshape_3d(ctx0, res.t_logits, 1, G.ne(res.t_logits, 0), n_tokens)
+    candidate_logits = ggml_reshape_2d(ctx0, ggml_get_rows(ctx0, logits_rows, candidates), top_k, n_tokens)
+    # Rank features and embeddings require candidates in descending logit order.
+    order = ggml_argsort(ctx0, candidate_logits, G.GGML_SORT_ORDER_DESC)
+    candidate_rows = ggml_reshape_3d(ctx0, candidates, 1, top_k, n_tokens)
+    candidates = ggml_reshape_2d(ctx0, ggml_get_rows(ctx0, candidate_rows, order), top_k, n_tokens)
+    prob_rows = ggml_reshape_3d(ctx0, ggml_soft_max(ctx0, res.t_logits), 1, G.ne(res.t_logits, 0), n_tokens)
+    probs = ggml_reshape_2d(ctx0, ggml_get_rows(ctx0, prob_rows, candidates), top_k, n_tokens)
+
+    cand_run = ggml_reshape_3d(ctx0, candidates, top_k, n_tokens // n_blocks, n_blocks)
+    probs_run = ggml_reshape_3d(ctx0, probs, top_k, n_tokens // n_blocks, n_blocks)
+    cand_run = ggml_cont(ctx0, ggml_view_3d(ctx0, cand_run, top_k, slots, n_blocks,
+                                            G.nb(cand_run, 1), G.nb(cand_run, 2), G.nb(cand_run, 1)))
+    probs_run = ggml_cont(ctx0, ggml_view_3d(ctx0, probs_run, top_k, slots, n_blocks,
+                                             G.nb(probs_run, 1), G.nb(probs_run, 2), G.nb(probs_run, 1)))
+
+    lp = ggml_log(ctx0, probs_run)
+    lp_blk = ggml_reshape_3d(ctx0, lp, top_k, slots, n_blocks)
+    top_lp = ggml_view_3d(ctx0, lp_blk, 1, slots, n_blocks, G.nb(lp_blk, 1), G.nb(lp_blk, 2), 0)
+    relative = ggml_sub(ctx0, lp_blk, top_lp)
+    feature = ggml_reshape_4d(ctx0, lp_blk, 1, top_k, slots, n_blocks)
+
+    rank = ggml_arange(ctx0, 0, top_k, 1)
+    rank = ggml_repeat(ctx0, ggml_reshape_3d(ctx0, rank, top_k, 1, 1), lp_blk)
+    first = ggml_scale_bias(ctx0, ggml_step(ctx0, rank), -1.0, 1.0)
+
+    # the scale is a float division in C
+    rank_scale = 0.0 if top_k == 1 else float(np.float32(1.0) / np.float32(top_k - 1))
+    for item in (probs_run, relative, ggml_scale(ctx0, rank, rank_scale), first):
+        feature = ggml_concat(ctx0, feature, ggml_reshape_4d(ctx0, item, 1, top_k, slots, n_blocks), 0)
+    feature = ggml_reshape_2d(ctx0, feature, 5, nodes * n_blocks)
+
+    embeds = ggml_get_rows(ctx0, tok_embd, ggml_reshape_1d(ctx0, cand_run, nodes * n_blocks))
+    token_states = embeds if n_embd == hidden else ggml_add(
+        ctx0, g.build_lora_mm(model.lilicorr_token_proj, embeds, model.lilicorr_token_proj_s),
+        model.lilicorr_token_proj_b)
+
+    pass_blk = ggml_reshape_3d(ctx0, res.t_embd, n_embd, block_size, n_blocks)
+    passes = ggml_reshape_2d(ctx0, ggml_cont(ctx0, ggml_view_3d(ctx0, pass_blk, n_embd, slots, n_blocks,
+                                                                G.nb(pass_blk, 1), G.nb(pass_blk, 2),
+                                                                G.nb(pass_blk, 1))),
+                             n_embd, slots * n_blocks)
+
+    pass_states = ggml_add(ctx0, g.build_lora_mm(model.lilicorr_pass_hidden_proj, passes,
+                                                 model.lilicorr_pass_hidden_proj_s),
+                           model.lilicorr_pass_hidden_proj_b)
+
+    pass_states = ggml_reshape_4d(ctx0, pass_states, hidden, 1, slots, n_blocks)
+    pass_states = ggml_reshape_2d(ctx0, ggml_repeat_4d(ctx0, pass_states, hidden, top_k, slots, n_blocks),
+                                  hidden, nodes * n_blocks)
+
+    feature_states = ggml_norm(ctx0, feature, 1.0e-5)
+    feature_states = ggml_add(ctx0, ggml_mul(ctx0, feature_states, model.lilicorr_feature_norm),
+                              model.lilicorr_feature_norm_b)
+    feature_states = ggml_silu(ctx0, ggml_add(ctx0, g.build_lora_mm(model.lilicorr_feature_mlp_1, feature_states),
+                                              model.lilicorr_feature_mlp_1_b))
+    feature_states = ggml_add(ctx0, g.build_lora_mm(model.lilicorr_feature_mlp_3, feature_states),
+                              model.lilicorr_feature_mlp_3_b)
+
+    slot = ggml_reshape_4d(ctx0, model.lilicorr_slot_embedding, hidden, 1, slots, 1)
+    rank_embd = ggml_reshape_4d(ctx0, model.lilicorr_rank_embedding, hidden, top_k, 1, 1)
+    pos = ggml_add(ctx0, ggml_repeat_4d(ctx0, slot, hidden, top_k, slots, n_blocks),
+                   ggml_repeat_4d(ctx0, rank_embd, hidden, top_k, slots, n_blocks))
+    pos = ggml_reshape_2d(ctx0, pos, hidden, nodes * n_blocks)
+
+    x = ggml_add(ctx0, ggml_add(ctx0, token_states, pass_states), feature_states)
+    x = ggml_add(ctx0, x, pos)
+    anchor_blk = ggml_reshape_3d(ctx0, anchors, n_embd, block_size, n_blocks)
+    anchor = ggml_reshape_2d(ctx0,
+                             ggml_cont(ctx0, ggml_view_3d(ctx0, anchor_blk, n_embd, 1, n_blocks,
+                                                          G.nb(anchor_blk, 1), G.nb(anchor_blk, 2), 0)),
+                             n_embd, n_blocks)
+    anchor_state = ggml_add(ctx0, g.build_lora_mm(model.lilicorr_context_proj, anchor, model.lilicorr_context_proj_s),
+                            model.lilicorr_context_proj_b)
+
+    head_dim = hidden // heads
+    # 1.0f / std::sqrt(float(head_dim)), in float
+    kq_scale = float(np.float32(1.0) / np.sqrt(np.float32(head_dim)))
+    for layer in range(hparams.lilicorr_layers):
+        weights = model.layers[layer]
+        attn_input = ggml_mul(ctx0, ggml_rms_norm(ctx0, x, hparams.f_norm_rms_eps), weights.lilicorr_attn_norm)
+        qkv = ggml_add(ctx0, g.build_lora_mm(weights.lilicorr_attn_in_proj, attn_input),
+                       weights.lilicorr_attn_in_proj_b)
+        qkv = ggml_reshape_3d(ctx0, qkv, 3 * hidden, nodes, n_blocks)
+        q = ggml_cont(ctx0, ggml_view_4d(ctx0, qkv, head_dim, nodes, heads, n_blocks,
+                                         G.nb(qkv, 1), head_dim * G.nb(qkv, 0), G.nb(qkv, 2), 0))
+        k = ggml_cont(ctx0, ggml_view_4d(ctx0, qkv, head_dim, nodes, heads, n_blocks,
+                                         G.nb(qkv, 1), head_dim * G.nb(qkv, 0), G.nb(qkv, 2), hidden * G.nb(qkv, 0)))
+        v = ggml_view_4d(ctx0, qkv, head_dim, nodes, heads, n_blocks,
+                         G.nb(qkv, 1), head_dim * G.nb(qkv, 0), G.nb(qkv, 2), 2 * hidden * G.nb(qkv, 0))
+        attn = ggml_soft_max_ext(ctx0, ggml_mul_mat(ctx0, k, q), model.lilicorr_attention_bias, kq_scale, 0.0)
+        joined = ggml_out_prod(ctx0, v, ggml_transpose(ctx0, attn))
+        joined = ggml_permute(ctx0, joined, 0, 2, 1, 3)
+        attn_output = ggml_cont_2d(ctx0, joined, hidden, nodes * n_blocks)
+        attn_output = ggml_add(ctx0, g.build_lora_mm(weights.lilicorr_attn_out_proj, attn_output,
+                                                     weights.lilicorr_attn_out_proj_s),
+                               weights.lilicorr_attn_out_proj_b)
+        x = ggml_add(ctx0, x, attn_output)
+        mlp = ggml_mul(ctx0, ggml_rms_norm(ctx0, x, hparams.f_norm_rms_eps), weights.lilicorr_mlp_norm)
+        mlp = ggml_silu(ctx0, ggml_add(ctx0, g.build_lora_mm(weights.lilicorr_mlp_0, mlp, weights.lilicorr_mlp_0_s),
+                                       weights.lilicorr_mlp_0_b))
+        mlp = ggml_add(ctx0, g.build_lora_mm(weights.lilicorr_mlp_2, mlp, weights.lilicorr_mlp_2_s),
+                       weights.lilicorr_mlp_2_b)
+        x = ggml_add(ctx0, x, mlp)
+
+    x = ggml_mul(ctx0, ggml_rms_norm(ctx0, x, hparams.f_norm_rms_eps), model.lilicorr_output_norm)
+    anchor_state = ggml_mul(ctx0, ggml_rms_norm(ctx0, anchor_state, hparams.f_norm_rms_eps), model.lilicorr_anchor_norm)
+    anchor_nodes = ggml_reshape_3d(ctx0, anchor_state, hidden, 1, n_blocks)
+    anchor_nodes = ggml_reshape_2d(ctx0, ggml_repeat_4d(ctx0, anchor_nodes, hidden, nodes, n_blocks, 1),
+                                   hidden, nodes * n_blocks)
+    factor_in = ggml_concat(ctx0, x, anchor_nodes, 0)
+    factor_in = ggml_concat(ctx0, factor_in, ggml_mul(ctx0, x, anchor_nodes), 0)
+    factors = ggml_add(ctx0, g.build_lora_mm(model.lilicorr_factor_input_proj, factor_in),
+                       model.lilicorr_factor_input_proj_b)
+    factors = ggml_silu(ctx0, factors)
+
+    out = ggml_add(ctx0, g.build_lora_mm(model.lilicorr_out_head, factors), model.lilicorr_out_head_b)
+    out = ggml_reshape_4d(ctx0, ggml_l2_norm(ctx0, out, hparams.lilicorr_vector_eps), factor_dim, top_k, slots, n_blocks)
+
+    in_ = ggml_add(ctx0, g.build_lora_mm(model.lilicorr_in_head, factors), model.lilicorr_in_head_b)
+    in_ = ggml_reshape_4d(ctx0, ggml_l2_norm(ctx0, in_, hparams.lilicorr_vector_eps), factor_dim, top_k, slots, n_blocks)
+
+    anchor_out = ggml_add(ctx0, g.build_lora_mm(model.lilicorr_anchor_out_head, anchor_state),
+                          model.lilicorr_anchor_out_head_b)
+    anchor_out = ggml_l2_norm(ctx0, anchor_out, hparams.lilicorr_vector_eps)
+    anchor_out = ggml_reshape_3d(ctx0, anchor_out, factor_dim, 1, n_blocks)
+
+    first_in = ggml_cont(ctx0, ggml_view_4d(ctx0, in_, factor_dim, top_k, 1, n_blocks,
+                                            G.nb(in_, 1), G.nb(in_, 2), G.nb(in_, 3), 0))
+    first_score = ggml_scale(ctx0,
+                             ggml_mul_mat(ctx0, first_in, ggml_reshape_4d(ctx0, anchor_out, factor_dim, 1, 1, n_blocks)),
+                             hparams.lilicorr_logit_scale)
+    scores = ggml_pad(ctx0, ggml_reshape_3d(ctx0, first_score, top_k, 1, n_blocks), top_k * top_k - top_k, 0, 0, 0)
+    if slots > 1:
+        next_ = ggml_cont(ctx0, ggml_view_4d(ctx0, in_, factor_dim, top_k, slots - 1, n_blocks,
+                                             G.nb(in_, 1), G.nb(in_, 2), G.nb(in_, 3), G.nb(in_, 2)))
+        previous = ggml_cont(ctx0, ggml_view_4d(ctx0, out, factor_dim, top_k, slots - 1, n_blocks,
+                                                G.nb(out, 1), G.nb(out, 2), G.nb(out, 3), 0))
+        score = ggml_scale(ctx0, ggml_mul_mat(ctx0, next_, previous), hparams.lilicorr_logit_scale)
+        scores = ggml_concat(ctx0, scores, ggml_reshape_3d(ctx0, score, top_k * top_k, slots - 1, n_blocks), 1)
+
+    row = ggml_concat(ctx0, ggml_cast(ctx0, ggml_reshape_3d(ctx0, cand_run, top_k, slots, n_blocks), G.GGML_TYPE_F32),
+                      scores, 0)
+    packed = ggml_pad_ext(ctx0, row, 0, n_embd - row_used, 1, 0, 0, 0, 0, 0)
+    packed = ggml_reshape_2d(ctx0, packed, n_embd, n_tokens)
+    g.cb(packed, "lilicorr_lattice", -1)
+    res.t_h_nextn = packed
+    ggml_build_forward_expand(g.gf, packed)
+
+
+class GraphLiliCorr(GraphBase):
+    """graph_lilicorr: the DFlash backbone and lm head, then the scorer on full blocks."""
+
+    def __init__(self, params: GraphParams):
+        super().__init__(params)
+        ub = self.ubatch
+        if ub.is_embd:
+            # expose the context features for retrieval by LiliCorr
+            self.res.t_h_nextn = self.build_inject()
+            return
+
+        # only a full block per sequence has the anchors the scorer needs
+        is_block = ub.embd_state is not None and self.n_tokens == self.hparams.block_size * n_seqs_unq(ub)
+
+        inp_anchor = None
+        if is_block:
+            inp_tokens = self.inp_tokens
+            self.add_input(inp_tokens, lambda: ub.tokens)
+
+            # inp_anchor passes the context features to the lattice scorer
+            inp_anchor = ggml_new_tensor_2d(self.ctx0, G.GGML_TYPE_F32, self.n_embd, self.n_tokens)
+            ggml_set_input(inp_anchor)
+            self.add_input(inp_anchor, lambda: ub.embd_state)
+        else:
+            inp_tokens = self.build_inp_tokens()
+
+        cur = self.build_layers(inp_tokens)
+
+        cur = self.build_logits(cur)
+
+        if is_block:
+            build_lilicorr_scores(self, self.model, get_tok_embd(self, self.model), inp_anchor)
+        else:
+            ggml_build_forward_expand(self.gf, cur)
