@@ -48,6 +48,10 @@ CASES = {
     "dspark-fa-on": ({"variant": "dspark"}, {"flash_attn": True}),
     "dspark-conf-fa-off": ({"variant": "dspark", "conf": True}, {}),
     "dspark-conf-fa-on": ({"variant": "dspark", "conf": True}, {"flash_attn": True}),
+    "dflash2-top1-block2": ({"variant": "dflash2", "block_size": 2, "selector_top_k": 1}, {}),
+    "dspark-d2t": ({"variant": "dspark", "conf": True, "d2t_vocab": 200}, {}),
+    "dspark-bonus-anchor": ({"variant": "dspark", "conf": True, "sample_from_anchor": False}, {}),
+    "lilicorr-1slot": ({"variant": "lilicorr", "block_size": 2, "lilicorr_top_k": 1}, {}),
     "lilicorr-fa-off": ({"variant": "lilicorr"}, {}),
     "lilicorr-fa-on": ({"variant": "lilicorr"}, {"flash_attn": True}),
 }

@@ -90,6 +90,7 @@ def run_child(model: Path, scenario: Scenario, out: Path, max_data: int) -> list
     cparams.n_batch = scenario.n_ubatch
     cparams.n_ubatch = scenario.n_ubatch
     cparams.n_seq_max = scenario.n_seq
+    cparams.kv_unified = True  # one stream: graphgen keeps a unified cache
     cparams.n_threads = scenario.n_threads
     cparams.n_threads_batch = scenario.n_threads
     cparams.flash_attn_type = 1 if scenario.flash_attn else 0
