@@ -9,7 +9,6 @@ ggml's depth-first visit from each ggml_build_forward_expand and auto names (`no
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -18,8 +17,7 @@ from .ops import ggml as G
 from .ops.ggml import (ggml_add, ggml_build_forward_expand, ggml_cast, ggml_cont, ggml_cont_2d,
                        ggml_flash_attn_ext, ggml_flash_attn_ext_add_sinks, ggml_geglu_split, ggml_mul,
                        ggml_mul_mat, ggml_permute, ggml_prec_set_acc, ggml_reshape_2d, ggml_rms_norm,
-                       ggml_scale, ggml_soft_max_add_sinks, ggml_soft_max_ext, ggml_swiglu_split, ggml_tanh,
-                       ggml_transpose, ggml_view_4d)
+                       ggml_soft_max_add_sinks, ggml_soft_max_ext, ggml_swiglu_split, ggml_transpose, ggml_view_4d)
 
 GRAPH_MAX_NODES = 16384
 

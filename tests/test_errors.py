@@ -1,7 +1,6 @@
 """Bad input raises an exception naming the problem; nothing aborts the interpreter."""
 
 import json
-import shutil
 import subprocess
 import sys
 
@@ -13,6 +12,7 @@ from graphgen.errors import BatchError, GGUFModelError, KVCacheFullError
 from graphgen.runtime.model import load
 from graphgen.runtime.session import Session
 from graphgen.synth import make_model
+from gguf_edit import rewrite
 
 
 @pytest.fixture(scope="module")
@@ -20,39 +20,6 @@ def tiny(tmp_path_factory):
     p = tmp_path_factory.mktemp("err") / "tiny.gguf"
     make_model(p, "dflash", seed=3)
     return p
-
-
-def rewrite(src, dst, drop_keys=(), set_keys=None, drop_tensors=(), reshape=None):
-    """Copy a GGUF, editing keys and tensors, with gguf-py."""
-    r = gguf.GGUFReader(str(src))
-    w = gguf.GGUFWriter(str(dst), "dflash")
-    for name, f in r.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture" or name in drop_keys:
-            continue
-        vtype = gguf.GGUFValueType(int(f.types[0]))
-        if vtype == gguf.GGUFValueType.ARRAY:
-            sub = gguf.GGUFValueType(int(f.types[1]))
-            vals = [bytes(f.parts[i]).decode() if sub == gguf.GGUFValueType.STRING else f.parts[i][0].item()
-                    for i in f.data]
-            w.add_key_value(name, vals, vtype, sub_type=sub)
-        elif vtype == gguf.GGUFValueType.STRING:
-            w.add_key_value(name, bytes(f.parts[f.data[0]]).decode(), vtype)
-        else:
-            w.add_key_value(name, f.parts[f.data[0]][0].item(), vtype)
-    for name, (vtype, value) in (set_keys or {}).items():
-        w.add_key_value(name, value, vtype)
-    for t in r.tensors:
-        if t.name in drop_tensors:
-            continue
-        data = np.array(t.data)
-        if reshape and t.name in reshape:
-            data = np.zeros(reshape[t.name], dtype=data.dtype)
-        w.add_tensor(t.name, data)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return dst
 
 
 def test_missing_file(tmp_path):

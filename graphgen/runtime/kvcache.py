@@ -8,7 +8,6 @@ With flash attention off the V cache is transposed, one row per head element.
 
 from __future__ import annotations
 
-import ctypes
 from dataclasses import dataclass
 
 import numpy as np

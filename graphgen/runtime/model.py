@@ -8,7 +8,6 @@ before ggml sees them, and uploads the weights into one backend buffer.
 from __future__ import annotations
 
 import ctypes
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -559,6 +558,11 @@ class Model:
         for t in reader.tensors:
             if int(t.data_offset) + int(t.n_bytes) > end:
                 raise GGUFModelError(f"{self.path}: tensor '{t.name}' data lies past the end of the file")
+        # graph_dspark calls the Markov head without a hidden state, so upstream asserts on an RNN
+        # head there; only the Mistral Large 4 backbone feeds it
+        if "joint_proj.weight" in seen and self.backbone != BACKBONE_MISTRAL_LARGE4:
+            raise GGUFModelError(f"{self.path}: tensor 'joint_proj.weight' (the DSpark RNN joint head) needs "
+                                 f"the Mistral Large 4 backbone's hidden state; this draft's backbone is {self.backbone}")
 
     # -- upload -----------------------------------------------------------------------------
     def upload(self, backend):

@@ -10,11 +10,10 @@ from __future__ import annotations
 import ctypes
 import threading
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
-from ..errors import BatchError, KVCacheFullError
+from ..errors import BatchError
 from ..graph import GRAPH_MAX_NODES, GraphParams, MemSlot
 from ..models.dflash import build_arch_graph
 from ..ops import ggml as G
@@ -119,6 +118,13 @@ class Session:
             toks += t
             pos += list(range(p0, p0 + len(t)))
             seq += [s] * len(t)
+        sizes = [len(t) for _, t, _ in blocks]
+        if self.model.variant != "dflash" and len(set(sizes)) > 1:
+            # the heads index [tokens_per_block, n_blocks]: the batch must split into equal blocks
+            raise BatchError(f"blocks of sizes {sizes} do not divide the batch into equal blocks, "
+                             f"which the {self.model.variant} head needs")
+        if len({s for s, _, _ in blocks}) != len(blocks):
+            raise BatchError("a sequence appears twice in one block batch")
         tokens = np.asarray(toks, dtype=np.int32)
         pos_a = np.asarray(pos, dtype=np.int32)
         seq_a = np.asarray(seq, dtype=np.int32)
