@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 import tempfile
 from pathlib import Path
 
 from . import __version__
+
+# modules that add their own subcommands: each has register(subparsers)
+COMMAND_MODULES: tuple[str, ...] = ()
 
 
 def _cmd_make_model(args) -> int:
@@ -143,6 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("diff", help="graph-diff two dumps (files or folders)")
     add_diff_args(p)
     p.set_defaults(fn=_cmd_diff)
+
+    for modname in COMMAND_MODULES:
+        importlib.import_module(modname).register(sub)
 
     p = sub.add_parser("demo", help="make a tiny draft, run inject + one block, diff against llama.cpp if present")
     p.add_argument("--out", help="folder for the draft, scenario and dumps (default: a temp folder)")
