@@ -12,7 +12,7 @@ from pathlib import Path
 from . import __version__
 
 # modules that add their own subcommands: each has register(subparsers)
-COMMAND_MODULES: tuple[str, ...] = ()
+COMMAND_MODULES: tuple[str, ...] = ("graphgen.draftcli", "graphgen.backendcli", "graphgen.viewcli")
 
 
 def _cmd_make_model(args) -> int:
@@ -49,6 +49,8 @@ def _cmd_dump(args) -> int:
     out = Path(args.out)
     if args.engine == "llama.cpp":
         from .reference.runner import run_reference
+        if args.backend != "cpu":
+            raise ValueError("the llama.cpp reference runs on the CPU; drop --backend or use --engine graphgen")
         paths = run_reference(args.model, args.scenario, out, args.max_data)
     else:
         from .engine import run_scenario
@@ -63,7 +65,7 @@ def _cmd_dump(args) -> int:
             if step.kind != "seq_rm":
                 done[0] += 1
                 print(f"[{done[0]}/{n}] {step.kind} (step {step.index})", file=sys.stderr)
-        paths = [p for _, _, p in run_scenario(args.model, sc, out, args.max_data, progress)]
+        paths = [p for _, _, p in run_scenario(args.model, sc, out, args.max_data, progress, backend=args.backend)]
     for p in paths:
         with open(p) as f:
             doc = json.load(f)
@@ -142,6 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True)
     p.add_argument("--engine", choices=("graphgen", "llama.cpp"), default="graphgen")
     p.add_argument("--max-data", type=int, default=262144, help="store values of nodes up to this many elements")
+    p.add_argument("--backend", default="cpu", help="cpu, vulkan[:N], cuda[:N], metal, rpc://HOST:PORT or auto")
     p.set_defaults(fn=_cmd_dump)
 
     p = sub.add_parser("diff", help="graph-diff two dumps (files or folders)")

@@ -49,6 +49,7 @@ class Node:
     view_src: str | None = None
     view_offs: int = 0
     op_params: list[int] = field(default_factory=lambda: [0] * N_OP_PARAMS)
+    backend: str | None = None  # the ggml backend that computed the node, when recorded
 
     @property
     def nelements(self) -> int:
@@ -60,9 +61,12 @@ class Node:
         return tuple(reversed(self.ne))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"index": self.index, "name": self.name, "op": self.op, "type": self.type,
+        d = {"index": self.index, "name": self.name, "op": self.op, "type": self.type,
                 "ne": list(self.ne), "src": list(self.src), "view_src": self.view_src,
                 "view_offs": self.view_offs, "op_params": list(self.op_params)}
+        if self.backend is not None:
+            d["backend"] = self.backend
+        return d
 
 
 @dataclass
@@ -211,7 +215,10 @@ def _parse_node(raw: Any, pos: int, path: Path) -> Node:
     if len(op_params) != N_OP_PARAMS or not all(_is_int(x) and _INT32_MIN <= x <= _INT32_MAX
                                                  for x in op_params):
         raise _fail(path, fld + ".op_params", f"expected {N_OP_PARAMS} int32 values, got {_short(op_params)}")
-    return Node(index, name, op, typ, list(ne), list(src), view_src, view_offs, list(op_params))
+    backend = raw.get("backend")
+    if backend is not None and not isinstance(backend, str):
+        raise _fail(path, fld + ".backend", f"expected a string or null, got {_short(backend)}")
+    return Node(index, name, op, typ, list(ne), list(src), view_src, view_offs, list(op_params), backend)
 
 
 def _parse_doc(doc: Any, path: Path) -> dict[str, Any]:

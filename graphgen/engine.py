@@ -23,15 +23,16 @@ def engine_header(model_name: str) -> dict:
             "model": model_name, "cpu_features": cpu_features(G.cpu_lib())}
 
 
-def run_scenario(model_path, scenario: Scenario, out=None, max_data: int = 262144, progress=None):
+def run_scenario(model_path, scenario: Scenario, out=None, max_data: int = 262144, progress=None,
+                 backend: str = "cpu"):
     """Run every step; write dumps into `out` when given. Returns [(step, Result, dump path)]."""
     model_path = Path(model_path)
     sess = Session(model_path, n_ctx=scenario.n_ctx, n_ubatch=scenario.n_ubatch,
                    flash_attn=scenario.flash_attn, type_kv=scenario.type_kv, n_seq=scenario.n_seq,
-                   n_threads=scenario.n_threads)
+                   n_threads=scenario.n_threads, backend=backend)
     hp = sess.hparams
     header = engine_header(model_path.name)
-    rec = NodeRecorder(G.op_desc, G.type_name, max_data) if out is not None else None
+    rec = NodeRecorder(G.op_desc, G.type_name, max_data, G.read_tensor_bytes) if out is not None else None
     context_rows: dict[tuple[int, int], np.ndarray] = {}
     results, seq_no = [], 0
     try:

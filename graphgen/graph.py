@@ -114,6 +114,7 @@ class GraphContext:
         G.set_name(t, f"{name}-{il}" if il >= 0 else name)
 
     def add_input(self, t, values):
+        """values(params) gives the input's data for the batch in `params` (graphs are reused)."""
         self.res.inputs.append((t, values))
 
     def build_inp_pos(self):
@@ -121,10 +122,10 @@ class GraphContext:
         cur = G.ggml_new_tensor_1d(self.ctx0, G.GGML_TYPE_I32, n)
         G.ggml_set_input(cur)
         self.cb(cur, "inp_pos", -1)
-        ub, npe = self.ubatch, self.hparams.n_pos_per_embd
+        npe = self.hparams.n_pos_per_embd
 
-        def values():
-            p = ub.pos.astype(np.int32)
+        def values(params):
+            p = params.ubatch.pos.astype(np.int32)
             if npe == 1:
                 return p
             # M-RoPE: section-major rows; text positions fill 3 rows and the 4th is 0
@@ -132,36 +133,39 @@ class GraphContext:
         self.add_input(cur, values)
         return cur
 
-    def _build_attn_inp_kq_mask(self, slot: MemSlot, name: str):
+    def _build_attn_inp_kq_mask(self, key: str, name: str):
         dtype = G.GGML_TYPE_F16 if self.flash_attn else G.GGML_TYPE_F32
-        t = G.ggml_new_tensor_4d(self.ctx0, dtype, slot.n_kv, self.n_tokens, 1, 1)
+        t = G.ggml_new_tensor_4d(self.ctx0, dtype, self.params.mem[key].n_kv, self.n_tokens, 1, 1)
         G.ggml_set_input(t)
         G.set_name(t, name)
-        causal = self.params.causal_attn
         npdt = np.float16 if self.flash_attn else np.float32
-        ub = self.ubatch
-        self.add_input(t, lambda: slot.cache.kq_mask_values(ub, slot.n_kv, causal, npdt))
+
+        def values(p):
+            slot = p.mem[key]
+            return slot.cache.kq_mask_values(p.ubatch, slot.n_kv, p.causal_attn, npdt)
+        self.add_input(t, values)
         return t
 
-    def _build_idxs(self, slot: MemSlot):
+    def _build_idxs(self, key: str):
+        slot = self.params.mem[key]
         k = slot.cache.build_input_k_idxs(self.ctx0, self.n_tokens)
         v = slot.cache.build_input_v_idxs(self.ctx0, self.n_tokens)
-        self.add_input(k, lambda: slot.cache.k_idxs_values(slot.idxs))
-        self.add_input(v, lambda: slot.cache.v_idxs_values(slot.idxs))
+        self.add_input(k, lambda p: p.mem[key].cache.k_idxs_values(p.mem[key].idxs))
+        self.add_input(v, lambda p: p.mem[key].cache.v_idxs_values(p.mem[key].idxs))
         return k, v
 
     def build_attn_inp_kv(self) -> AttnInput:
         inp = AttnInput(base=self.params.mem["base"])
-        inp.self_k_idxs, inp.self_v_idxs = self._build_idxs(inp.base)
-        inp.self_kq_mask = self._build_attn_inp_kq_mask(inp.base, "attn_inp_kq_mask")
+        inp.self_k_idxs, inp.self_v_idxs = self._build_idxs("base")
+        inp.self_kq_mask = self._build_attn_inp_kq_mask("base", "attn_inp_kq_mask")
         return inp
 
     def build_attn_inp_kv_iswa(self) -> AttnInput:
         inp = AttnInput(base=self.params.mem["base"], swa=self.params.mem["swa"])
-        inp.self_k_idxs, inp.self_v_idxs = self._build_idxs(inp.base)
-        inp.self_kq_mask = self._build_attn_inp_kq_mask(inp.base, "attn_inp_kq_mask")
-        inp.self_k_idxs_swa, inp.self_v_idxs_swa = self._build_idxs(inp.swa)
-        inp.self_kq_mask_swa = self._build_attn_inp_kq_mask(inp.swa, "attn_inp_kq_mask")
+        inp.self_k_idxs, inp.self_v_idxs = self._build_idxs("base")
+        inp.self_kq_mask = self._build_attn_inp_kq_mask("base", "attn_inp_kq_mask")
+        inp.self_k_idxs_swa, inp.self_v_idxs_swa = self._build_idxs("swa")
+        inp.self_kq_mask_swa = self._build_attn_inp_kq_mask("swa", "attn_inp_kq_mask")
         return inp
 
     # -- shared builders --------------------------------------------------------------------
@@ -271,3 +275,155 @@ class GraphContext:
         if wo_b is not None:
             cur = ggml_add(ctx, cur, wo_b)
         return cur
+
+    # -- the DSpark backbones (DeepSeek-V4, DeepSeek-V4.1, Mistral Large 4) --------------------
+    def build_attn_inp_k_iswa(self) -> AttnInput:
+        """llm_graph_input_attn_k_iswa: K-only caches (V is a view of the cached K), so K index
+        inputs only. `inp.block_uniform` (set by DSV4.1 and ML4 after building) gives every query
+        row of a block the mask row of the block's first query, the anchor."""
+        inp = AttnInput(base=self.params.mem["base"], swa=self.params.mem["swa"])
+        inp.block_uniform = False
+        for key in ("base", "swa"):
+            k = self.params.mem[key].cache.build_input_k_idxs(self.ctx0, self.n_tokens)
+            self.add_input(k, lambda p, key=key: p.mem[key].cache.k_idxs_values(p.mem[key].idxs))
+            dtype = G.GGML_TYPE_F16 if self.flash_attn else G.GGML_TYPE_F32
+            mask = G.ggml_new_tensor_4d(self.ctx0, dtype, self.params.mem[key].n_kv, self.n_tokens, 1, 1)
+            G.ggml_set_input(mask)
+            G.set_name(mask, "attn_inp_kq_mask")
+            npdt = np.float16 if self.flash_attn else np.float32
+
+            def values(p, key=key, npdt=npdt):
+                slot = p.mem[key]
+                # only the sliding-window mask is block-uniform
+                uniform = key == "swa" and inp.block_uniform
+                return slot.cache.kq_mask_values(p.ubatch, slot.n_kv, p.causal_attn, npdt, block_uniform=uniform)
+            self.add_input(mask, values)
+            if key == "base":
+                inp.self_k_idxs, inp.self_kq_mask = k, mask
+            else:
+                inp.self_k_idxs_swa, inp.self_kq_mask_swa = k, mask
+        return inp
+
+    def build_attn_k(self, inp: AttnInput, wo, wo_b, wo_s, q_cur, k_cur, v_cur, sinks, kq_scale, il):
+        """build_attn(llm_graph_input_attn_k_iswa *): write K only; V is the cached K's first
+        v_cur->ne[0] elements (MLA style), so attention reads the latent or the K itself."""
+        ctx, gf = self.ctx0, self.gf
+        is_swa = self.hparams.is_swa(il)
+        # Hadamard k_rot is null for f16/f32 caches
+        ggml_build_forward_expand(gf, q_cur)
+        if k_cur is not None:
+            ggml_build_forward_expand(gf, k_cur)
+        slot = inp.slot(is_swa)
+        if k_cur is not None:
+            ggml_build_forward_expand(gf, slot.cache.cpy_k(ctx, k_cur, inp.get_k_idxs(is_swa), il))
+        k = slot.cache.get_k(ctx, il, slot.n_kv)
+        v = ggml_view_4d(ctx, k, G.ne(v_cur, 0), G.ne(k, 1), G.ne(k, 2), G.ne(k, 3),
+                         G.nb(k, 1), G.nb(k, 2), G.nb(k, 3), 0)
+        cur = self.build_attn_mha(q_cur, k, v, inp.get_kq_mask(is_swa), sinks, kq_scale, il)
+        self.cb(cur, "kqv_out", il)
+        if wo is not None:
+            cur = self.build_lora_mm(wo, cur, wo_s)
+        if wo_b is not None:
+            cur = ggml_add(ctx, cur, wo_b)
+        return cur
+
+    def build_ffn_limited(self, cur, up, gate, down, limit: float, il: int):
+        """build_ffn (LLM_FFN_SILU, LLM_FFN_PAR, no biases or scales) with the per-layer SwiGLU
+        clamp of DSV4 drafts: upstream's fused ggml_swiglu_clamp, emulated, "ffn_swiglu_limited";
+        without a clamp, the plain "ffn_swiglu"."""
+        from .ops.emulate import swiglu_clamp
+        tmp = self.build_lora_mm(up, cur)
+        self.cb(tmp, "ffn_up", il)
+        cur = self.build_lora_mm(gate, cur)
+        self.cb(cur, "ffn_gate", il)
+        if il >= 0 and limit > 1e-6:
+            cur = swiglu_clamp(self.ctx0, self.gf, cur, tmp, limit)
+            self.cb(cur, "ffn_swiglu_limited", il)
+        else:
+            cur = ggml_swiglu_split(self.ctx0, cur, tmp)
+            self.cb(cur, "ffn_swiglu", il)
+        return self.build_lora_mm(down, cur)
+
+    def build_moe_ffn(self, cur, gate_inp, up_exps, gate_exps, down_exps, exp_probs_b, n_expert: int,
+                      n_expert_used: int, norm_w: bool, w_scale: float, gating: int, limit: float, il: int):
+        """llm_graph_context::build_moe_ffn for the DSV4 drafts: SiLU experts with separate up and
+        gate, optional selection bias, softmax / sigmoid / sqrt-softplus gating."""
+        from .ops.emulate import swiglu_clamp
+        ctx, gf = self.ctx0, self.gf
+        n_embd, n_tokens = G.ne(cur, 0), G.ne(cur, 1)
+        logits = self.build_lora_mm(gate_inp, cur)
+        if gating == 4:  # sqrt-softplus: F32 accumulation
+            ggml_prec_set_acc(logits)
+        self.cb(logits, "ffn_moe_logits", il)
+        if gating == 1:
+            probs = G.ggml_soft_max(ctx, logits)
+        elif gating == 2:
+            probs = G.ggml_sigmoid(ctx, logits)
+        elif gating == 3:
+            probs = logits
+        elif gating == 4:
+            probs = G.ggml_sqrt(ctx, G.ggml_softplus(ctx, logits))
+        else:
+            raise ValueError(f"unsupported expert gating function {gating}")
+        self.cb(probs, "ffn_moe_probs", il)
+        selection_probs = probs
+        if exp_probs_b is not None:
+            selection_probs = ggml_add(ctx, probs, exp_probs_b)
+            self.cb(selection_probs, "ffn_moe_probs_biased", il)
+        selected = G.ggml_argsort_top_k(ctx, selection_probs, n_expert_used)
+        self.cb(selected.contents.src[0], "ffn_moe_argsort", il)
+        self.cb(selected, "ffn_moe_topk", il)
+        probs = G.ggml_reshape_3d(ctx, probs, 1, n_expert, n_tokens)
+        weights = G.ggml_get_rows(ctx, probs, selected)
+        self.cb(weights, "ffn_moe_weights", il)
+        if gating == 3:
+            weights = G.ggml_reshape_2d(ctx, weights, n_expert_used, n_tokens)
+            weights = G.ggml_soft_max(ctx, weights)
+            weights = G.ggml_reshape_3d(ctx, weights, 1, n_expert_used, n_tokens)
+            self.cb(weights, "ffn_moe_weights_softmax", il)
+        if norm_w:
+            weights = G.ggml_reshape_2d(ctx, weights, n_expert_used, n_tokens)
+            weights_sum = G.ggml_sum_rows(ctx, weights)
+            self.cb(weights_sum, "ffn_moe_weights_sum", il)
+            # avoid a division by zero: the smallest normal f16
+            weights_sum = G.ggml_clamp(ctx, weights_sum, 6.103515625e-5, float("inf"))
+            self.cb(weights_sum, "ffn_moe_weights_sum_clamped", il)
+            weights = G.ggml_div(ctx, weights, weights_sum)
+            self.cb(weights, "ffn_moe_weights_norm", il)
+            weights = G.ggml_reshape_3d(ctx, weights, 1, n_expert_used, n_tokens)
+        if w_scale != 0.0 and w_scale != 1.0:
+            weights = G.ggml_scale(ctx, weights, w_scale)
+            self.cb(weights, "ffn_moe_weights_scaled", il)
+        # expanded early upstream, so that topk-moe fusion can see it
+        ggml_build_forward_expand(gf, weights)
+        cur = G.ggml_reshape_3d(ctx, cur, n_embd, 1, n_tokens)
+        up = G.ggml_mul_mat_id(ctx, up_exps, cur, selected)
+        self.cb(up, "ffn_moe_up", il)
+        cur = G.ggml_mul_mat_id(ctx, gate_exps, cur, selected)
+        self.cb(cur, "ffn_moe_gate", il)
+        if il >= 0 and limit > 1e-6:
+            cur = swiglu_clamp(ctx, gf, cur, up, limit)
+            self.cb(cur, "ffn_moe_swiglu_limited", il)
+        else:
+            cur = ggml_swiglu_split(ctx, cur, up)
+            self.cb(cur, "ffn_moe_swiglu", il)
+        experts = G.ggml_mul_mat_id(ctx, down_exps, cur, selected)
+        self.cb(experts, "ffn_moe_down", il)
+        experts = ggml_mul(ctx, experts, weights)
+        self.cb(experts, "ffn_moe_weighted", il)
+        ggml_build_forward_expand(gf, experts)
+        # order the views before the adds
+        cur_experts = []
+        for i in range(n_expert_used):
+            e = G.ggml_view_2d(ctx, experts, n_embd, n_tokens, G.nb(experts, 2), i * G.nb(experts, 1))
+            cur_experts.append(e)
+            ggml_build_forward_expand(gf, e)
+        moe_out = cur_experts[0]
+        for e in cur_experts[1:]:
+            moe_out = ggml_add(ctx, moe_out, e)
+            ggml_build_forward_expand(gf, moe_out)
+        if n_expert_used == 1:
+            # avoid returning a non-contiguous tensor
+            moe_out = ggml_cont(ctx, moe_out)
+        self.cb(moe_out, "ffn_moe_out", il)
+        return moe_out

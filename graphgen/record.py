@@ -72,10 +72,10 @@ def src_names(t: TensorStruct) -> list[str]:
     return names
 
 
-def read_values(t: TensorStruct, max_data: int, read_bytes=None) -> np.ndarray | None:
+def read_values(t: TensorStruct, max_data: int, read_bytes=None, addr: int = 0) -> np.ndarray | None:
     """Values of a computed node as float32 in numpy order (ne3, ne2, ne1, ne0), or None.
 
-    Views are read through their strides. `read_bytes(tensor, nbytes)` fetches device memory
+    Views are read through their strides. `read_bytes(addr, nbytes)` fetches device memory
     when the data pointer is not host memory.
     """
     ne = [int(x) for x in t.ne]
@@ -91,7 +91,7 @@ def read_values(t: TensorStruct, max_data: int, read_bytes=None) -> np.ndarray |
     nb = [int(x) for x in t.nb]
     extent = sum((ne[i] - 1) * nb[i] for i in range(4)) + np.dtype(dt).itemsize
     if read_bytes is not None:
-        raw = read_bytes(t, extent)
+        raw = read_bytes(addr, extent)
     else:
         if not t.data:
             return None
@@ -133,10 +133,11 @@ class NodeRecorder:
             view_src=vs.contents.name.decode(errors="replace") if vs else None,
             view_offs=int(t.view_offs),
             op_params=[int(x) for x in t.op_params],
+            backend=backend,
         ))
         if backend is not None:
             self.backends[idx] = backend
-        vals = read_values(t, self.max_data, self.read_bytes)
+        vals = read_values(t, self.max_data, self.read_bytes, addr)
         if vals is not None:
             self.values[idx] = vals
 

@@ -22,7 +22,9 @@ import numpy as np
 
 ARCH = "dflash"
 VARIANTS = ("dflash", "dflash2", "dspark", "lilicorr")
-BACKBONES = ("base", "dsv4", "dsv41", "mistral_large4")
+BACKBONES = ("base", "dsv4", "dsv41", "mistral-large4")
+# accepted spellings of the backbone names
+_BACKBONE_ALIASES = {"mistral_large4": "mistral-large4", "ml4": "mistral-large4"}
 HIDDEN_ACTS = ("silu", "gelu", "gelu_pytorch_tanh")
 
 # GGUF token types (llama_token_type)
@@ -152,10 +154,17 @@ def make_model(path, variant="dflash", backbone="base", *, n_embd=64, n_layer=2,
     """
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
-    if backbone != "base":
-        if backbone in BACKBONES:
-            raise NotImplementedError(f"backbone {backbone} comes later")
+    backbone = _BACKBONE_ALIASES.get(backbone, backbone)
+    if backbone not in BACKBONES:
         raise ValueError(f"backbone must be one of {', '.join(BACKBONES)}, got {backbone!r}")
+    if backbone != "base":
+        return _make_backbone_model(path, variant, backbone, n_embd=n_embd, n_layer=n_layer, n_head=n_head,
+                                    n_ff=n_ff, n_vocab=n_vocab, block_size=block_size,
+                                    target_layers=target_layers, seed=seed, context_length=context_length,
+                                    rope_freq_base=rope_freq_base, rms_eps=rms_eps, conf=conf, **options)
+    unknown_bb = sorted(k for k in options if k in BACKBONE_OPTIONS and k not in OPTIONS)
+    if unknown_bb:
+        raise ValueError(f"option {unknown_bb[0]!r} applies to the dsv4, dsv41 and mistral-large4 backbones only")
     opts = _resolve_options(variant, options)
     _check(not conf or variant == "dspark", f"conf (the confidence head) applies to variant dspark only, "
                                             f"not {variant}")
@@ -473,6 +482,208 @@ def _lilicorr_tensors(d: _Draft, opts: dict, n_embd: int, n_layer: int, block_si
         d.bias(f"lilicorr.{head}.bias", factor)
     if opts["lilicorr_conv"]:
         _conv_tensors(d, opts, n_embd, n_layer)
+
+
+# --- the DSpark backbones: DeepSeek-V4 (dsv4), DeepSeek-V4.1 (dsv41), Mistral Large 4 (mistral-large4)
+
+# option -> (default, backbones it applies to)
+BACKBONE_OPTIONS: dict[str, tuple[object, str]] = {
+    "swa_window": (16, "dsv4|dsv41|mistral-large4"),
+    "head_dim": (None, "dsv4|dsv41"),
+    "n_rot": (16, "dsv4|dsv41|mistral-large4"),
+    "q_lora_rank": (32, "dsv4|dsv41"),
+    "o_groups": (2, "dsv4|dsv41"),
+    "o_lora_rank": (16, "dsv4|dsv41"),
+    "n_expert": (4, "dsv4|dsv41"),
+    "n_expert_used": (2, "dsv4|dsv41"),
+    "n_ff_exp": (32, "dsv4|dsv41"),
+    "n_expert_shared": (1, "dsv4|dsv41"),
+    "hc_mult": (4, "dsv4|dsv41"),
+    "hc_sinkhorn_iters": (3, "dsv4|dsv41"),
+    "hc_eps": (1e-6, "dsv4|dsv41"),
+    "swiglu_clamp": (2.0, "dsv4|dsv41"),
+    "expert_weights_scale": (1.5, "dsv4|dsv41"),
+    "expert_weights_norm": (True, "dsv4|dsv41"),
+    "expert_gating_func": (4, "dsv4|dsv41"),
+    "compress_ratio": (0, "dsv4|dsv41"),
+    "kv_lora_rank": (32, "mistral-large4"),
+    "k_head_dim_mla": (32, "mistral-large4"),
+    "v_head_dim_mla": (32, "mistral-large4"),
+    "rope_scaling_factor": (4.0, "mistral-large4"),
+    "yarn_log_mul": (0.1, "mistral-large4"),
+    "final_softcap": (30.0, "mistral-large4"),
+    "markov_rank": (16, "dsv4|dsv41|mistral-large4"),
+    "joint": (False, "mistral-large4"),
+}
+
+
+def _make_backbone_model(path, variant, backbone, *, n_embd, n_layer, n_head, n_ff, n_vocab, block_size,
+                         target_layers, seed, context_length, rope_freq_base, rms_eps, conf, **options) -> dict:
+    """load_hparams_dsv4 / load_hparams_mistral_large4 and their load_tensors_layers_* (seed's dspark.cpp)."""
+    _check(variant in ("dflash", "dspark"), f"the {backbone} backbone takes variant dflash or dspark, not {variant}")
+    _check(not conf or variant == "dspark", "conf (the confidence head) applies to variant dspark only")
+    opts = {}
+    for name, value in options.items():
+        if name not in BACKBONE_OPTIONS:
+            raise ValueError(f"unknown option {name!r} for the {backbone} backbone; known: {', '.join(BACKBONE_OPTIONS)}")
+        if value is not None and value is not False and backbone not in BACKBONE_OPTIONS[name][1].split("|"):
+            raise ValueError(f"option {name} does not apply to the {backbone} backbone")
+    for name, (default, owners) in BACKBONE_OPTIONS.items():
+        if backbone in owners.split("|"):
+            opts[name] = options[name] if options.get(name) is not None else default
+    n_embd, n_layer, n_head = (_positive_int(k, v) for k, v in (("n_embd", n_embd), ("n_layer", n_layer),
+                                                                 ("n_head", n_head)))
+    n_vocab, block_size = _positive_int("n_vocab", n_vocab), _positive_int("block_size", block_size)
+    _check(n_vocab >= 4, f"n_vocab must be at least 4, got {n_vocab}")
+    n_rot = _positive_int("n_rot", opts["n_rot"])
+    _check(n_rot % 2 == 0, f"n_rot ({n_rot}) must be even")
+    window = _positive_int("swa_window", opts["swa_window"])
+    if opts.get("joint"):
+        _check(variant == "dspark", "joint (the RNN joint head) needs variant dspark")
+
+    d = _Draft(seed, False)
+    d.key(_kv("context_length"), "u32", _positive_int("context_length", context_length))
+    d.key(_kv("embedding_length"), "u32", n_embd)
+    d.key(_kv("block_count"), "u32", n_layer)
+    d.key(_kv("feed_forward_length"), "u32", _positive_int("n_ff", n_ff))
+    d.key(_kv("attention.head_count"), "u32", n_head)
+    d.key(_kv("attention.head_count_kv"), "u32", 1)
+    d.key(_kv("attention.layer_norm_rms_epsilon"), "f32", float(rms_eps))
+    d.key(_kv("rope.freq_base"), "f32", float(rope_freq_base))
+    d.key(_kv("target_layers"), "i32[]", [int(t) for t in target_layers])
+    d.key(_kv("block_size"), "u32", block_size)
+    d.key(_kv("attention.sliding_window"), "u32", window)
+
+    if backbone in ("dsv4", "dsv41"):
+        head_dim = opts["head_dim"] if opts["head_dim"] is not None else 32
+        head_dim = _positive_int("head_dim", head_dim)
+        _check(n_rot <= head_dim, f"n_rot ({n_rot}) must be at most head_dim ({head_dim})")
+        hc = _positive_int("hc_mult", opts["hc_mult"])
+        groups = _positive_int("o_groups", opts["o_groups"])
+        _check(n_head % groups == 0, f"n_head ({n_head}) must be a multiple of o_groups ({groups})")
+        n_expert = _positive_int("n_expert", opts["n_expert"])
+        n_used = _positive_int("n_expert_used", opts["n_expert_used"])
+        _check(n_used <= n_expert, f"n_expert_used ({n_used}) must not exceed n_expert ({n_expert})")
+        d.key(_kv("attention.key_length"), "u32", head_dim)
+        d.key(_kv("attention.value_length"), "u32", head_dim)
+        d.key(_kv("rope.dimension_count"), "u32", n_rot)
+        d.key(_kv("attention.q_lora_rank"), "u32", _positive_int("q_lora_rank", opts["q_lora_rank"]))
+        d.key(_kv("attention.output_group_count"), "u32", groups)
+        d.key(_kv("attention.output_lora_rank"), "u32", _positive_int("o_lora_rank", opts["o_lora_rank"]))
+        d.key(_kv("attention.compress_ratios"), "i32[]", [int(opts["compress_ratio"])] * n_layer)
+        d.key(_kv("expert_count"), "u32", n_expert)
+        d.key(_kv("expert_used_count"), "u32", n_used)
+        d.key(_kv("expert_feed_forward_length"), "u32", _positive_int("n_ff_exp", opts["n_ff_exp"]))
+        d.key(_kv("expert_shared_count"), "u32", _positive_int("n_expert_shared", opts["n_expert_shared"]))
+        d.key(_kv("expert_weights_scale"), "f32", float(opts["expert_weights_scale"]))
+        d.key(_kv("expert_weights_norm"), "bool", bool(opts["expert_weights_norm"]))
+        d.key(_kv("expert_gating_func"), "u32", int(opts["expert_gating_func"]))
+        d.key(_kv("swiglu_clamp_exp"), "f32", float(opts["swiglu_clamp"]))
+        d.key(_kv("hyper_connection.count"), "u32", hc)
+        d.key(_kv("hyper_connection.sinkhorn_iterations"), "u32",
+              _positive_int("hc_sinkhorn_iters", opts["hc_sinkhorn_iters"]))
+        d.key(_kv("hyper_connection.epsilon"), "f32", float(opts["hc_eps"]))
+        if backbone == "dsv41":
+            d.key(_kv("hyper_connection.single_pass"), "bool", True)
+    else:
+        rank = _positive_int("kv_lora_rank", opts["kv_lora_rank"])
+        k_mla = _positive_int("k_head_dim_mla", opts["k_head_dim_mla"])
+        v_mla = _positive_int("v_head_dim_mla", opts["v_head_dim_mla"])
+        _check(n_rot < k_mla, f"n_rot ({n_rot}) must be smaller than k_head_dim_mla ({k_mla})")
+        d.key(_kv("attention.key_length"), "u32", rank + n_rot)
+        d.key(_kv("attention.value_length"), "u32", rank)
+        d.key(_kv("attention.key_length_mla"), "u32", k_mla)
+        d.key(_kv("attention.value_length_mla"), "u32", v_mla)
+        d.key(_kv("attention.kv_lora_rank"), "u32", rank)
+        d.key(_kv("rope.dimension_count"), "u32", n_rot)
+        factor = float(opts["rope_scaling_factor"])
+        if factor and factor != 1.0:
+            d.key(_kv("rope.scaling.type"), "str", "yarn")
+            d.key(_kv("rope.scaling.factor"), "f32", factor)
+            d.key(_kv("rope.scaling.original_context_length"), "u32", max(1, context_length // int(factor)))
+            d.key(_kv("rope.scaling.yarn_log_multiplier"), "f32", float(opts["yarn_log_mul"]))
+        if opts["final_softcap"]:
+            d.key(_kv("final_logit_softcapping"), "f32", float(opts["final_softcap"]))
+    if variant == "dspark":
+        d.key(_kv("has_confidence_head"), "bool", bool(conf))
+    _tokenizer_keys(d, n_vocab)
+
+    d.normal("token_embd.weight", (n_embd, n_vocab), 1.0)
+    if variant == "dspark":
+        _dspark_tensors(d, {"markov_rank": _positive_int("markov_rank", opts["markov_rank"]),
+                            "joint": bool(opts.get("joint"))}, n_embd, n_vocab, n_vocab, conf)
+    d.linear("fc", len(target_layers) * n_embd, n_embd)
+    d.norm("enc.output_norm.weight", n_embd)
+    d.norm("output_norm.weight", n_embd)
+    d.linear("output", n_embd, n_vocab, scale=False)
+    if backbone in ("dsv4", "dsv41"):
+        _dsv4_layers(d, opts, backbone, n_layer, n_embd, n_head, head_dim)
+    else:
+        _ml4_layers(d, opts, n_layer, n_embd, n_head, n_ff, n_rot, block_size)
+
+    _write(Path(path), d)
+    return {
+        "variant": variant, "backbone": backbone, "path": str(path), "n_tensors": len(d.tensors),
+        "keys": {name: value for name, (_, value) in d.keys.items()},
+        "tensors": {name: tuple(reversed(t.shape)) for name, t in d.tensors.items()},
+    }
+
+
+def _dsv4_layers(d: _Draft, opts: dict, backbone: str, n_layer, n_embd, n_head, head_dim) -> None:
+    """load_tensors_layers_dsv4 (hc_head only without single-pass mHC, i.e. not on DSV4.1)."""
+    hc = opts["hc_mult"]
+    hc_dim, mix_dim = hc * n_embd, (2 + hc) * hc
+    q_rank, groups, o_rank = opts["q_lora_rank"], opts["o_groups"], opts["o_lora_rank"]
+    n_expert, n_ff_exp, n_shared = opts["n_expert"], opts["n_ff_exp"], opts["n_expert_shared"]
+    if backbone == "dsv4":
+        d.normal("output_hc_fn.weight", (hc_dim, hc), 1.0 / np.sqrt(hc_dim))
+        d.normal("output_hc_base.weight", (hc,), 0.1)
+        d.normal("output_hc_scale.weight", (1,), 0.1, mean=1.0)
+    for il in range(n_layer):
+        blk = f"blk.{il}"
+        d.norm(f"{blk}.attn_norm.weight", n_embd)
+        d.normal(f"{blk}.attn_sinks.weight", (n_head,), 0.5)
+        d.linear(f"{blk}.attn_q_a", n_embd, q_rank, scale=False)
+        d.norm(f"{blk}.attn_q_a_norm.weight", q_rank)
+        d.linear(f"{blk}.attn_q_b", q_rank, n_head * head_dim, scale=False)
+        d.linear(f"{blk}.attn_kv", n_embd, head_dim, scale=False)
+        d.norm(f"{blk}.attn_kv_a_norm.weight", head_dim)
+        d.normal(f"{blk}.attn_output_a.weight", (n_head * head_dim // groups, o_rank, groups),
+                 1.0 / np.sqrt(n_head * head_dim // groups))
+        d.linear(f"{blk}.attn_output_b", groups * o_rank, n_embd, scale=False)
+        for part in ("attn", "ffn"):
+            d.normal(f"{blk}.hc_{part}_fn.weight", (hc_dim, mix_dim), 1.0 / np.sqrt(hc_dim))
+            d.normal(f"{blk}.hc_{part}_base.weight", (mix_dim,), 0.1)
+            d.normal(f"{blk}.hc_{part}_scale.weight", (3,), 0.1, mean=1.0)
+        d.linear(f"{blk}.ffn_gate_inp", n_embd, n_expert, scale=False)
+        d.normal(f"{blk}.exp_probs_b.bias", (n_expert,), 0.1)
+        d.norm(f"{blk}.ffn_norm.weight", n_embd)
+        d.normal(f"{blk}.ffn_gate_exps.weight", (n_embd, n_ff_exp, n_expert), 1.0 / np.sqrt(n_embd))
+        d.normal(f"{blk}.ffn_down_exps.weight", (n_ff_exp, n_embd, n_expert), 1.0 / np.sqrt(n_ff_exp))
+        d.normal(f"{blk}.ffn_up_exps.weight", (n_embd, n_ff_exp, n_expert), 1.0 / np.sqrt(n_embd))
+        d.linear(f"{blk}.ffn_gate_shexp", n_embd, n_ff_exp * n_shared, scale=False)
+        d.linear(f"{blk}.ffn_down_shexp", n_ff_exp * n_shared, n_embd, scale=False)
+        d.linear(f"{blk}.ffn_up_shexp", n_embd, n_ff_exp * n_shared, scale=False)
+
+
+def _ml4_layers(d: _Draft, opts: dict, n_layer, n_embd, n_head, n_ff, n_rot, block_size) -> None:
+    """load_tensors_layers_mistral_large4: MLA attention (wk_b/wv_b per head), dense SwiGLU FFN."""
+    rank, k_mla, v_mla = opts["kv_lora_rank"], opts["k_head_dim_mla"], opts["v_head_dim_mla"]
+    nope = k_mla - n_rot
+    d.normal("mask_embd.weight", (n_embd, max(block_size - 1, 1)), 1.0)
+    for il in range(n_layer):
+        blk = f"blk.{il}"
+        d.norm(f"{blk}.attn_norm.weight", n_embd)
+        d.linear(f"{blk}.attn_q", n_embd, n_head * k_mla, scale=False)
+        d.linear(f"{blk}.attn_kv_a_mqa", n_embd, rank + n_rot, scale=False)
+        d.norm(f"{blk}.attn_kv_a_norm.weight", rank)
+        d.normal(f"{blk}.attn_k_b.weight", (nope, rank, n_head), 1.0 / np.sqrt(nope))
+        d.normal(f"{blk}.attn_v_b.weight", (rank, v_mla, n_head), 1.0 / np.sqrt(rank))
+        d.linear(f"{blk}.attn_output", n_head * v_mla, n_embd, scale=False)
+        d.norm(f"{blk}.ffn_norm.weight", n_embd)
+        d.linear(f"{blk}.ffn_gate", n_embd, n_ff, scale=False)
+        d.linear(f"{blk}.ffn_down", n_ff, n_embd, scale=False)
+        d.linear(f"{blk}.ffn_up", n_embd, n_ff, scale=False)
 
 
 def _write(path: Path, d: _Draft) -> None:

@@ -250,9 +250,13 @@ def test_bad_options(tmp_path, kwargs, match):
     assert not (tmp_path / "x.gguf").exists()
 
 
-def test_other_backbones_come_later(tmp_path):
-    with pytest.raises(NotImplementedError, match="backbone dsv4 comes later"):
-        make_model(tmp_path / "x.gguf", backbone="dsv4")
+def test_backbone_options_are_checked(tmp_path):
+    with pytest.raises(ValueError, match="backbone must be one of"):
+        make_model(tmp_path / "x.gguf", backbone="dsv5")
+    with pytest.raises(ValueError, match="q_lora_rank"):
+        make_model(tmp_path / "x.gguf", q_lora_rank=8)
+    with pytest.raises(ValueError, match="does not apply"):
+        make_model(tmp_path / "x.gguf", "dspark", backbone="mistral-large4", q_lora_rank=8)
 
 
 def test_command_line(tmp_path):

@@ -27,6 +27,14 @@ if ! ggml_ok; then
     "$PY" -m pip install -q --no-cache-dir --force-reinstall --no-deps --no-binary ggml-python ggml-python==0.0.45
 fi
 "$PY" -m pip install -q -e '.[reference,test]'
+# CI also installs what the viewer tests drive (Graphviz, Chromium, Model Explorer), so they run
+# rather than skip; elsewhere those tests skip when the tools are absent.
+if [ "${CI:-}" = "true" ] && command -v apt-get >/dev/null; then
+  { command -v dot >/dev/null && command -v chromium >/dev/null; } ||
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq graphviz chromium >/dev/null; } ||
+    echo "could not install graphviz/chromium; their tests will skip" >&2
+  "$PY" -m pip install -q -e '.[explorer]' || echo "could not install the explorer extra; its test will skip" >&2
+fi
 
 case "$job" in
   demo) exec graphgen demo "$@" ;;

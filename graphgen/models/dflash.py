@@ -22,8 +22,7 @@ def build_inp_target_features(g: GraphContext, n_embd_inp: int):
     """The host-copy path of upstream's build_inp_target_features: an F32 [n_embd_inp, T] input."""
     embd = ggml_new_tensor_2d(g.ctx0, G.GGML_TYPE_F32, n_embd_inp, g.n_tokens)
     ggml_set_input(embd)
-    ub = g.ubatch
-    g.add_input(embd, lambda: ub.embd)
+    g.add_input(embd, lambda p: p.ubatch.embd)
     return embd
 
 
@@ -97,8 +96,7 @@ class GraphBase(GraphContext):
         return inp_g
 
     def build_inp_tokens(self):
-        ub = self.ubatch
-        self.add_input(self.inp_tokens, lambda: ub.tokens)
+        self.add_input(self.inp_tokens, lambda p: p.ubatch.tokens)
         return self.inp_tokens
 
     def build_layers(self, inp_tokens):
@@ -222,8 +220,7 @@ class GraphEncoder(GraphContext):
         model = self.model
         cur = ggml_new_tensor_2d(self.ctx0, G.GGML_TYPE_F32, self.hparams.n_embd_inp_enc, self.n_tokens)
         ggml_set_input(cur)
-        ub = self.ubatch
-        self.add_input(cur, lambda: ub.embd)
+        self.add_input(cur, lambda p: p.ubatch.embd)
         self.cb(cur, "inp_embd", -1)
         cur = self.build_lora_mm(model.fc, cur, model.fc_s)
         self.cb(cur, "fc_out", -1)
@@ -240,7 +237,12 @@ def build_arch_graph(params: GraphParams) -> GraphContext:
     if params.graph_type == "encoder":
         return GraphEncoder(params)
     if model.backbone != "base":
-        raise NotImplementedError(f"the {model.backbone} backbone is not supported by this graphgen build")
+        from . import dspark
+        backbones = {"dsv4": dspark.GraphDSV4, "dsv41": dspark.GraphDSV41,
+                     "mistral-large4": dspark.GraphMistralLarge4}
+        if model.backbone not in backbones:
+            raise NotImplementedError(f"the {model.backbone} backbone is not supported by this graphgen build")
+        return backbones[model.backbone](params)
     if model.variant == "dflash":
         return GraphDFlash(params)
     if model.variant == "dflash2":

@@ -1,20 +1,25 @@
 """src/models/dspark.cpp: DSpark = DFlash + a semi-autoregressive Markov head and Confidence head.
 
-graphgen ports the base-backbone head (graph_dspark); the DeepSeek-V4 and Mistral Large 4
-backbones are refused by the loader.
+graph_dspark runs the head on the DFlash backbone; graph_dsv4 (DeepSeek-V4, in b11739),
+graph_dsv41 (DeepSeek-V4.1) and graph_mistral_large4 (both seed only) run it on their own
+backbones, with the DeepSeek-V4 machinery of deepseek4.py.
 """
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
-from ..graph import GraphParams
+from ..graph import GraphContext, GraphParams
 from ..ops import ggml as G
-from ..ops.ggml import (ggml_add, ggml_argmax, ggml_build_forward_expand, ggml_concat, ggml_cont,
-                        ggml_cont_1d, ggml_fill, ggml_get_rows, ggml_mul, ggml_mul_mat, ggml_new_tensor_2d,
-                        ggml_new_tensor_3d, ggml_permute, ggml_repeat, ggml_reshape_2d, ggml_reshape_3d,
-                        ggml_set_rows, ggml_sigmoid, ggml_sub, ggml_tanh, ggml_view_2d)
-from .dflash import GraphBase
+from ..ops.ggml import (ggml_add, ggml_argmax, ggml_build_forward_expand, ggml_cast, ggml_concat, ggml_cont,
+                        ggml_cont_1d, ggml_cont_2d, ggml_fill, ggml_get_rows, ggml_mul, ggml_mul_mat,
+                        ggml_new_tensor_1d, ggml_new_tensor_2d, ggml_new_tensor_3d, ggml_permute, ggml_repeat,
+                        ggml_repeat_4d, ggml_reshape_2d, ggml_reshape_3d, ggml_rope_ext, ggml_scale,
+                        ggml_set_input, ggml_set_rows, ggml_sigmoid, ggml_sub, ggml_tanh, ggml_view_2d,
+                        ggml_view_3d)
+from .dflash import GraphBase, build_inject_inp, get_lm_head, get_tok_embd
 
 
 def build_dspark_markov_head(g, model, tokens, hidden=None):
@@ -168,3 +173,352 @@ class GraphDSpark(GraphBase):
 
         # bias the draft logits with the Markov head
         build_dspark_markov_head(self, self.model, inp_tokens)
+
+
+# --- the DSpark backbones: DeepSeek-V4, DeepSeek-V4.1, Mistral Large 4 ---------------------------
+
+class _GraphBackbone(GraphContext):
+    """The inputs every DSpark backbone graph starts with: positions and the K-only iSWA cache."""
+
+    def __init__(self, params: GraphParams):
+        super().__init__(params)
+        self.inp_pos = self.build_inp_pos()
+        self.inp_attn = self.build_attn_inp_k_iswa()
+
+    def build_inp_tokens(self):
+        inp_tokens = ggml_new_tensor_1d(self.ctx0, G.GGML_TYPE_I32, self.n_tokens)
+        ggml_set_input(inp_tokens)
+        self.add_input(inp_tokens, lambda p: p.ubatch.tokens)
+        return inp_tokens
+
+    def write_injected(self, kv, il: int):
+        """Write an injected K into the sliding-window cache (Hadamard k_rot is null for f16/f32)."""
+        swa = self.inp_attn.swa
+        ggml_build_forward_expand(self.gf, swa.cache.cpy_k(self.ctx0, kv, self.inp_attn.get_k_idxs(True), il))
+
+    def build_dsv4_ffn(self, cur, il: int):
+        """The MoE with its shared expert: "ffn_moe_out" + "ffn_shexp" = "ffn_out"."""
+        hp, layer = self.hparams, self.model.layers[il]
+        moe_out = self.build_moe_ffn(cur, layer.ffn_gate_inp, layer.ffn_up_exps, layer.ffn_gate_exps,
+                                     layer.ffn_down_exps, layer.ffn_exp_probs_b, hp.n_expert, hp.n_expert_used,
+                                     hp.expert_weights_norm, hp.expert_weights_scale, hp.expert_gating_func,
+                                     hp.swiglu_clamp_exp[il], il)
+        self.cb(moe_out, "ffn_moe_out", il)
+        ffn_shexp = self.build_ffn_limited(cur, layer.ffn_up_shexp, layer.ffn_gate_shexp, layer.ffn_down_shexp,
+                                           hp.swiglu_clamp_shexp[il], il)
+        self.cb(ffn_shexp, "ffn_shexp", il)
+        cur = ggml_add(self.ctx0, moe_out, ffn_shexp)
+        self.cb(cur, "ffn_out", il)
+        return cur
+
+    def build_dsv4_inject(self, name: str):
+        """Injection batch: every stage's kv_norm(wkv(main_x)), roped, into its window ring."""
+        from .deepseek4 import dsv4_rope
+        ctx, model = self.ctx0, self.model
+        inp_g = build_inject_inp(self, model)
+        self.cb(inp_g, name, -1)
+        for il in range(self.n_layer):
+            layer = model.layers[il]
+            kv = self.build_lora_mm(layer.wkv, inp_g)
+            kv = self.build_norm(kv, layer.attn_kv_norm, None, il)
+            kv = ggml_reshape_3d(ctx, kv, self.hparams.n_embd_head_k, 1, self.n_tokens)
+            kv = dsv4_rope(self, kv, self.inp_pos)
+            self.cb(kv, "kv_injected", il)
+            self.write_injected(kv, il)
+        self.res.t_embd = inp_g
+        ggml_build_forward_expand(self.gf, inp_g)
+
+    def build_hc_init(self, inp_tokens):
+        ctx = self.ctx0
+        inpL = ggml_get_rows(ctx, get_tok_embd(self, self.model), inp_tokens)
+        self.cb(inpL, "inp_noise_embd", -1)
+        hc = self.hparams.hc_mult
+        inpL = ggml_reshape_3d(ctx, inpL, self.n_embd, 1, self.n_tokens)
+        inpL = ggml_repeat_4d(ctx, inpL, self.n_embd, hc, self.n_tokens, 1)
+        self.cb(inpL, "hc_init", -1)
+        return inpL
+
+    def build_output(self, cur, inp_tokens):
+        """result_norm -> lm head "result_output", then the Markov head on the logits."""
+        cur = self.build_norm(cur, self.model.output_norm, None, -1)
+        self.cb(cur, "result_norm", -1)
+        output, output_s = get_lm_head(self, self.model)
+        cur = self.build_lora_mm(output, cur, output_s)
+        self.cb(cur, "result_output", -1)
+        self.res.t_logits = cur
+        if self.model.dspark_markov_w1 is not None:
+            build_dspark_markov_head(self, self.model, inp_tokens)
+        else:
+            ggml_build_forward_expand(self.gf, cur)
+
+
+class GraphDSV4(_GraphBackbone):
+    """graph_dsv4: DSV4 DSpark decoder, dual-mode by batch type.
+
+    embd batch: project main_x through each stage's wkv and inject K into the ring cache;
+    token batch: the noise block through full DSV4 stages (hc + attention + MoE), Markov head.
+    """
+
+    def __init__(self, params: GraphParams):
+        super().__init__(params)
+        from .deepseek4 import build_attention, build_hc_head, build_hc_post, build_hc_pre
+        if self.ubatch.is_embd:
+            self.build_dsv4_inject("inp_g_embeddings")
+            return
+        model = self.model
+        inp_tokens = self.build_inp_tokens()
+        inpL = self.build_hc_init(inp_tokens)
+        for il in range(self.n_layer):
+            layer = model.layers[il]
+            residual = inpL
+            attn_hc = build_hc_pre(self, inpL, layer.hc_attn_fn, layer.hc_attn_scale, layer.hc_attn_base, il)
+            cur = attn_hc.cur
+            self.cb(cur, "hc_attn_pre", il)
+            cur = self.build_norm(cur, layer.attn_norm, None, il)
+            self.cb(cur, "attn_norm", il)
+            cur = build_attention(self, self.inp_attn, cur, self.inp_pos, il)
+            inpL = build_hc_post(self, cur, residual, attn_hc.post, attn_hc.comb, il)
+            self.cb(inpL, "hc_attn_post", il)
+
+            residual = inpL
+            ffn_hc = build_hc_pre(self, inpL, layer.hc_ffn_fn, layer.hc_ffn_scale, layer.hc_ffn_base, il)
+            cur = ffn_hc.cur
+            self.cb(cur, "hc_ffn_pre", il)
+            cur = self.build_norm(cur, layer.ffn_norm, None, il)
+            self.cb(cur, "ffn_norm", il)
+            cur = self.build_dsv4_ffn(cur, il)
+            inpL = build_hc_post(self, cur, residual, ffn_hc.post, ffn_hc.comb, il)
+            self.cb(inpL, "l_out", il)
+
+        cur = build_hc_head(self, inpL, model.hc_head_fn, model.hc_head_scale, model.hc_head_base)
+        self.cb(cur, "hc_head", -1)
+        # confidence head input: the reference scores the pre-norm collapsed hidden state
+        self.res.t_embd = cur
+        self.build_output(cur, inp_tokens)
+
+
+class GraphDSV41(_GraphBackbone):
+    """graph_dsv41: DeepSeek-V4.1 DSpark decoder (seed only), dual-mode like graph_dsv4.
+
+    embd batch: every stage's kv_norm(wkv(main_x)) into its window ring ("main_x");
+    token batch: [anchor, noise...] through the stages with single-pass mHC (the FFN pre-mix of a
+    stage is the attention mix, and the next stage's attention takes the previous FFN mix), no
+    per-head q norm, no hc_head. The whole block shares the anchor's mask row.
+    """
+
+    def __init__(self, params: GraphParams):
+        super().__init__(params)
+        from .deepseek4 import build_attention, build_hc_mixes, build_hc_post, build_hc_pre_weighted
+        if not self.hparams.dsv4_hc_single_pass:
+            raise ValueError("graph_dsv41 needs the single-pass mHC of DeepSeek-V4.1")
+        if self.ubatch.is_embd:
+            self.build_dsv4_inject("main_x")
+            return
+        ctx, model = self.ctx0, self.model
+        inp_tokens = self.build_inp_tokens()
+        inpL = self.build_hc_init(inp_tokens)
+        # the whole block shares the mask row of its first query (the anchor)
+        self.inp_attn.block_uniform = True
+        pre_prev = None
+        for il in range(self.n_layer):
+            layer = model.layers[il]
+            residual = inpL
+            attn_mix = build_hc_mixes(self, inpL, layer.hc_attn_fn, layer.hc_attn_scale, layer.hc_attn_base, il)
+            if pre_prev is None:
+                # identity pre-mix of the first stage: copy 0
+                cur = ggml_cont(ctx, ggml_view_2d(ctx, inpL, self.n_embd, self.n_tokens, G.nb(inpL, 2), 0))
+            else:
+                cur = build_hc_pre_weighted(self, inpL, pre_prev, il)
+            self.cb(cur, "hc_attn_pre", il)
+            cur = self.build_norm(cur, layer.attn_norm, None, il)
+            self.cb(cur, "attn_norm", il)
+            # non-causal draft context: block queries see the main-KV ring plus every block key
+            cur = build_attention(self, self.inp_attn, cur, self.inp_pos, il, q_norm=False, name_qr=False)
+            inpL = build_hc_post(self, cur, residual, attn_mix.post, attn_mix.comb, il)
+            self.cb(inpL, "hc_attn_post", il)
+
+            residual = inpL
+            ffn_mix = build_hc_mixes(self, inpL, layer.hc_ffn_fn, layer.hc_ffn_scale, layer.hc_ffn_base, il)
+            pre_prev = ffn_mix.pre
+            cur = build_hc_pre_weighted(self, inpL, attn_mix.pre, il)
+            self.cb(cur, "hc_ffn_pre", il)
+            cur = self.build_norm(cur, layer.ffn_norm, None, il)
+            self.cb(cur, "ffn_norm", il)
+            cur = self.build_dsv4_ffn(cur, il)
+            inpL = build_hc_post(self, cur, residual, ffn_mix.post, ffn_mix.comb, il)
+            l_out = ggml_reshape_2d(ctx, inpL, self.n_embd * self.hparams.hc_mult, self.n_tokens)
+            self.cb(l_out, "l_out", il)
+            ggml_build_forward_expand(self.gf, l_out)
+
+        # no hc_head: collapse with the last FFN's pre-mix
+        cur = build_hc_pre_weighted(self, inpL, pre_prev, -1)
+        self.cb(cur, "hc_out", -1)
+        # confidence head takes the un-normed collapsed state
+        self.res.t_embd = cur
+        self.build_output(cur, inp_tokens)
+
+
+def _yarn_attn_factor(hp) -> float:
+    """llama_context's yarn_attn_factor for a YaRN draft (rope_attn_factor 1)."""
+    factor = 1.0 / hp.rope_freq_scale
+
+    def mscale(scale, m):
+        return 1.0 if scale <= 1.0 else 0.1 * m * math.log(scale) + 1.0
+    if hp.rope_yarn_log_mul != 0.0:
+        f = mscale(factor, 1.0) / mscale(factor, hp.rope_yarn_log_mul)
+    else:
+        f = mscale(factor, 1.0)
+    return f * (1.0 / (1.0 + 0.1 * math.log(factor)))
+
+
+class GraphMistralLarge4(_GraphBackbone):
+    """graph_mistral_large4: Mistral Large 4 DSpark (seed only), dual-mode like graph_dsv41.
+
+    embd batch: the latent K of main_x (no attention norm) into the cache;
+    token batch: [anchor, mask_1, ...] blocks through dense MLA stages (absorbed q_nope, latent
+    attention, wv_b after attention), non-causal; softcap on the logits only; the Markov head's
+    RNN gets the normed hidden state.
+    """
+
+    def __init__(self, params: GraphParams):
+        super().__init__(params)
+        hp = self.hparams
+        if hp.rope_scaling_yarn:
+            self.n_ctx_orig = hp.n_ctx_orig_yarn
+            self.ext_factor = 1.0
+            self.attn_factor = _yarn_attn_factor(hp)
+            self.beta_fast, self.beta_slow = hp.yarn_beta_fast, hp.yarn_beta_slow
+        if self.ubatch.is_embd:
+            self._inject()
+            return
+        self._block()
+
+    def rope(self, t):
+        # no LeRoPE in the draft
+        return ggml_rope_ext(self.ctx0, t, self.inp_pos, None, self.n_rot, self.rope_type, self.n_ctx_orig,
+                             self.freq_base, self.freq_scale, self.ext_factor, self.attn_factor,
+                             self.beta_fast, self.beta_slow)
+
+    def build_kv(self, x, il: int):
+        """Latent K = [rms(kv_cmpr), rope(k_pe)] of one token row; also the normed latent."""
+        ctx, hp = self.ctx0, self.hparams
+        layer = self.model.layers[il]
+        rank, n_rot, n_tokens = hp.n_lora_kv, self.n_rot, self.n_tokens
+        kv_cmpr_pe = ggml_mul_mat(ctx, layer.wkv_a_mqa, x)
+        self.cb(kv_cmpr_pe, "kv_cmpr_pe", il)
+        row = G.ggml_row_size(G.ttype(kv_cmpr_pe), rank + n_rot)
+        kv_cmpr = ggml_view_2d(ctx, kv_cmpr_pe, rank, n_tokens, row, 0)
+        kv_cmpr = self.build_norm(kv_cmpr, layer.attn_kv_a_norm, None, il)
+        kv_cmpr = ggml_reshape_3d(ctx, kv_cmpr, rank, 1, n_tokens)
+        self.cb(kv_cmpr, "kv_cmpr", il)
+        k_pe = ggml_view_3d(ctx, kv_cmpr_pe, n_rot, 1, n_tokens, row, row,
+                            G.ggml_row_size(G.ttype(kv_cmpr_pe), rank))
+        k_pe = self.rope(k_pe)
+        self.cb(k_pe, "k_pe", il)
+        return ggml_concat(ctx, kv_cmpr, k_pe, 0), kv_cmpr
+
+    def _inject(self):
+        inp_g = build_inject_inp(self, self.model)
+        self.cb(inp_g, "main_x", -1)
+        for il in range(self.n_layer):
+            kv = self.build_kv(inp_g, il)[0]
+            self.cb(kv, "kv_injected", il)
+            self.write_injected(kv, il)
+        self.res.t_embd = inp_g
+        ggml_build_forward_expand(self.gf, inp_g)
+
+    def build_inp_noise(self, inp_tokens):
+        """[anchor, mask_1, ..., mask_{k-1}] per block: slot k > 0 uses mask row k - 1."""
+        ctx, hp, model = self.ctx0, self.hparams, self.model
+        tok_embd = get_tok_embd(self, model)
+        n_tokens, n_embd = self.n_tokens, self.n_embd
+        n_blocks = len(np.unique(self.ubatch.seq))
+        block_drafts = n_tokens // n_blocks if n_blocks > 0 else 0
+        if block_drafts > 0 and n_tokens % n_blocks == 0 and block_drafts <= hp.block_size:
+            anchors = ggml_view_2d(ctx, inp_tokens, 1, n_blocks, block_drafts * G.nb(inp_tokens, 0), 0)
+            anchors = ggml_get_rows(ctx, tok_embd, ggml_cont_1d(ctx, anchors, n_blocks))
+            inpL = ggml_reshape_3d(ctx, anchors, n_embd, 1, n_blocks)
+            if block_drafts > 1:
+                mask = model.dspark_mask_embd
+                masks = ggml_view_3d(ctx, mask, n_embd, block_drafts - 1, 1, G.nb(mask, 1), G.nb(mask, 2), 0)
+                masks = ggml_repeat_4d(ctx, ggml_cast(ctx, masks, G.GGML_TYPE_F32), n_embd, block_drafts - 1,
+                                       n_blocks, 1)
+                inpL = ggml_concat(ctx, inpL, masks, 1)
+            inpL = ggml_reshape_2d(ctx, inpL, n_embd, n_tokens)
+        else:
+            # not a draft block (e.g. graph reserve)
+            inpL = ggml_get_rows(ctx, tok_embd, inp_tokens)
+        self.cb(inpL, "inp_noise_embd", -1)
+        return inpL
+
+    def _block(self):
+        ctx, hp, model = self.ctx0, self.hparams, self.model
+        rank, n_rot, n_head, n_tokens = hp.n_lora_kv, self.n_rot, self.n_head, self.n_tokens
+        k_mla, v_mla = hp.n_embd_head_k_mla, hp.n_embd_head_v_mla
+        nope = k_mla - n_rot
+        kq_scale = 1.0 / math.sqrt(float(k_mla))
+        inp_tokens = self.build_inp_tokens()
+        inpL = self.build_inp_noise(inp_tokens)
+        # the whole block shares the mask row of its first query (the anchor)
+        self.inp_attn.block_uniform = True
+        for il in range(self.n_layer):
+            layer = model.layers[il]
+            cur = self.build_norm(inpL, layer.attn_norm, None, il)
+            self.cb(cur, "attn_norm", il)
+
+            q = ggml_mul_mat(ctx, layer.wq, cur)
+            self.cb(q, "q", il)
+            rs = G.ggml_row_size(G.ttype(q), k_mla)
+            # {n_embd_head_nope, n_tokens, n_head}
+            q_nope = ggml_view_3d(ctx, q, nope, n_head, n_tokens, rs, rs * n_head, 0)
+            q_nope = ggml_permute(ctx, q_nope, 0, 2, 1, 3)
+            # {kv_lora_rank, n_head, n_tokens}
+            q_nope_absorbed = ggml_mul_mat(ctx, layer.wk_b, q_nope)
+            q_nope_absorbed = ggml_permute(ctx, q_nope_absorbed, 0, 2, 1, 3)
+            self.cb(q_nope_absorbed, "q_nope_absorbed", il)
+            q_pe = ggml_view_3d(ctx, q, n_rot, n_head, n_tokens, rs, rs * n_head,
+                                G.ggml_row_size(G.ttype(q), nope))
+            q_pe = self.rope(q_pe)
+            self.cb(q_pe, "q_pe", il)
+            Qcur = ggml_concat(ctx, q_nope_absorbed, q_pe, 0)
+            self.cb(Qcur, "Qcur", il)
+
+            Kcur, Vcur = self.build_kv(cur, il)
+            self.cb(Kcur, "Kcur", il)
+
+            # apply wv_b after attention, so the K rotation is already undone
+            out = self.build_attn_k(self.inp_attn, None, None, None, Qcur, Kcur, Vcur, None, kq_scale, il)
+            self.cb(out, "attn_latent", il)
+            # {kv_lora_rank, n_tokens, n_head} -> {n_embd_head_v_mla, n_tokens, n_head}
+            out = ggml_reshape_3d(ctx, out, rank, n_head, n_tokens)
+            out = ggml_mul_mat(ctx, layer.wv_b, ggml_permute(ctx, out, 0, 2, 1, 3))
+            out = ggml_cont_2d(ctx, ggml_permute(ctx, out, 0, 2, 1, 3), v_mla * n_head, n_tokens)
+            cur = self.build_lora_mm(layer.wo, out, layer.wo_s)
+            self.cb(cur, "attn_out", il)
+
+            ffn_inp = ggml_add(ctx, cur, inpL)
+            self.cb(ffn_inp, "ffn_inp", il)
+            cur = self.build_norm(ffn_inp, layer.ffn_norm, None, il)
+            self.cb(cur, "ffn_norm", il)
+            cur = self.build_ffn(cur, layer.ffn_up, None, layer.ffn_gate, None, layer.ffn_down, None, il)
+            self.cb(cur, "ffn_out", il)
+            inpL = ggml_add(ctx, cur, ffn_inp)
+            self.cb(inpL, "l_out", il)
+
+        cur = self.build_norm(inpL, model.output_norm, None, -1)
+        self.cb(cur, "result_norm", -1)
+        self.res.t_embd = cur
+        output, output_s = get_lm_head(self, model)
+        logits = self.build_lora_mm(output, cur, output_s)
+        # softcap does not apply to the Markov bias
+        cap = hp.f_final_logit_softcapping
+        if cap:
+            logits = ggml_scale(ctx, logits, 1.0 / cap)
+            logits = ggml_tanh(ctx, logits)
+            logits = ggml_scale(ctx, logits, cap)
+        self.cb(logits, "result_output", -1)
+        self.res.t_logits = logits
+        if model.dspark_markov_w1 is not None:
+            build_dspark_markov_head(self, model, inp_tokens, cur)
+        else:
+            ggml_build_forward_expand(self.gf, logits)

@@ -219,12 +219,12 @@ class GraphLiliCorr(GraphBase):
         inp_anchor = None
         if is_block:
             inp_tokens = self.inp_tokens
-            self.add_input(inp_tokens, lambda: ub.tokens)
+            self.add_input(inp_tokens, lambda p: p.ubatch.tokens)
 
             # inp_anchor passes the context features to the lattice scorer
             inp_anchor = ggml_new_tensor_2d(self.ctx0, G.GGML_TYPE_F32, self.n_embd, self.n_tokens)
             ggml_set_input(inp_anchor)
-            self.add_input(inp_anchor, lambda: ub.embd_state)
+            self.add_input(inp_anchor, lambda p: p.ubatch.embd_state)
         else:
             inp_tokens = self.build_inp_tokens()
 

@@ -90,6 +90,17 @@ def ggml_prec_set_acc(t, prec: int = GGML_PREC_F32):
         _g.ggml_mul_mat_set_prec(t, prec)
 
 
+def read_tensor_bytes(addr: int, nbytes: int):
+    """A computed tensor's bytes from any backend (host buffers are read in place)."""
+    t = ctypes.cast(addr, ctypes.POINTER(_g.ggml_tensor))
+    buf = t.contents.buffer
+    if buf and _g.ggml_backend_buffer_is_host(buf):
+        return (ctypes.c_char * nbytes).from_address(t.contents.data)
+    out = (ctypes.c_char * nbytes)()
+    _g.ggml_backend_tensor_get(t, out, 0, nbytes)
+    return out
+
+
 def rope_sections(sections) -> ctypes.Array:
     return (ctypes.c_int * 4)(*[int(s) for s in sections])
 

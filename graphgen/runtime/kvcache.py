@@ -43,8 +43,10 @@ def is_masked_swa(n_swa: int, p0: int, p1: int) -> bool:
 
 class KVCache:
     def __init__(self, hparams, layer_ids, kv_size: int, type_k: int, type_v: int, v_trans: bool,
-                 n_swa: int = 0, backend=None):
+                 n_swa: int = 0, backend=None, k_only: bool = False):
         self.hparams = hparams
+        # K-only caches (the DSpark DSV4 / ML4 backbones): attention reads V as a view of K
+        self.k_only = k_only
         self.layer_ids = list(layer_ids)
         self.size = kv_size
         self.type_k, self.type_v = type_k, type_v
@@ -68,10 +70,13 @@ class KVCache:
         hp = self.hparams
         for il in self.layer_ids:
             k = G.ggml_new_tensor_3d(self._ctx, self.type_k, hp.n_embd_k_gqa, self.size, 1)
-            v = G.ggml_new_tensor_3d(self._ctx, self.type_v, hp.n_embd_v_gqa, self.size, 1)
+            v = None if self.k_only else G.ggml_new_tensor_3d(self._ctx, self.type_v, hp.n_embd_v_gqa, self.size, 1)
             G.set_name(k, f"cache_k_l{il}")
+            self.k[il] = k
+            if self.k_only:
+                continue
             G.set_name(v, f"cache_v_l{il}")
-            self.k[il], self.v[il] = k, v
+            self.v[il] = v
         self._buf = G.ggml_backend_alloc_ctx_tensors(self._ctx, backend)
         if not self._buf:
             raise MemoryError("could not allocate the KV cache")
@@ -250,8 +255,18 @@ class KVCache:
         j = np.arange(n_gqa, dtype=np.int64)
         return (j[None, :] * self.size + np.asarray(idxs, dtype=np.int64)[:, None]).reshape(-1)
 
-    def kq_mask_values(self, ub: UBatch, n_kv: int, causal: bool, dtype) -> np.ndarray:
-        """[n_tokens, n_kv]: 0 where a query sees a key, -inf where it does not."""
+    def kq_mask_values(self, ub: UBatch, n_kv: int, causal: bool, dtype, block_uniform: bool = False) -> np.ndarray:
+        """[n_tokens, n_kv]: 0 where a query sees a key, -inf where it does not.
+
+        block_uniform (the seed's DSV4.1 / ML4 SWA mask): every query row of a block, the batch's
+        tokens of one sequence, is the row of the block's first query, the anchor."""
+        if block_uniform:
+            out = self.kq_mask_values(ub, n_kv, causal, np.float32)
+            seq = np.asarray(ub.seq)
+            for s in np.unique(seq):
+                rows = np.nonzero(seq == s)[0]
+                out[rows] = out[rows[0]]
+            return out.astype(dtype)
         pos = self.pos[:n_kv]
         out = np.full((ub.n_tokens, n_kv), -np.inf, dtype=np.float32)
         for i in range(ub.n_tokens):

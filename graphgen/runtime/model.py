@@ -69,6 +69,30 @@ class HParams:
     lilicorr: dict = field(default_factory=dict)
     hc_mult: int = 0
     n_lora_kv: int = 0
+    # the DSpark backbones (seed: load_hparams_dsv4, load_hparams_mistral_large4)
+    n_lora_q: int = 0
+    n_expert: int = 0
+    n_expert_used: int = 0
+    n_ff_exp: int = 0
+    n_expert_shared: int = 0
+    expert_weights_scale: float = 0.0
+    expert_weights_norm: bool = False
+    expert_gating_func: int = 0
+    swiglu_clamp_exp: list = field(default_factory=list)
+    swiglu_clamp_shexp: list = field(default_factory=list)
+    dsv4_o_group_count: int = 0
+    dsv4_o_lora_rank: int = 0
+    dsv4_hc_sinkhorn_iters: int = 0
+    dsv4_hc_eps: float = 0.0
+    dsv4_compress_ratios: list = field(default_factory=list)
+    dsv4_hc_single_pass: bool = False
+    n_embd_head_k_mla: int = 0
+    n_embd_head_v_mla: int = 0
+    rope_yarn_log_mul: float = 0.0
+    rope_scaling_yarn: bool = False
+    n_ctx_orig_yarn: int = 0
+    yarn_beta_fast: float = 32.0
+    yarn_beta_slow: float = 1.0
 
     @property
     def n_embd_inp_enc(self) -> int:
@@ -93,6 +117,9 @@ class HParams:
     def rope_type(self) -> int:
         if any(self.rope_sections):
             return G.GGML_ROPE_TYPE_MROPE
+        # llama_model_rope_type: NORM for the DSV4 backbones
+        if self.hc_mult > 0:
+            return 0
         return G.GGML_ROPE_TYPE_NEOX
 
     @property
@@ -115,6 +142,19 @@ class Layer:
         "ffn_gate_s": "ffn_gate.scale", "ffn_down_s": "ffn_down.scale", "ffn_up_s": "ffn_up.scale",
         "dflash_attn_conv_base": "attn_conv_base", "dflash_attn_conv_proj": "attn_conv_proj.weight",
         "dflash_ffn_conv_base": "ffn_conv_base", "dflash_ffn_conv_proj": "ffn_conv_proj.weight",
+        # DeepSeek-V4 stages (load_tensors_layers_dsv4)
+        "wq_a": "attn_q_a.weight", "attn_q_a_norm": "attn_q_a_norm.weight", "wq_b": "attn_q_b.weight",
+        "wkv": "attn_kv.weight", "attn_kv_norm": "attn_kv_a_norm.weight", "wo_a": "attn_output_a.weight",
+        "wo_b": "attn_output_b.weight", "hc_attn_fn": "hc_attn_fn.weight", "hc_attn_base": "hc_attn_base.weight",
+        "hc_attn_scale": "hc_attn_scale.weight", "hc_ffn_fn": "hc_ffn_fn.weight",
+        "hc_ffn_base": "hc_ffn_base.weight", "hc_ffn_scale": "hc_ffn_scale.weight",
+        "ffn_gate_inp": "ffn_gate_inp.weight", "ffn_exp_probs_b": "exp_probs_b.bias",
+        "ffn_gate_exps": "ffn_gate_exps.weight", "ffn_down_exps": "ffn_down_exps.weight",
+        "ffn_up_exps": "ffn_up_exps.weight", "ffn_gate_shexp": "ffn_gate_shexp.weight",
+        "ffn_down_shexp": "ffn_down_shexp.weight", "ffn_up_shexp": "ffn_up_shexp.weight",
+        # Mistral Large 4 MLA stages (load_tensors_layers_mistral_large4)
+        "wkv_a_mqa": "attn_kv_a_mqa.weight", "attn_kv_a_norm": "attn_kv_a_norm.weight",
+        "wk_b": "attn_k_b.weight", "wv_b": "attn_v_b.weight",
     }
 
     def __init__(self, il: int, tensors: dict):
@@ -273,8 +313,10 @@ def read_hparams(reader, path) -> tuple[HParams, str, str]:
 
     # backbone
     if hp.hc_mult > 0:
-        backbone = BACKBONE_DSV4
+        _load_hparams_dsv4(m, hp, path)
+        backbone = BACKBONE_DSV41 if hp.dsv4_hc_single_pass else BACKBONE_DSV4
     elif hp.n_lora_kv > 0:
+        _load_hparams_mistral_large4(m, hp, path)
         backbone = BACKBONE_MISTRAL_LARGE4
     else:
         backbone = BACKBONE_BASE
@@ -294,9 +336,113 @@ def read_hparams(reader, path) -> tuple[HParams, str, str]:
                                      "layer as sliding-window although a window is set")
             hp.n_swa = n_swa
             hp.swa_layers = [bool(p) for p in pattern]
-    if backbone != BACKBONE_BASE:
-        raise GGUFModelError(f"{path}: the {backbone} backbone is not supported by this graphgen build yet")
+    if backbone != BACKBONE_BASE and variant not in (VARIANT_DFLASH, VARIANT_DSPARK):
+        raise GGUFModelError(f"{path}: the {backbone} backbone runs the DFlash or DSpark head, not {variant}")
     return hp, variant, backbone
+
+
+def _per_layer(m, key, n_layer, path, kind="float", default=None):
+    """get_key_or_arr: one value for every layer, or an array of n_layer values."""
+    v = m.get(key, default, required=default is None, kind=None)
+    vals = v if isinstance(v, list) else [v] * n_layer
+    if len(vals) != n_layer:
+        raise GGUFModelError(f"{path}: key '{key}' has {len(vals)} entries for {n_layer} layers")
+    try:
+        return [float(x) if kind == "float" else int(x) for x in vals]
+    except (TypeError, ValueError):
+        raise GGUFModelError(f"{path}: key '{key}' must hold numbers") from None
+
+
+def _uniform_swa(hp: HParams, n_swa: int) -> None:
+    """STANDARD sliding window on every stage (set_swa_pattern(0) + is_swa on all layers)."""
+    hp.n_swa = n_swa
+    hp.swa_layers = [True] * hp.n_layer
+
+
+def _load_hparams_dsv4(m, hp: HParams, path) -> None:
+    """The seed's load_hparams_dsv4: stages are full DSV4 blocks with a uniform sliding window."""
+    k = lambda s: f"{ARCH}.{s}"  # noqa: E731
+    if hp.hc_mult != 4:
+        # upstream asserts hc == 4 in build_hc_pre (and its fused HC kernels), killing the process
+        raise GGUFModelError(f"{path}: key '{k('hyper_connection.count')}' = {hp.hc_mult}: "
+                             "the DeepSeek-V4 hyper-connections need exactly 4 streams")
+    hp.n_lora_q = m.get(k("attention.q_lora_rank"), required=True, kind="int")
+    n_swa = m.get(k("attention.sliding_window"), required=True, kind="int")
+    hp.n_ff_exp = _per_layer(m, k("expert_feed_forward_length"), hp.n_layer, path, kind="int")[0]
+    hp.n_expert_shared = m.get(k("expert_shared_count"), required=True, kind="int")
+    hp.expert_weights_scale = m.get(k("expert_weights_scale"), required=True, kind="float")
+    hp.expert_weights_norm = bool(m.get(k("expert_weights_norm"), required=True))
+    hp.expert_gating_func = m.get(k("expert_gating_func"), required=True, kind="int")
+    hp.swiglu_clamp_exp = _per_layer(m, k("swiglu_clamp_exp"), hp.n_layer, path)
+    if m.has(k("swiglu_clamp_shexp")):
+        hp.swiglu_clamp_shexp = _per_layer(m, k("swiglu_clamp_shexp"), hp.n_layer, path)
+    else:
+        hp.swiglu_clamp_shexp = list(hp.swiglu_clamp_exp)
+    hp.dsv4_o_group_count = m.get(k("attention.output_group_count"), required=True, kind="int")
+    hp.dsv4_o_lora_rank = m.get(k("attention.output_lora_rank"), required=True, kind="int")
+    hp.dsv4_hc_sinkhorn_iters = m.get(k("hyper_connection.sinkhorn_iterations"), required=True, kind="int")
+    hp.dsv4_hc_eps = m.get(k("hyper_connection.epsilon"), required=True, kind="float")
+    ratios = m.get(k("attention.compress_ratios"), None, kind="array")
+    hp.dsv4_compress_ratios = list(ratios) if ratios is not None else [0] * hp.n_layer
+    hp.dsv4_hc_single_pass = bool(m.get(k("hyper_connection.single_pass"), False))
+    hp.n_expert = m.get(k("expert_count"), 0, kind="int")
+    hp.n_expert_used = m.get(k("expert_used_count"), 0, kind="int")
+
+    if hp.dsv4_o_group_count <= 0:  # upstream: GGML_ASSERT (a division by zero otherwise)
+        raise GGUFModelError(f"{path}: key '{k('attention.output_group_count')}' must be positive")
+    if hp.expert_gating_func != 4:
+        raise GGUFModelError(f"{path}: DSpark DSV4 draft expects sqrtsoftplus MoE scoring "
+                             f"(key '{k('expert_gating_func')}' = {hp.expert_gating_func})")
+    if any(int(r) != 0 for r in (hp.dsv4_compress_ratios + [0] * hp.n_layer)[:hp.n_layer]):
+        raise GGUFModelError(f"{path}: DSpark DSV4 draft expects uncompressed attention on all stages "
+                             f"(key '{k('attention.compress_ratios')}')")
+    if n_swa <= 0:  # upstream: GGML_ASSERT(hparams.n_swa > 0)
+        raise GGUFModelError(f"{path}: key '{k('attention.sliding_window')}' must be positive for a DSV4 draft")
+    for key, val in ((k("expert_count"), hp.n_expert), (k("expert_used_count"), hp.n_expert_used),
+                     (k("attention.q_lora_rank"), hp.n_lora_q), (k("expert_feed_forward_length"), hp.n_ff_exp),
+                     (k("expert_shared_count"), hp.n_expert_shared),
+                     (k("attention.output_lora_rank"), hp.dsv4_o_lora_rank),
+                     (k("hyper_connection.sinkhorn_iterations"), hp.dsv4_hc_sinkhorn_iters)):
+        if val <= 0:
+            raise GGUFModelError(f"{path}: key '{key}' must be positive for a DSV4 draft, got {val}")
+    if hp.n_expert_used > hp.n_expert:
+        raise GGUFModelError(f"{path}: key '{k('expert_used_count')}' = {hp.n_expert_used} exceeds "
+                             f"'{k('expert_count')}' = {hp.n_expert}")
+    if hp.n_head % hp.dsv4_o_group_count:
+        raise GGUFModelError(f"{path}: key '{k('attention.head_count')}' = {hp.n_head} is not a multiple of "
+                             f"'{k('attention.output_group_count')}' = {hp.dsv4_o_group_count}")
+    if hp.n_embd_head_k != hp.n_embd_head_v or hp.n_head_kv != 1:
+        raise GGUFModelError(f"{path}: a DSV4 draft needs key_length == value_length and one KV head "
+                             f"(keys '{k('attention.key_length')}', '{k('attention.head_count_kv')}')")
+    if hp.dsv4_hc_single_pass:
+        # DeepSeek-V4.1: the block's window is the anchor's, which must reach window_size positions back
+        n_swa += 1
+    _uniform_swa(hp, n_swa)
+
+
+def _load_hparams_mistral_large4(m, hp: HParams, path) -> None:
+    """The seed's load_hparams_mistral_large4: dense MLA stages, one sliding window, plain YaRN."""
+    k = lambda s: f"{ARCH}.{s}"  # noqa: E731
+    hp.n_embd_head_k_mla = m.get(k("attention.key_length_mla"), required=True, kind="int")
+    hp.n_embd_head_v_mla = m.get(k("attention.value_length_mla"), required=True, kind="int")
+    hp.rope_yarn_log_mul = m.get(k("rope.scaling.yarn_log_multiplier"), 0.0, kind="float")
+    n_swa = m.get(k("attention.sliding_window"), 0, kind="int")
+    if n_swa <= 0:
+        raise GGUFModelError(f"{path}: DSpark Mistral Large 4 draft expects a sliding window "
+                             f"(key '{k('attention.sliding_window')}')")
+    if hp.n_embd_head_k != hp.n_lora_kv + hp.n_rot:
+        raise GGUFModelError(f"{path}: DSpark Mistral Large 4 draft expects key_length == kv_lora_rank + rope dim "
+                             f"({hp.n_embd_head_k} != {hp.n_lora_kv} + {hp.n_rot})")
+    if hp.n_embd_head_k_mla <= hp.n_rot or hp.n_embd_head_v_mla <= 0:
+        raise GGUFModelError(f"{path}: key '{k('attention.key_length_mla')}' must exceed the rope dim {hp.n_rot}")
+    if hp.n_head_kv != 1:
+        raise GGUFModelError(f"{path}: an MLA draft has one KV head (key '{k('attention.head_count_kv')}')")
+    hp.rope_scaling_yarn = m.get(k("rope.scaling.type"), "") == "yarn"
+    hp.n_ctx_orig_yarn = m.get(k("rope.scaling.original_context_length"), hp.n_ctx_train, kind="int")
+    hp.yarn_beta_fast = m.get(k("rope.scaling.yarn_beta_fast"), 32.0, kind="float")
+    hp.yarn_beta_slow = m.get(k("rope.scaling.yarn_beta_slow"), 1.0, kind="float")
+    # the block uses the window of its anchor, as DSV4.1
+    _uniform_swa(hp, n_swa + 1)
 
 
 def _read_lilicorr(m, hp: HParams, path) -> None:
@@ -408,6 +554,10 @@ class Model:
             "output_norm.weight": (e,), "token_embd.weight": (e, hp.n_vocab or None),
             "output.weight": (e, n_vocab_out), "fc.scale": (1,), "output.scale": (1,),
         }
+        if self.backbone != BACKBONE_BASE:
+            want.update(self._backbone_shapes())
+            want.update(self._head_shapes())
+            return want
         for il in range(hp.n_layer):
             b = f"blk.{il}."
             want.update({
@@ -423,6 +573,49 @@ class Model:
             for s in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_down", "ffn_up"):
                 want[b + s + ".scale"] = (1,)
         want.update(self._head_shapes())
+        return want
+
+    def _backbone_shapes(self) -> dict:
+        """load_tensors_layers_dsv4 / load_tensors_layers_mistral_large4 (+ DSV4's hc_head)."""
+        hp = self.hparams
+        e, hd, H = hp.n_embd, hp.n_embd_head_k, hp.n_head
+        want = {}
+        if self.backbone in (BACKBONE_DSV4, BACKBONE_DSV41):
+            hc = hp.hc_mult
+            hc_dim, mix = hc * e, (2 + hc) * hc
+            G_, R = hp.dsv4_o_group_count, hp.dsv4_o_lora_rank
+            ff, nx, sh = hp.n_ff_exp, hp.n_expert, hp.n_expert_shared
+            if self.backbone == BACKBONE_DSV4:
+                want.update({"output_hc_fn.weight": (hc_dim, hc), "output_hc_base.weight": (hc,),
+                             "output_hc_scale.weight": (1,)})
+            for il in range(hp.n_layer):
+                b = f"blk.{il}."
+                want.update({
+                    b + "attn_norm.weight": (e,), b + "attn_sinks.weight": (H,),
+                    b + "attn_q_a.weight": (e, hp.n_lora_q), b + "attn_q_a_norm.weight": (hp.n_lora_q,),
+                    b + "attn_q_b.weight": (hp.n_lora_q, H * hd), b + "attn_kv.weight": (e, hd),
+                    b + "attn_kv_a_norm.weight": (hd,), b + "attn_output_b.weight": (G_ * R, e),
+                    b + "hc_attn_fn.weight": (hc_dim, mix), b + "hc_attn_base.weight": (mix,),
+                    b + "hc_attn_scale.weight": (3,), b + "hc_ffn_fn.weight": (hc_dim, mix),
+                    b + "hc_ffn_base.weight": (mix,), b + "hc_ffn_scale.weight": (3,),
+                    b + "ffn_gate_inp.weight": (e, nx), b + "exp_probs_b.bias": (nx,), b + "ffn_norm.weight": (e,),
+                    b + "ffn_gate_exps.weight": (e, ff, nx), b + "ffn_down_exps.weight": (ff, e, nx),
+                    b + "ffn_up_exps.weight": (e, ff, nx), b + "ffn_gate_shexp.weight": (e, ff * sh),
+                    b + "ffn_down_shexp.weight": (ff * sh, e), b + "ffn_up_shexp.weight": (e, ff * sh),
+                })
+        else:
+            r, k_mla, v_mla = hp.n_lora_kv, hp.n_embd_head_k_mla, hp.n_embd_head_v_mla
+            want["mask_embd.weight"] = (e, max(hp.block_size - 1, 1))
+            for il in range(hp.n_layer):
+                b = f"blk.{il}."
+                want.update({
+                    b + "attn_norm.weight": (e,), b + "attn_q.weight": (e, H * k_mla),
+                    b + "attn_kv_a_mqa.weight": (e, r + hp.n_rot), b + "attn_kv_a_norm.weight": (r,),
+                    b + "attn_k_b.weight": (k_mla - hp.n_rot, r, H), b + "attn_v_b.weight": (r, v_mla, H),
+                    b + "attn_output.weight": (H * v_mla, e), b + "attn_output.scale": (1,),
+                    b + "ffn_norm.weight": (e,), b + "ffn_gate.weight": (e, hp.n_ff),
+                    b + "ffn_down.weight": (hp.n_ff, e), b + "ffn_up.weight": (e, hp.n_ff),
+                })
         return want
 
     def _conv_shapes(self) -> dict:
@@ -497,6 +690,11 @@ class Model:
     def _required(self) -> list:
         hp = self.hparams
         req = ["fc.weight", "enc.output_norm.weight", "output_norm.weight"]
+        if self.backbone != BACKBONE_BASE:
+            req += [n for n in self._backbone_shapes() if not n.endswith(".scale")]
+            if self.variant == VARIANT_DSPARK:
+                req += ["markov_w1.weight", "markov_w2.weight"]
+            return req
         for il in range(hp.n_layer):
             req += [f"blk.{il}.{s}.weight" for s in ("attn_norm", "attn_q", "attn_k", "attn_output",
                                                       "attn_q_norm", "attn_k_norm", "ffn_norm",
@@ -540,6 +738,14 @@ class Model:
         want = self._expected_shapes()
         for name, t in seen.items():
             shape = tuple(int(x) for x in t.shape)
+            if name.endswith(".attn_output_a.weight") and self.backbone in (BACKBONE_DSV4, BACKBONE_DSV41):
+                # TENSOR_ALLOW_RESHAPE: {H*D/G, R, G}, or written 2-D as {H*D/G, R*G}
+                G_, R = hp.dsv4_o_group_count, hp.dsv4_o_lora_rank
+                exp3 = (hp.n_head * hp.n_embd_head_k // G_, R, G_)
+                if shape not in (exp3, (exp3[0], R * G_)):
+                    raise GGUFModelError(f"{self.path}: tensor '{name}' has shape {list(shape)}, expected "
+                                         f"{list(exp3)}")
+                continue
             exp = want.get(name)
             if exp is None:
                 continue
@@ -573,7 +779,12 @@ class Model:
         created = []
         for t in reader.tensors:
             shape = [int(x) for x in t.shape] + [1] * (4 - len(t.shape))
-            gt = G.ggml_new_tensor(ctx, int(t.tensor_type), len(t.shape),
+            n_dims = len(t.shape)
+            if t.name.endswith(".attn_output_a.weight") and n_dims == 2 and self.hparams.dsv4_o_group_count:
+                # a 2-D wo_a is the 3-D one with its last two dims merged
+                g_ = self.hparams.dsv4_o_group_count
+                shape, n_dims = [shape[0], shape[1] // g_, g_, 1], 3
+            gt = G.ggml_new_tensor(ctx, int(t.tensor_type), n_dims,
                                    (ctypes.c_int64 * 4)(*shape))
             G.set_name(gt, t.name)
             created.append((gt, t))
@@ -599,6 +810,10 @@ class Model:
         self.output_norm_enc = t.get("enc.output_norm.weight")
         self.output_norm = t.get("output_norm.weight")
         self.d2t = t.get("d2t")
+        self.hc_head_fn = t.get("output_hc_fn.weight")
+        self.hc_head_base = t.get("output_hc_base.weight")
+        self.hc_head_scale = t.get("output_hc_scale.weight")
+        self.dspark_mask_embd = t.get("mask_embd.weight")
         self.layers = [Layer(il, t) for il in range(self.hparams.n_layer)]
         # the heads' tensors; those of another head stay None
         hp, v = self.hparams, self.variant

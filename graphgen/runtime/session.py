@@ -17,6 +17,7 @@ from ..errors import BatchError
 from ..graph import GRAPH_MAX_NODES, GraphParams, MemSlot
 from ..models.dflash import build_arch_graph
 from ..ops import ggml as G
+from .backends import open_backend
 from .kvcache import KVCache, UBatch
 from .model import Model, load
 
@@ -44,19 +45,38 @@ def _read(t, shape_from=None) -> np.ndarray | None:
     return out.reshape(-1, c.ne[0]) if c.ne[2] * c.ne[3] == 1 else out
 
 
+class GraphSlot:
+    """A scheduler and the graph it last allocated."""
+
+    def __init__(self, sched):
+        self.sched = sched
+        self.graph = None
+        self.sig = None
+
+    def drop(self):
+        if self.graph is not None:
+            self.graph.free()
+        self.graph, self.sig = None, None
+
+
 class Session:
     def __init__(self, model, *, n_ctx: int = 256, n_ubatch: int = 64, flash_attn: bool = False,
-                 type_kv: str = "f16", n_seq: int = 1, n_threads: int = 1, backend: str = "cpu"):
+                 type_kv: str = "f16", n_seq: int = 1, n_threads: int = 1, backend: str = "cpu",
+                 reuse_graphs: bool = True):
         if type_kv not in KV_TYPES:
             raise ValueError(f"type_kv must be one of {', '.join(KV_TYPES)}, got {type_kv!r} "
                              "(quantized caches need Hadamard rotations graphgen does not build)")
-        if backend != "cpu":
-            raise ValueError(f"backend {backend!r} is not available in this build; use 'cpu'")
         if n_ctx < 1 or n_ubatch < 1 or n_seq < 1:
             raise ValueError("n_ctx, n_ubatch and n_seq must be positive")
         self._lock = threading.Lock()
-        self.backend = G.ggml_backend_cpu_init()
-        G.ggml_backend_cpu_set_n_threads(self.backend, n_threads)
+        # weights and the KV cache live on the chosen backend; the CPU backend, last in the
+        # scheduler's list, runs what the chosen one does not support
+        self.backend, self.backend_name = open_backend(backend, n_threads)
+        self.backends = [self.backend]
+        if self.backend_name != "CPU":
+            cpu = G.ggml_backend_cpu_init()
+            G.ggml_backend_cpu_set_n_threads(cpu, n_threads)
+            self.backends.append(cpu)
         self.model = model if isinstance(model, Model) else load(model)
         if self.model.backend is None:
             self.model.upload(self.backend)
@@ -72,12 +92,18 @@ class Session:
             swa_layers = [il for il in range(hp.n_layer) if hp.is_swa(il)]
             # llama.cpp's default swa_full: the sliding cache is as large as the base cache
             size_swa = n_ctx
-            self.caches = {"base": KVCache(hp, base_layers, n_ctx, t, t, v_trans, 0, self.backend),
-                           "swa": KVCache(hp, swa_layers, size_swa, t, t, v_trans, hp.n_swa, self.backend)}
+            # the DSpark backbones keep K only (V is a view of K) on every layer, all sliding
+            k_only = self.model.backbone != "base"
+            self.caches = {"base": KVCache(hp, base_layers, n_ctx, t, t, v_trans, 0, self.backend, k_only=k_only),
+                           "swa": KVCache(hp, swa_layers, size_swa, t, t, v_trans, hp.n_swa, self.backend,
+                                          k_only=k_only)}
         else:
             self.caches = {"base": KVCache(hp, range(hp.n_layer), n_ctx, t, t, v_trans, 0, self.backend)}
-        backends = (ctypes.c_void_p * 1)(self.backend)
-        self.sched = G.ggml_backend_sched_new(backends, None, 1, GRAPH_MAX_NODES, False, True)
+        # one scheduler per graph kind, each keeping its last graph: a drafting loop alternates
+        # inject and block graphs, and each is reused while its shapes repeat
+        self._scheds: dict[str, GraphSlot] = {}
+        self.stats = {"builds": 0, "allocs": 0, "reuses": 0}
+        self.reuse_graphs = reuse_graphs
         self.last_graph = None
 
     # -- batches ----------------------------------------------------------------------------
@@ -155,43 +181,85 @@ class Session:
                     c.restore(snaps[k])
                 raise
 
+    def _signature(self, ub: UBatch, mem: dict, graph_type: str) -> tuple:
+        """What a graph's structure depends on: the batch's shapes, never its values."""
+        return (graph_type, ub.is_embd, ub.n_tokens, len(np.unique(ub.seq)), ub.embd_state is not None,
+                tuple((k, m.n_kv) for k, m in sorted(mem.items())))
+
+    def _slot(self, kind: str) -> "GraphSlot":
+        slot = self._scheds.get(kind)
+        if slot is None:
+            n = len(self.backends)
+            arr = (ctypes.c_void_p * n)(*self.backends)
+            sched = G.ggml_backend_sched_new(arr, None, n, GRAPH_MAX_NODES, False, True)
+            slot = self._scheds[kind] = GraphSlot(sched)
+        return slot
+
     def _compute(self, ub: UBatch, mem: dict, recorder, graph_type: str = "decoder") -> Result:
         causal = self.hparams.causal_attn if not ub.is_embd else True
         params = GraphParams(model=self.model, ubatch=ub, mem=mem, flash_attn=self.flash_attn,
                              causal_attn=causal, graph_type=graph_type)
-        g = build_arch_graph(params)
-        try:
-            G.ggml_backend_sched_reset(self.sched)
-            cb_keep = None
-            if recorder is not None:
-                def _eval(t, ask, _ud):
-                    if not ask:
-                        recorder.record(ctypes.cast(t, ctypes.c_void_p).value)
-                    return True
-                cb_keep = G.ggml_backend_sched_eval_callback(_eval)
-                G.ggml_backend_sched_set_eval_callback(self.sched, cb_keep, None)
-            else:
-                G.ggml_backend_sched_set_eval_callback(self.sched, G.ggml_backend_sched_eval_callback(0), None)
-            if not G.ggml_backend_sched_alloc_graph(self.sched, g.gf):
+        kind = "encoder" if graph_type == "encoder" else "inject" if ub.is_embd else "block"
+        slot = self._slot(kind)
+        sig = self._signature(ub, mem, graph_type)
+        if self.reuse_graphs and slot.graph is not None and slot.sig == sig:
+            g = slot.graph
+            g.params = params
+            self.stats["reuses"] += 1
+        else:
+            slot.drop()
+            g = build_arch_graph(params)
+            self.stats["builds"] += 1
+            G.ggml_backend_sched_reset(slot.sched)
+            if not G.ggml_backend_sched_alloc_graph(slot.sched, g.gf):
+                g.free()
                 raise MemoryError("the scheduler could not allocate the graph")
+            self.stats["allocs"] += 1
+            slot.graph, slot.sig = g, sig
+        cb_keep = None
+        if recorder is not None:
+            sched = slot.sched
+
+            def _eval(t, ask, _ud):
+                if not ask:
+                    b = G.ggml_backend_sched_get_tensor_backend(sched, t)
+                    recorder.record(ctypes.cast(t, ctypes.c_void_p).value,
+                                    backend=G.ggml_backend_name(b).decode() if b else None)
+                return True
+            cb_keep = G.ggml_backend_sched_eval_callback(_eval)
+            G.ggml_backend_sched_set_eval_callback(slot.sched, cb_keep, None)
+        else:
+            G.ggml_backend_sched_set_eval_callback(slot.sched, G.ggml_backend_sched_eval_callback(0), None)
+        try:
+            # the scheduler reuses input memory for later nodes: inputs are set before every compute
             for t, values in g.res.inputs:
                 if not t.contents.buffer:
                     continue  # an input the graph does not use has no memory
-                arr = np.ascontiguousarray(values())
+                arr = np.ascontiguousarray(values(g.params))
                 G.ggml_backend_tensor_set(t, arr.ctypes.data_as(ctypes.c_void_p), 0, arr.nbytes)
-            status = G.ggml_backend_sched_graph_compute(self.sched, g.gf)
+            status = G.ggml_backend_sched_graph_compute(slot.sched, g.gf)
             if status != 0:
                 raise RuntimeError(f"ggml compute failed with status {status}")
-            kind = "encoder" if graph_type == "encoder" else "inject" if ub.is_embd else "block"
             res = Result(graph=kind, n_nodes=G.ggml_graph_n_nodes(g.gf))
             res.logits = _read(g.res.t_logits)
             res.embd = _read(g.res.t_embd)
             res.h_nextn = _read(g.res.t_h_nextn)
             self.last_graph = {"n_nodes": res.n_nodes}
-            del cb_keep
             return res
+        except BaseException:
+            slot.drop()
+            raise
         finally:
-            g.free()
+            if cb_keep is not None:
+                G.ggml_backend_sched_set_eval_callback(slot.sched, G.ggml_backend_sched_eval_callback(0), None)
+            del cb_keep
+
+    def compute_buffer_size(self) -> int:
+        total = 0
+        for slot in self._scheds.values():
+            for b in self.backends:
+                total += int(G.ggml_backend_sched_get_buffer_size(slot.sched, b))
+        return total
 
     def encode(self, features, pos0: int = 0, seq: int = 0, recorder=None) -> Result:
         """The encoder graph: target features through fc and the encoder norm, no KV cache."""
@@ -219,17 +287,19 @@ class Session:
                 "causal": self.hparams.causal_attn if graph == "block" else True}
 
     def close(self):
-        if getattr(self, "sched", None):
-            G.ggml_backend_sched_free(self.sched)
-            self.sched = None
+        for slot in getattr(self, "_scheds", {}).values():
+            slot.drop()
+            G.ggml_backend_sched_free(slot.sched)
+        self._scheds = {}
         for c in getattr(self, "caches", {}).values():
             c.free()
         self.caches = {}
         if getattr(self, "model", None) is not None:
             self.model.close()
-        if getattr(self, "backend", None):
-            G.ggml_backend_free(self.backend)
-            self.backend = None
+        for b in getattr(self, "backends", []):
+            G.ggml_backend_free(b)
+        self.backends = []
+        self.backend = None
 
     def __enter__(self):
         return self

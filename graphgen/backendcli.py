@@ -1,0 +1,59 @@
+"""`graphgen devices`, `graphgen xdiff` and `graphgen rpc-server`."""
+
+from __future__ import annotations
+
+import sys
+
+
+def _cmd_devices(args) -> int:
+    from .runtime.backends import BUILD_HINT, devices, has_backend
+    print("backends in this ggml-python build:")
+    for kind in ("cpu", "vulkan", "cuda", "metal", "rpc"):
+        state = "yes" if has_backend(kind) else f"no (build with {BUILD_HINT[kind]})" if kind in BUILD_HINT else "no"
+        print(f"  {kind:7s} {state}")
+    print("devices:")
+    for d in devices():
+        print(f"  {d.name:12s} {d.kind:6s} {d.description}")
+    return 0
+
+
+def _cmd_xdiff(args) -> int:
+    from .scenario import load_scenario
+    from .xdiff import xdiff
+    sc = load_scenario(args.scenario)
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+
+    def progress(step):
+        if step.kind != "seq_rm":
+            print(f"  step {step.index}: {step.kind}", file=sys.stderr)
+    res = xdiff(args.model, sc, backends, args.out, progress)
+    print(res.format_text())
+    return 0 if res.ok else 1
+
+
+def _cmd_rpc_server(args) -> int:
+    from .runtime.backends import start_rpc_server
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"graphgen: warning: serving on {args.host}; the RPC protocol has no authentication", file=sys.stderr)
+    print(f"ggml RPC server on {args.host}:{args.port} ({args.backend}), Ctrl-C to stop", file=sys.stderr, flush=True)
+    start_rpc_server(args.host, args.port, args.threads, args.backend)
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("devices", help="list the backends and devices this build has")
+    p.set_defaults(fn=_cmd_devices)
+
+    p = sub.add_parser("xdiff", help="run a scenario on two backends and graph-diff them node by node")
+    p.add_argument("model")
+    p.add_argument("--scenario", required=True)
+    p.add_argument("--backends", required=True, help="two backends, e.g. cpu,vulkan")
+    p.add_argument("--out", help="folder for the per-backend dumps (default: a temp folder)")
+    p.set_defaults(fn=_cmd_xdiff)
+
+    p = sub.add_parser("rpc-server", help="serve a ggml backend over RPC")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=50052)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--backend", default="cpu")
+    p.set_defaults(fn=_cmd_rpc_server)

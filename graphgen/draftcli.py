@@ -1,0 +1,170 @@
+"""`graphgen draft`: speculative rounds of a DFlash family draft against a simulated verifier."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+
+from .errors import GraphgenError
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(t) for t in text.replace(" ", "").split(",") if t != ""]
+    except ValueError:
+        raise GraphgenError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _tokens_arg(text: str, what: str) -> list[int]:
+    """Comma-separated token ids, or @FILE holding them (commas or whitespace)."""
+    if text.startswith("@"):
+        path = Path(text[1:])
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no such {what} file")
+        text = ",".join(path.read_text().split())
+    toks = _int_list(text)
+    if not toks:
+        raise GraphgenError(f"{what}: no tokens given")
+    return toks
+
+
+def _features(args, n_rows: int, width: int):
+    import numpy as np
+    if args.features is None:
+        return np.random.default_rng(args.features_seed).standard_normal((n_rows, width), dtype=np.float32)
+    path = Path(args.features)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such features file")
+    try:
+        feats = np.load(path, allow_pickle=False)
+    except ValueError as e:
+        raise GraphgenError(f"{path}: not a numpy .npy array ({e})") from None
+    if feats.ndim != 2 or feats.shape[1] != width:
+        raise GraphgenError(f"{path}: features must be [n_positions, {width}] (len(target_layers) * n_embd), "
+                            f"got shape {list(feats.shape)}")
+    if not np.isfinite(feats).all():
+        raise GraphgenError(f"{path}: the features contain NaN or Inf")
+    return feats.astype(np.float32, copy=False)
+
+
+def _cmd_draft(args) -> int:
+    from .runtime.drafters import (
+        LLAMA_DEFAULT_SEED,
+        DraftParams,
+        SimulatedVerifier,
+        open_drafter,
+        run_speculative,
+    )
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
+    lg = logging.getLogger("graphgen.drafters")
+    lg.addHandler(handler)
+    lg.setLevel(logging.INFO if args.verbose else logging.WARNING)
+    try:
+        return _run(args, DraftParams, SimulatedVerifier, open_drafter, run_speculative, LLAMA_DEFAULT_SEED)
+    finally:
+        lg.removeHandler(handler)
+
+
+def _run(args, DraftParams, SimulatedVerifier, open_drafter, run_speculative, default_seed) -> int:
+    if not Path(args.model).is_file():
+        raise FileNotFoundError(f"{args.model}: no such model file")
+    prompt = _tokens_arg(args.prompt_tokens, "--prompt-tokens")
+    target = _tokens_arg(args.target_tokens, "--target-tokens") if args.target_tokens else None
+    if args.n_predict < 1:
+        raise GraphgenError(f"--n-predict must be at least 1, got {args.n_predict}")
+    if args.spec_draft_p_min < 0 or args.spec_draft_p_min > 1:
+        raise GraphgenError(f"--spec-draft-p-min must be in [0, 1], got {args.spec_draft_p_min}")
+    params = DraftParams(n_max=args.spec_draft_n_max, n_min=args.spec_draft_n_min, p_min=args.spec_draft_p_min,
+                         probabilistic=args.spec_draft_sampling == "probabilistic")
+    if args.spec_draft_n_max is not None and args.spec_draft_n_max < 0:
+        raise GraphgenError(f"--spec-draft-n-max must be >= 0, got {args.spec_draft_n_max}")
+    if args.seed is not None and not 0 <= args.seed <= 0xFFFFFFFF:
+        raise GraphgenError(f"--seed must be in [0, 2^32-1], got {args.seed}")
+    n_ctx = args.n_ctx or max(256, len(prompt) + args.n_predict + 2 * max(args.spec_draft_n_max or 0, 64) + 16)
+    drafter = open_drafter(args.model, args.spec_type, params, n_ctx=n_ctx, n_ubatch=args.n_ubatch,
+                           flash_attn=args.flash_attn == "on", type_kv=args.type_kv, n_threads=args.threads)
+    try:
+        hp = drafter.session.hparams
+        need = len(prompt) + args.n_predict + drafter.n_max - 1
+        feats = _features(args, need, hp.n_embd_inp_enc)
+        verifier = SimulatedVerifier(accept=_int_list(args.accept), target_tokens=target, n_vocab=hp.n_vocab,
+                                     mask_token=drafter.mask_token_id, seed=args.verifier_seed)
+        print(f"draft {args.model}: {drafter.type} (head {drafter.model.variant}), block_size {drafter.block_size}, "
+              f"n_max {drafter.n_max}, n_min {drafter.params.n_min}, p_min {drafter.params.p_min:g}"
+              + (", probabilistic" if params.probabilistic else ""), file=sys.stderr)
+
+        def progress(r):
+            if args.quiet:
+                return
+            extra = ""
+            if r.q is not None:
+                extra = " q=[" + ", ".join(f"{max(p for _, _, p in row):.2f}" for row in r.q) + "]"
+            print(f"[round {r.round + 1}] seq {r.seq} pos {r.pos0}: id_last {r.id_last}, drafted {len(r.draft)} "
+                  f"{r.draft}, accepted {r.n_accepted}, next {r.bonus} "
+                  f"({1e3 * (r.t_draft + r.t_process):.1f} ms){extra}", file=sys.stderr)
+
+        seed = default_seed if args.seed is None else args.seed
+        res = run_speculative(drafter, [(prompt, feats)], n_predict=args.n_predict, verifier=verifier,
+                              temp=args.temp, seed=seed, progress=progress)
+    finally:
+        drafter.session.close()
+    s = res.summary()
+    if args.json:
+        s["tokens"] = res.tokens[0]
+        print(json.dumps(s, indent=1))
+        return 0
+    print(f"spec type        {s['spec_type']} (draft head {s['variant']}, n_max {s['n_max']})")
+    print(f"blocks           {s['blocks']}")
+    print(f"drafted tokens   {s['drafted_tokens']}")
+    print(f"accepted tokens  {s['accepted_tokens']} ({100 * s['acceptance_rate']:.1f}% of drafted)")
+    print(f"mean accepted    {s['mean_accepted_length']:.2f} tokens per block")
+    print(f"generated        {s['generated_tokens']} tokens")
+    print(f"time per round   {s['ms_per_round']:.2f} ms (draft {s['ms_draft_per_round']:.2f} ms, "
+          f"inject {s['ms_process_per_round']:.2f} ms); prefill {s['ms_prefill']:.2f} ms, total {s['ms_total']:.1f} ms")
+    print(f"tokens           {','.join(str(t) for t in res.tokens[0])}")
+    return 0
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "draft", help="draft with a DFlash family model against a simulated verifier",
+        description="Speculative rounds: inject the prompt's target features, then per round draft a block, "
+                    "let a simulated verifier accept a prefix and inject the verified positions' features.")
+    p.add_argument("model", help="the draft GGUF")
+    p.add_argument("--spec-type", default=None,
+                   help="draft-dflash (any DFlash family head), draft-dflash2, draft-dspark or draft-lilicorr "
+                        "(comma-separated list as upstream; default: detected from the GGUF)")
+    p.add_argument("--prompt-tokens", required=True, help="prompt token ids, comma-separated, or @FILE")
+    p.add_argument("--features", help="a .npy of [n_positions, len(target_layers) * n_embd] target features, "
+                                      "one row per position (default: random, --features-seed)")
+    p.add_argument("--features-seed", type=int, default=0, help="seed of the random features (default 0)")
+    p.add_argument("--n-predict", type=int, default=32, help="tokens to generate (default 32)")
+    p.add_argument("--accept", default="-1",
+                   help="draft tokens the verifier accepts per round, comma-separated values cycle; -1 accepts "
+                        "the whole draft (default)")
+    p.add_argument("--target-tokens", help="instead of --accept: the target's continuation (ids or @FILE); the "
+                                           "verifier accepts the longest matching draft prefix")
+    p.add_argument("--verifier-seed", type=int, default=0, help="seed of the simulated target's own tokens")
+    p.add_argument("--spec-draft-n-max", type=int, default=None,
+                   help="longest draft, clamped to what the trained block yields (default: that)")
+    p.add_argument("--spec-draft-n-min", type=int, default=0, help="shorter drafts are dropped (default 0)")
+    p.add_argument("--spec-draft-p-min", type=float, default=0.0,
+                   help="truncate the draft below this probability (DSpark: confidence) (default 0)")
+    p.add_argument("--spec-draft-sampling", choices=("greedy", "probabilistic"), default="greedy",
+                   help="probabilistic: DFlash2 samples its lattice walk at --temp and keeps q")
+    p.add_argument("--temp", type=float, default=1.0, help="the target's temperature (probabilistic sampling)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="the target's seed (probabilistic sampling; default: random, as LLAMA_DEFAULT_SEED)")
+    p.add_argument("--n-ctx", type=int, default=0, help="draft KV cache size (default: what the run needs)")
+    p.add_argument("--n-ubatch", type=int, default=64, help="injection chunk and batch limit (default 64)")
+    p.add_argument("--flash-attn", choices=("on", "off"), default="off")
+    p.add_argument("--type-kv", choices=("f16", "f32"), default="f16")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--json", action="store_true", help="print the summary (and tokens) as JSON")
+    p.add_argument("--quiet", action="store_true", help="no per-round progress lines")
+    p.add_argument("--verbose", action="store_true", help="the drivers' info log (upstream's LOG_INF lines)")
+    p.set_defaults(fn=_cmd_draft)

@@ -1,0 +1,822 @@
+"""The DFlash family drivers of the seed's common/speculative.cpp, on a graphgen Session.
+
+`DFlashDrafter` is common_speculative_impl_draft_dflash: it injects target features into the
+draft's KV cache in chunks of n_ubatch (`process`), decodes every drafting sequence's noise block
+[id_last, <mask> x n_max] in one batch (`draft`), reads the draft greedily and removes the block
+from the KV cache again. `DSparkDrafter`, `DFlash2Drafter` and `LiliCorrDrafter` derive from it
+and override what the seed's classes override: the init options, `begin`,
+`store_context_features` and `draft`. `create_drafter` applies the spec-type rules of
+common_speculative_init.
+
+Upstream reads a draft's candidates through common_sampler (top-k 10, then dist): the greedy token
+is the top logit and its p is the softmax over the 10 best logits; graphgen reads them the same way
+(`top10`), in float32 with the C library's expf.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import random
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import GraphgenError
+from .mt19937 import MT19937, uniform_real
+
+log = logging.getLogger("graphgen.drafters")
+
+# common_speculative_type, in upstream's order
+SPEC_TYPES = ("none", "draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark", "draft-dflash2",
+              "draft-lilicorr", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
+DFLASH_FAMILY = ("draft-dflash", "draft-dspark", "draft-dflash2", "draft-lilicorr")
+# llama_model_dflash_variant -> the spec type of the draft's head
+VARIANT_SPEC_TYPE = {"dflash": "draft-dflash", "dflash2": "draft-dflash2", "dspark": "draft-dspark",
+                     "lilicorr": "draft-lilicorr"}
+
+LLAMA_DEFAULT_SEED = 0xFFFFFFFF
+DFLASH2_SEED_MIX = 0x85EBCA6B
+SAMPLER_TOP_K = 10  # the drafters' common_sampler: top_k 10, then dist
+
+
+class SpecTypeError(GraphgenError, RuntimeError):
+    """A spec type that does not fit the draft, or types that cannot run together (upstream's message)."""
+
+
+# -- float32 helpers, as the C++ computes them ------------------------------------------------
+
+def _load_expf():
+    name = ctypes.util.find_library("m")
+    try:
+        libm = ctypes.CDLL(name or "libm.so.6")
+        f = libm.expf
+        f.restype = ctypes.c_float
+        f.argtypes = [ctypes.c_float]
+        return lambda x: np.float32(f(float(x)))
+    except (OSError, AttributeError):  # no C library: numpy's float32 exp
+        return lambda x: np.exp(np.float32(x))
+
+
+expf = _load_expf()
+F32 = np.float32
+
+
+def top10(logits_row: np.ndarray):
+    """common_sampler with top_k 10 then dist, read as the drivers read it: the candidates sorted
+    by p (token ids, logits, p), p being softmax over the kept logits in float32."""
+    row = np.asarray(logits_row, dtype=np.float32)
+    k = min(SAMPLER_TOP_K, row.shape[0])
+    # llama_sampler_top_k keeps the k largest logits in descending order
+    idx = np.argsort(-row, kind="stable")[:k]
+    lg = row[idx]
+    mx = lg[0]
+    ps = [expf(F32(v - mx)) for v in lg]
+    s = F32(0.0)
+    for p in ps:
+        s = F32(s + p)
+    probs = np.array([F32(p / s) for p in ps], dtype=np.float32)
+    order = np.argsort(-probs, kind="stable")
+    return idx[order], lg[order], probs[order]
+
+
+# -- parameters --------------------------------------------------------------------------------
+
+@dataclass
+class DraftParams:
+    """common_params_speculative_draft: what the drivers read."""
+    n_max: int | None = 3     # longest draft, clamped to what a block yields (None: what a block yields)
+    n_min: int = 0            # shorter drafts are dropped
+    p_min: float = 0.0        # truncate below this probability (DSpark: confidence)
+    probabilistic: bool = False   # --spec-draft-sampling probabilistic (DFlash2 samples its walk)
+    backend_sampling: bool = True
+
+
+@dataclass
+class DraftRequest:
+    """common_speculative_draft_params for one sequence: what to draft from, and the draft."""
+    id_last: int
+    pos0: int
+    drafting: bool = True
+    temp: float = 1.0                 # the target's temperature (probabilistic drafting only)
+    seed: int = LLAMA_DEFAULT_SEED    # the target's seed (probabilistic drafting only)
+    want_q: bool = False              # result_q set: the verifier takes q for rejection sampling
+    result: list = field(default_factory=list)
+    # per drafted token: [(token, score, p), ...] over the candidates (DFlash2 sampling)
+    result_q: list | None = None
+
+
+@dataclass
+class DFlashOptions:
+    """dflash_options: what init() sets up, per draft type."""
+    n_draft_max: int          # longest draft a block yields, n_max and n_min are clamped to it
+    backend_sampling: bool    # the block logits can be sampled on the backend
+    dev_features: bool        # the target features can come from the target's device buffer
+    nextn_masked: bool        # h_nextn is only read at the output rows
+
+
+def _meta_value(model, key: str):
+    """A GGUF metadata value as llama_model_meta_val_str sees it (None when absent)."""
+    reader = getattr(model, "_reader", None)
+    if reader is None:
+        return None
+    fld = reader.fields.get(key)
+    if fld is None:
+        return None
+    try:
+        v = fld.contents()
+    except (AttributeError, ValueError, IndexError):  # older gguf-py
+        v = fld.parts[fld.data[0]].tolist()
+        v = v[0] if len(v) == 1 else v
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return str(v)
+
+
+def _c_slot(pos: int, rows: int) -> int:
+    """(size_t) pos % rows, as C computes it for a llama_pos (a negative pos wraps to 2^64 - |pos|)."""
+    return (pos % (1 << 64)) % rows
+
+
+# -- the base driver ---------------------------------------------------------------------------
+
+class DFlashDrafter:
+    """common_speculative_impl_draft_dflash: plain DFlash, greedy read of the block's positions 1.."""
+
+    type = "draft-dflash"
+
+    def __init__(self, session, params: DraftParams | None = None, *, _subclass: bool = False):
+        self.session = session
+        self.params = p = DraftParams(**vars(params)) if params is not None else DraftParams()
+        model = session.model
+        hp = session.hparams
+        self.model = model
+        self.n_seq = session.n_seq
+        self.n_vocab = hp.n_vocab
+        self.n_embd_dec = hp.n_embd
+        self.n_embd_enc = hp.n_embd_inp_enc
+        self.target_layer_ids = list(hp.target_layers)
+        if not self.target_layer_ids:
+            raise GraphgenError("DFlash model has no target_layer_ids")
+        # the trained block size from dflash.block_size, 16 when the key is absent
+        bs = _meta_value(model, "dflash.block_size")
+        self.block_size = int(bs) if bs is not None else (hp.block_size or 16)
+        causal = _meta_value(model, "dflash.attention.causal")
+        self.causal_attn = causal == "true" if causal is not None else False
+        self.mask_token_id = hp.mask_token_id
+        if self.mask_token_id < 0:
+            raise GraphgenError("the draft has no mask token (key 'tokenizer.ggml.mask_token_id'), "
+                                "which the DFlash noise block needs")
+        self.options: DFlashOptions | None = None
+        self.n_max = p.n_max
+        log.info("adding speculative implementation '%s'", self.type)
+        log.info("- n_max=%s, n_min=%d, p_min=%.2f", p.n_max, p.n_min, p.p_min)
+        log.info("- block_size=%d, mask_token_id=%d, n_extract=%d", self.block_size, self.mask_token_id,
+                 len(self.target_layer_ids))
+        if not _subclass:
+            # DFlash input is [id_last, <mask> * (block_size-1)]: in-place denoising yields at most
+            # block_size-1 draft tokens
+            self.init(DFlashOptions(self.block_size - 1, True, True, True))
+
+    # init(): clamp n_max / n_min to what a block yields, with upstream's warning
+    def init(self, opt: DFlashOptions) -> None:
+        p = self.params
+        n_draft_max = opt.n_draft_max
+        if p.n_max is None:
+            p.n_max = n_draft_max
+        if p.n_max > n_draft_max or p.n_min > n_draft_max:
+            log.warning("init: requested draft size (n_max=%d, n_min=%d) exceeds the trained block size %d "
+                        "-- clamping to %d", p.n_max, p.n_min, self.block_size, n_draft_max)
+            p.n_max = min(p.n_max, n_draft_max)
+            p.n_min = min(p.n_min, n_draft_max)
+        self.n_max = p.n_max
+        self.options = opt
+
+    # only LiliCorr keeps context features; called after each injected chunk with its h_nextn
+    def store_context_features(self, seq: int, pos: np.ndarray, h_nextn) -> None:
+        pass
+
+    def begin(self, seq: int, prompt) -> None:
+        if seq < 0 or seq >= self.n_seq:
+            return
+        n = len(prompt)
+        if n <= 0:
+            return
+        pos_max = self.seq_pos_max(seq)
+        if pos_max < n - 1:
+            log.warning("begin: ctx_dft pos_max=%d < N-1=%d - process() did not run on every prefill ubatch. "
+                        "Drafts may degrade.", pos_max, n - 1)
+
+    def seq_pos_max(self, seq: int) -> int:
+        return max(c.seq_pos_max(seq) for c in self.session.caches.values())
+
+    def process(self, features, pos0: int, seq: int = 0) -> bool:
+        """Inject the target features of one sequence's positions pos0.. (a target batch)."""
+        return self.process_multi([(seq, features, pos0)])
+
+    def process_multi(self, entries) -> bool:
+        """entries: [(seq, features [n, len(target_layers) * n_embd], pos0), ...], one per sequence,
+        as one target batch; each sequence is injected in chunks of n_ubatch, in sequence order."""
+        by_seq = {}
+        for seq, feats, pos0 in entries:
+            if seq in by_seq:
+                raise GraphgenError(f"sequence {seq} appears twice in one target batch")
+            by_seq[seq] = (np.asarray(feats, dtype=np.float32), int(pos0))
+        n_ubatch = self.session.n_ubatch
+        for seq in range(self.n_seq):
+            if seq not in by_seq:
+                continue
+            feats, pos0 = by_seq[seq]
+            if feats.ndim != 2 or feats.shape[1] != self.n_embd_enc:
+                raise GraphgenError(f"target features must be [n_tokens, {self.n_embd_enc}] "
+                                    f"(len(target_layers) * n_embd), got shape {list(feats.shape)}")
+            n_rows = feats.shape[0]
+            for offset in range(0, n_rows, n_ubatch):
+                n_chunk = min(n_ubatch, n_rows - offset)
+                try:
+                    r = self.session.inject(feats[offset:offset + n_chunk], pos0 + offset, seq)
+                except GraphgenError as e:
+                    log.error("process: llama_process(ctx_dft) failed (%s) (n_tokens=%d, offset=%d)", e, n_chunk, offset)
+                    return False
+                pos = np.arange(pos0 + offset, pos0 + offset + n_chunk)
+                self.store_context_features(seq, pos, r.h_nextn)
+        return True
+
+    def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> None:
+        """Remove positions [p0, p1) of a sequence from the draft's KV cache (llama_memory_seq_rm)."""
+        self.session.seq_rm(seq, p0, p1)
+
+    def accept(self, seq: int, n_accepted: int, is_other: bool = False) -> None:
+        pass  # noop, as upstream
+
+    # -- drafting ---------------------------------------------------------------------------
+    def _requests(self, requests) -> dict:
+        if isinstance(requests, DraftRequest):
+            requests = {0: requests}
+        elif not isinstance(requests, dict):
+            requests = dict(enumerate(requests))
+        for seq, dp in requests.items():
+            if not 0 <= seq < self.n_seq:
+                raise GraphgenError(f"sequence id {seq} is outside [0, {self.n_seq})")
+            dp.result = []
+            if dp.result_q is not None or dp.want_q:
+                dp.result_q = []
+        return {s: requests[s] for s in sorted(requests) if requests[s].drafting}
+
+    def block_tokens(self, dp: DraftRequest) -> int:
+        """How many tokens this sequence's noise block has."""
+        return self.params.n_max + 1
+
+    def embd_state(self, seq: int, dp: DraftRequest, n: int):
+        return None
+
+    def _decode(self, reqs: dict) -> tuple[dict, dict] | None:
+        """Decode every drafting sequence's noise block in one batch (split by whole blocks where the
+        batch is larger than n_ubatch); return {seq: (logits, h_nextn)} rows of each block.
+        The blocks are removed from the KV cache afterwards."""
+        blocks, states = [], []
+        for seq, dp in reqs.items():
+            n = self.block_tokens(dp)
+            toks = [dp.id_last] + [self.mask_token_id] * (n - 1)
+            blocks.append((seq, toks, dp.pos0))
+            states.append(self.embd_state(seq, dp, n))
+        if not blocks:
+            return None
+        groups, cur, cur_n = [], [], 0
+        for b, st in zip(blocks, states):
+            if cur and cur_n + len(b[1]) > self.session.n_ubatch:
+                groups.append(cur)
+                cur, cur_n = [], 0
+            cur.append((b, st))
+            cur_n += len(b[1])
+        groups.append(cur)
+        out = {}
+        try:
+            for grp in groups:
+                st = None
+                if grp[0][1] is not None:
+                    st = np.concatenate([s for _, s in grp], axis=0)
+                r = self.session.block_multi([b for b, _ in grp], embd_state=st)
+                self.last_block = r
+                beg = 0
+                for (seq, toks, _), _s in grp:
+                    n = len(toks)
+                    out[seq] = (r.logits[beg:beg + n] if r.logits is not None else None,
+                                r.h_nextn[beg:beg + n] if r.h_nextn is not None else None)
+                    beg += n
+        except GraphgenError as e:
+            log.warning("draft: llama_process returned an error: %s", e)
+            out = None
+        finally:
+            # the noise block is no part of the context: drop it from the draft's KV cache
+            for seq, dp in reqs.items():
+                self.session.seq_rm(seq, dp.pos0, -1)
+        return out
+
+    def draft(self, requests) -> dict:
+        """Draft every sequence of `requests` ({seq: DraftRequest}, a list indexed by seq, or one
+        request for sequence 0) in one decode; return {seq: draft tokens} (also in request.result)."""
+        reqs = self._requests(requests)
+        outs = self._decode(reqs)
+        if outs is not None:
+            for seq, dp in reqs.items():
+                logits, h_nextn = outs[seq]
+                self.read_draft(seq, dp, logits, h_nextn)
+        return {seq: list(dp.result) for seq, dp in reqs.items()}
+
+    def read_draft(self, seq: int, dp: DraftRequest, logits, h_nextn) -> None:
+        # greedily read the predicted block at this sequence's noise positions 1..n_block_tokens-1
+        p = self.params
+        for i in range(1, logits.shape[0]):
+            ids, _lg, probs = top10(logits[i])
+            if probs[0] < F32(p.p_min):
+                break
+            dp.result.append(int(ids[0]))
+        if len(dp.result) < p.n_min:
+            dp.result.clear()
+
+
+class DSparkDrafter(DFlashDrafter):
+    """common_speculative_impl_draft_dspark: the Markov (+ confidence) head, anchor-first layout."""
+
+    type = "draft-dspark"
+
+    def __init__(self, session, params: DraftParams | None = None):
+        super().__init__(session, params, _subclass=True)
+        # bonus anchor (SpecForge exports) when false: slot 0 is a bonus token, not a prediction slot
+        sfa = _meta_value(self.model, "dflash.sample_from_anchor")
+        self.sample_from_anchor = True if sfa is None else sfa == "true"
+        if self.params.p_min > 0.0:
+            hc = _meta_value(self.model, "dflash.has_confidence_head")
+            if not (hc is None or hc == "true"):
+                raise SpecTypeError("DSpark draft has no confidence head: please set --spec-draft-p-min 0")
+        log.info("- sample_from_anchor=%s", "true" if self.sample_from_anchor else "false")
+        # anchor-first DSpark yields a full block_size draft tokens
+        self.init(DFlashOptions(self.block_size if self.sample_from_anchor else self.block_size - 1,
+                                True, True, True))
+
+    def block_tokens(self, dp):
+        return self.params.n_max + (0 if self.sample_from_anchor else 1)
+
+    def read_draft(self, seq, dp, logits, h_nextn):
+        p = self.params
+        # DSpark: read from the first draft slot, truncate below the confidence threshold
+        conf = h_nextn if p.p_min > 0.0 else None
+        # bonus-anchor drafts read the mask positions only, like DFlash
+        i_beg = 0 if self.sample_from_anchor else 1
+        for i in range(i_beg, logits.shape[0]):
+            if conf is not None and conf[i, 0] < F32(p.p_min):
+                break
+            ids, _lg, _probs = top10(logits[i])
+            dp.result.append(int(ids[0]))
+        if len(dp.result) < p.n_min:
+            dp.result.clear()
+
+
+class DFlash2Drafter(DFlashDrafter):
+    """common_speculative_impl_draft_dflash2: walks the selector's lattice (dflash2_lattice in h_nextn),
+    greedily, or sampled at the target's temperature with q kept for the verifier."""
+
+    type = "draft-dflash2"
+
+    def __init__(self, session, params: DraftParams | None = None):
+        super().__init__(session, params, _subclass=True)
+        self.selector_top_k = session.hparams.selector_top_k
+        # probabilistic drafting: one generator per sequence and the seed it was last seeded with (-1: reseed)
+        self.rng = [MT19937() for _ in range(self.n_seq)]
+        self.rng_seed = [-1] * self.n_seq
+        # DFlash2 reads its selector lattice from h_nextn and never consumes raw logits
+        self.init(DFlashOptions(self.block_size - 1, False, True, False))
+
+    def begin(self, seq, prompt):
+        if 0 <= seq < self.n_seq:
+            # reseed per request rather than per round, or two identical requests differ
+            self.rng_seed[seq] = -1
+        super().begin(seq, prompt)
+
+    def read_draft(self, seq, dp, logits, lattice):
+        p = self.params
+        if lattice is None:
+            raise GraphgenError("DFlash2 selector produced no lattice")
+        sample = p.probabilistic and dp.result_q is not None
+        temp = F32(dp.temp if sample else 1.0)
+        if sample and not temp > 0:
+            raise GraphgenError(f"probabilistic DFlash2 drafting needs a temperature > 0, got {dp.temp}")
+        if sample and self.rng_seed[seq] != dp.seed:
+            self.rng_seed[seq] = dp.seed
+            # the default seed means random; mixed so it differs from the target's, as in spec_retune
+            s = random.SystemRandom().getrandbits(32) if dp.seed == LLAMA_DEFAULT_SEED \
+                else (dp.seed ^ DFLASH2_SEED_MIX) & 0xFFFFFFFF
+            self.rng[seq].seed(s)
+        top_k = self.selector_top_k
+        pred = 0
+        for i in range(1, lattice.shape[0]):
+            row = lattice[i]
+            scores = row[top_k + pred * top_k: top_k + pred * top_k + top_k]
+            pred = int(np.argmax(scores))
+            probs = None
+            if p.p_min > 0.0 or sample:
+                # softmax(scores / temp) at the argmax, i.e. 1 / sum(exp((s_k - s_max) / temp))
+                ex = [expf(F32(F32(scores[k] - scores[pred]) / temp)) for k in range(top_k)]
+                s = F32(0.0)
+                for e in ex:
+                    s = F32(s + e)
+                if F32(F32(1.0) / s) < F32(p.p_min):
+                    break
+                probs = [F32(e / s) for e in ex]
+            if sample:
+                # ggml_top_k leaves candidates unordered, so walk them by token id to keep a seed's draft stable
+                order = sorted(range(top_k), key=lambda k: row[k])
+                # a round-off overshoot keeps the argmax, which has q > 0
+                u = uniform_real(self.rng[seq], 0.0, 1.0)
+                for k in order:
+                    u -= float(probs[k])
+                    if u < 0.0:
+                        pred = k
+                        break
+                dp.result_q.append([(int(row[k]), float(scores[k]), float(probs[k])) for k in range(top_k)])
+            dp.result.append(int(row[pred]))
+        if len(dp.result) < p.n_min:
+            dp.result.clear()
+            if sample:
+                dp.result_q.clear()
+
+
+class LiliCorrDrafter(DFlashDrafter):
+    """common_speculative_impl_draft_lilicorr: walks the scorer's lattice (lilicorr_lattice); the scorer
+    reads the anchor's context features, kept per sequence in a ring of block_size + 1 positions."""
+
+    type = "draft-lilicorr"
+
+    def __init__(self, session, params: DraftParams | None = None):
+        super().__init__(session, params, _subclass=True)
+        tk = _meta_value(self.model, "lilicorr.candidate_topk")
+        self.top_k = int(tk) if tk is not None else 0
+        self.rows = self.block_size + 1
+        slots = self.n_seq * self.rows
+        self.ring = np.zeros((slots, self.n_embd_dec), dtype=np.float32)
+        self.ring_pos = np.full(slots, -1, dtype=np.int64)
+        # the context features are read back from h_nextn after a host copy injection
+        self.init(DFlashOptions(self.block_size - 1, False, False, False))
+
+    def store_context_features(self, seq, pos, projected):
+        if projected is None:
+            return
+        off = seq * self.rows
+        pos_min = max(0, int(pos[-1]) - self.block_size)
+        for i, ps in enumerate(pos):
+            ps = int(ps)
+            if ps < pos_min:
+                continue
+            slot = off + ps % self.rows
+            self.ring[slot] = projected[i]
+            self.ring_pos[slot] = ps
+
+    def seq_rm(self, seq, p0=-1, p1=-1):
+        super().seq_rm(seq, p0, p1)
+        # the rows stay (upstream keeps them, a later injection overwrites them); forget their positions
+        lo = max(p0, 0)
+        hi = np.iinfo(np.int64).max if p1 < 0 else p1
+        sl = slice(seq * self.rows, (seq + 1) * self.rows)
+        held = self.ring_pos[sl]
+        held[(held >= lo) & (held < hi)] = -1
+
+    def context_positions(self, seq: int) -> dict:
+        """{position: ring row} of the context features held for a sequence."""
+        sl = slice(seq * self.rows, (seq + 1) * self.rows)
+        return {int(ps): self.ring[sl][i] for i, ps in enumerate(self.ring_pos[sl]) if ps >= 0}
+
+    def block_tokens(self, dp):
+        return self.block_size  # the scorer reads a full block
+
+    def embd_state(self, seq, dp, n):
+        slot = seq * self.rows + _c_slot(dp.pos0 - 1, self.rows)
+        if self.ring_pos[slot] != dp.pos0 - 1:
+            log.debug("draft: seq %d holds no context features for pos %d", seq, dp.pos0 - 1)
+        return np.repeat(self.ring[slot:slot + 1], n, axis=0)
+
+    def read_draft(self, seq, dp, logits, lattice):
+        p = self.params
+        if lattice is None:
+            raise GraphgenError("LiliCorr scorer produced no lattice")
+        top_k = self.top_k
+        pred = 0
+        for i in range(1, p.n_max + 1):
+            row = lattice[i]
+            scores = row[top_k + pred * top_k: top_k + pred * top_k + top_k]
+            pred = int(np.argmax(scores))
+            if p.p_min > 0.0:
+                # softmax(scores) at the argmax, i.e. 1 / sum(exp(s_k - s_max))
+                s = F32(0.0)
+                for k in range(top_k):
+                    s = F32(s + expf(F32(scores[k] - scores[pred])))
+                if F32(F32(1.0) / s) < F32(p.p_min):
+                    break
+            dp.result.append(int(row[pred]))
+        if len(dp.result) < p.n_min:
+            dp.result.clear()
+
+
+DRIVERS = {"draft-dflash": DFlashDrafter, "draft-dspark": DSparkDrafter, "draft-dflash2": DFlash2Drafter,
+           "draft-lilicorr": LiliCorrDrafter}
+
+
+# -- spec types --------------------------------------------------------------------------------
+
+def types_from_names(names) -> list[str]:
+    """common_speculative_types_from_names: 'none' alone wins; an unknown name is an error."""
+    if isinstance(names, str):
+        names = [n for n in names.split(",") if n]
+    out = []
+    for name in names:
+        if name in SPEC_TYPES:
+            if name == "none":
+                return ["none"]
+            out.append(name)
+            continue
+        raise SpecTypeError(f"unknown speculative type: {name}")
+    return out
+
+
+def types_from_gguf(path) -> list[str]:
+    """common_speculative_types_from_gguf: a `dflash` draft runs as draft-dflash (its head then picks
+    the driver), another architecture with a nextn head as draft-mtp, anything else as nothing."""
+    from gguf import GGUFReader
+    try:
+        reader = GGUFReader(str(path), "r")
+    except Exception:  # noqa: BLE001 -- gguf-py raises many kinds on a bad file; upstream returns {}
+        return []
+    arch = _field_str(reader, "general.architecture")
+    if arch is None:
+        return []
+    if arch != "dflash":
+        n = _field_str(reader, f"{arch}.block_count")
+        if n is not None and any(t.name == f"blk.{int(n) - 1}.nextn.eh_proj.weight" for t in reader.tensors):
+            return ["draft-mtp"]
+        return []
+    log.info("auto-detected speculative type 'draft-dflash' from the draft model metadata")
+    return ["draft-dflash"]
+
+
+def _field_str(reader, key):
+    fld = reader.fields.get(key)
+    if fld is None:
+        return None
+    try:
+        return str(fld.contents())
+    except (AttributeError, ValueError, IndexError):
+        return bytes(fld.parts[fld.data[0]]).decode() if fld.types and fld.types[0].name == "STRING" \
+            else str(fld.parts[fld.data[0]][0])
+
+
+def check_types(types) -> str | None:
+    """The DFlash family types share the draft context: at most one of them per run. Returns it."""
+    fam = {t for t in types if t in DFLASH_FAMILY}
+    if len(fam) > 1:
+        raise SpecTypeError("draft-dflash, draft-dflash2, draft-dspark and draft-lilicorr cannot be combined")
+    return next(iter(fam), None)
+
+
+def resolve_type(spec_type: str, variant: str | None) -> str:
+    """The driver's type for a DFlash family spec type and the draft's head (llama_model_dflash_variant)."""
+    type_model = VARIANT_SPEC_TYPE.get(variant) if variant else None
+    if type_model is None:
+        raise SpecTypeError(f"--spec-type {spec_type} requires a DFlash draft model")
+    # draft-dflash runs every DFlash family draft, the other types must match the head of the draft
+    if spec_type != "draft-dflash" and spec_type != type_model:
+        raise SpecTypeError(f"--spec-type {spec_type} does not match the draft model: use {type_model}")
+    return type_model
+
+
+def create_drafter(session, spec_types=None, params: DraftParams | None = None) -> DFlashDrafter:
+    """common_speculative_init for the DFlash family on an open Session: spec_types (names, a
+    comma-separated string, or None to detect them from the draft's GGUF) -> the driver of the
+    draft's head."""
+    model = session.model
+    if spec_types is None or spec_types == [] or spec_types == "":
+        types = types_from_gguf(model.path)
+    else:
+        types = types_from_names(spec_types)
+    fam = check_types(types)
+    if fam is None:
+        other = [t for t in types if t != "none"]
+        if other:
+            raise SpecTypeError(f"--spec-type {other[0]} is not a DFlash family type; graphgen runs "
+                                f"{', '.join(DFLASH_FAMILY)}")
+        raise SpecTypeError("no speculative type to run: give a DFlash family --spec-type "
+                            f"({', '.join(DFLASH_FAMILY)})")
+    concrete = resolve_type(fam, getattr(model, "variant", None))
+    return DRIVERS[concrete](session, params)
+
+
+def open_drafter(model_path, spec_types=None, params: DraftParams | None = None, **session_kw) -> DFlashDrafter:
+    """Check the spec types against the GGUF (a non-DFlash draft is refused with upstream's message),
+    open a Session on it and create the driver."""
+    from .session import Session
+    types = types_from_gguf(model_path) if not spec_types else types_from_names(spec_types)
+    fam = check_types(types)
+    if fam is not None:
+        from gguf import GGUFReader
+        try:
+            arch = _field_str(GGUFReader(str(model_path), "r"), "general.architecture")
+        except Exception:  # noqa: BLE001 -- not a readable GGUF: Session reports it
+            arch = None
+        if arch is not None and arch != "dflash":
+            raise SpecTypeError(f"--spec-type {fam} requires a DFlash draft model")
+    session = Session(model_path, **session_kw)
+    try:
+        return create_drafter(session, types or spec_types, params)
+    except BaseException:
+        session.close()
+        raise
+
+
+# -- a speculative loop with a simulated verifier ----------------------------------------------
+
+@dataclass
+class RoundRecord:
+    """One drafting round of one sequence."""
+    round: int
+    seq: int
+    pos0: int
+    id_last: int
+    draft: list
+    n_accepted: int
+    bonus: int                 # the token the (simulated) target samples after the accepted prefix
+    t_draft: float             # seconds of the round's draft() (shared by the sequences drafted together)
+    t_process: float           # seconds injecting the verified positions' features
+    q: list | None = None      # DFlash2 probabilistic drafting: the candidate distribution per token
+
+
+@dataclass
+class LoopResult:
+    spec_type: str             # the driver's (concrete) type
+    variant: str
+    n_max: int
+    rounds: list
+    tokens: dict               # seq -> prompt + generated tokens
+    n_prompt: dict             # seq -> prompt length
+    t_prefill: float
+    t_total: float
+
+    def summary(self) -> dict:
+        n_rounds = len({r.round for r in self.rounds})
+        blocks = len(self.rounds)
+        drafted = sum(len(r.draft) for r in self.rounds)
+        accepted = sum(r.n_accepted for r in self.rounds)
+        t_draft = sum({r.round: r.t_draft for r in self.rounds}.values())
+        t_proc = sum(r.t_process for r in self.rounds)
+        return {
+            "spec_type": self.spec_type, "variant": self.variant, "n_max": self.n_max,
+            "rounds": n_rounds, "blocks": blocks, "drafted_tokens": drafted, "accepted_tokens": accepted,
+            "mean_accepted_length": accepted / blocks if blocks else 0.0,
+            "acceptance_rate": accepted / drafted if drafted else 0.0,
+            "generated_tokens": sum(len(t) - self.n_prompt[s] for s, t in self.tokens.items()),
+            "ms_per_round": 1e3 * (t_draft + t_proc) / n_rounds if n_rounds else 0.0,
+            "ms_draft_per_round": 1e3 * t_draft / n_rounds if n_rounds else 0.0,
+            "ms_process_per_round": 1e3 * t_proc / n_rounds if n_rounds else 0.0,
+            "ms_prefill": 1e3 * self.t_prefill, "ms_total": 1e3 * self.t_total,
+        }
+
+
+class SimulatedVerifier:
+    """Stands in for the target: accepts a given prefix of each draft.
+
+    accept: draft tokens to accept per round (a list is cycled; -1 accepts the whole draft).
+    target_tokens: alternatively, the target's continuation per sequence ({seq: tokens} or one list for
+    all); the verifier accepts the longest draft prefix that matches it and samples its next token.
+    Without target_tokens, the target's own tokens come from a generator seeded with `seed`, never the
+    mask token and never the rejected draft token.
+    """
+
+    def __init__(self, accept=(-1,), target_tokens=None, n_vocab: int = 256, mask_token: int = -1, seed: int = 0):
+        self.accept = [int(a) for a in (accept if isinstance(accept, (list, tuple)) else [accept])] or [-1]
+        self.target = target_tokens
+        self.n_vocab, self.mask = n_vocab, mask_token
+        self.rng = np.random.default_rng(seed)
+        self.n_gen = {}
+
+    def _target_list(self, seq):
+        if self.target is None:
+            return None
+        return self.target.get(seq) if isinstance(self.target, dict) else self.target
+
+    def _random_token(self, avoid=()):
+        while True:
+            t = int(self.rng.integers(0, self.n_vocab))
+            if t != self.mask and t not in avoid:
+                return t
+
+    def first_token(self, seq: int) -> int | None:
+        """The target's first sampled token after the prompt (id_last of round 0); None: nothing left."""
+        self.n_gen[seq] = 1
+        tl = self._target_list(seq)
+        if tl is not None:
+            return int(tl[0]) if len(tl) else None
+        return self._random_token()
+
+    def verify(self, seq: int, round_idx: int, draft: list):
+        """-> (n_accepted, next token or None when the given continuation is used up)."""
+        tl = self._target_list(seq)
+        j = self.n_gen[seq]
+        if tl is not None:
+            n = 0
+            while n < len(draft) and j + n < len(tl) and int(tl[j + n]) == draft[n]:
+                n += 1
+            self.n_gen[seq] = j + n + 1
+            return n, (int(tl[j + n]) if j + n < len(tl) else None)
+        a = self.accept[round_idx % len(self.accept)]
+        n = len(draft) if a < 0 else min(a, len(draft))
+        self.n_gen[seq] = j + n + 1
+        return n, self._random_token(avoid=(draft[n],) if n < len(draft) else ())
+
+
+def run_speculative(drafter: DFlashDrafter, sequences, *, n_predict: int = 32, verifier: SimulatedVerifier | None = None,
+                    temp: float = 1.0, seed: int = LLAMA_DEFAULT_SEED, progress=None) -> LoopResult:
+    """Speculative decoding rounds on an open driver, against a simulated verifier.
+
+    sequences: [(prompt_tokens, features), ...], sequence i on seq id i; features holds one row per
+    position (prompt and generated), [n_rows, len(target_layers) * n_embd], as the target's extracted
+    layers would give them. Per sequence: the prompt's features are injected, then each round drafts
+    from (id_last, pos0) -- every sequence in one decode --, the verifier accepts a prefix, the
+    features of the verified positions pos0..pos0+len(draft) are injected and the rejected ones removed
+    again, as the server does. Stops once n_predict tokens are generated per sequence.
+    """
+    import time
+    t_start = time.perf_counter()
+    hp = drafter.session.hparams
+    verifier = verifier or SimulatedVerifier(n_vocab=hp.n_vocab, mask_token=drafter.mask_token_id)
+    if len(sequences) > drafter.n_seq:
+        raise GraphgenError(f"{len(sequences)} sequences for a session of n_seq {drafter.n_seq}")
+    if n_predict < 1:
+        raise GraphgenError(f"n_predict must be at least 1, got {n_predict}")
+    state = {}
+    for seq, (prompt, feats) in enumerate(sequences):
+        prompt = [int(t) for t in prompt]
+        feats = np.asarray(feats, dtype=np.float32)
+        if not prompt:
+            raise GraphgenError(f"sequence {seq}: the prompt is empty")
+        if feats.ndim != 2:
+            raise GraphgenError(f"sequence {seq}: features must be a 2-D array [n_positions, "
+                                f"{drafter.n_embd_enc}], got shape {list(feats.shape)}")
+        need = len(prompt) + n_predict + drafter.n_max - 1
+        if feats.shape[0] < need:
+            raise GraphgenError(f"sequence {seq}: the features hold {feats.shape[0]} positions; {len(prompt)} prompt "
+                                f"tokens, n_predict {n_predict} and n_max {drafter.n_max} need {need}")
+        state[seq] = {"tokens": list(prompt), "feats": feats, "n_prompt": len(prompt)}
+    t0 = time.perf_counter()
+    if not drafter.process_multi([(seq, st["feats"][:st["n_prompt"]], 0) for seq, st in state.items()]):
+        raise GraphgenError("injecting the prompt features failed")
+    for seq, st in state.items():
+        drafter.begin(seq, st["tokens"])
+        st["id_last"] = verifier.first_token(seq)
+        st["generated"] = 1
+        st["done"] = st["id_last"] is None or n_predict <= 1
+        if st["done"] and st["id_last"] is not None:
+            st["tokens"].append(st["id_last"])
+    t_prefill = time.perf_counter() - t0
+
+    rounds = []
+    r_idx = 0
+    while True:
+        active = [seq for seq, st in state.items() if not st["done"]]
+        if not active:
+            break
+        reqs = {}
+        for seq in active:
+            st = state[seq]
+            reqs[seq] = DraftRequest(id_last=st["id_last"], pos0=len(st["tokens"]), temp=temp, seed=seed,
+                                     want_q=drafter.params.probabilistic)
+        t0 = time.perf_counter()
+        drafts = drafter.draft(reqs)
+        t_draft = time.perf_counter() - t0
+        for seq in active:
+            st, dp = state[seq], reqs[seq]
+            draft = drafts.get(seq, [])
+            n_acc, nxt = verifier.verify(seq, r_idx, draft)
+            pos0 = dp.pos0
+            t0 = time.perf_counter()
+            # the target's verify batch [id_last, draft...] at pos0.. gives these positions' features
+            if not drafter.process(st["feats"][pos0:pos0 + len(draft) + 1], pos0, seq):
+                raise GraphgenError(f"sequence {seq}: injecting the verified features failed")
+            drafter.seq_rm(seq, pos0 + n_acc + 1, -1)
+            drafter.accept(seq, n_acc)
+            t_proc = time.perf_counter() - t0
+            rec = RoundRecord(r_idx, seq, pos0, st["id_last"], list(draft), n_acc,
+                              -1 if nxt is None else nxt, t_draft, t_proc, dp.result_q)
+            rounds.append(rec)
+            st["tokens"] += [st["id_last"]] + draft[:n_acc]
+            st["generated"] += n_acc + (1 if nxt is not None else 0)
+            st["id_last"] = nxt
+            if nxt is None or st["generated"] >= n_predict:
+                st["done"] = True
+                if nxt is not None:
+                    st["tokens"].append(nxt)
+            if progress is not None:
+                progress(rec)
+        r_idx += 1
+    return LoopResult(spec_type=drafter.type, variant=drafter.model.variant, n_max=drafter.n_max, rounds=rounds,
+                      tokens={seq: st["tokens"] for seq, st in state.items()},
+                      n_prompt={seq: st["n_prompt"] for seq, st in state.items()}, t_prefill=t_prefill,
+                      t_total=time.perf_counter() - t_start)

@@ -1,0 +1,234 @@
+"""The `view`, `trace` and `import` commands; `diff` also takes eval-callback text, ggml dot files
+and GGML_SCHED_DEBUG logs (structure only) on either side."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from .dump import Dump, DumpError, load_dump, load_dump_dir
+
+VIEW_FORMATS = ("dot", "svg", "html", "explorer")
+
+
+def _is_dump_file(path: Path) -> bool:
+    if path.suffix != ".json":
+        return False
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            head = f.read(200)
+    except OSError:
+        return False
+    return '"format"' in head
+
+
+def load_any(path: str | Path) -> list[Dump]:
+    """Dumps from a dump file, a dump folder, or an importable log / dot file."""
+    from .view.importers import import_file
+    path = Path(path)
+    if not path.exists():
+        raise DumpError(f"{path}: no such file or folder")
+    if path.is_dir():
+        return load_dump_dir(path)
+    if _is_dump_file(path):
+        return [load_dump(path)]
+    return import_file(path)
+
+
+def _pick(dumps: list[Dump], graph: str | None) -> list[Dump]:
+    if graph is None:
+        return dumps
+    hits = [d for k, d in enumerate(dumps)
+            if graph in (str(k), f"{k:02d}", d.graph, d.path.stem) or (d.seq is not None and graph == str(d.seq))]
+    if not hits:
+        raise DumpError(f"no graph {graph!r} (have {', '.join(d.path.stem for d in dumps)})")
+    return hits
+
+
+# ---- view -------------------------------------------------------------------------------------
+
+def _render_one(args, ref: Dump, ours: Dump | None) -> tuple[str, str | bytes | None]:
+    """(extension, content) for dot/svg/html; explorer writes files itself and returns None."""
+    from .view import dot as D
+    from .view import graph as V
+    fmt = args.format
+    res = None
+    if ours is not None:
+        from .diff import diff_dumps
+        res = diff_dumps(ref, ours)
+    if fmt == "html":
+        from .view.html import to_html
+        return "html", to_html(ref, ours, res)
+    if fmt in ("dot", "svg"):
+        title = ref.path.stem if ours is None else f"{ref.path.stem} vs {ours.path.stem}"
+        whole = args.layer is None and args.around is None
+        if whole and (args.overview or len(ref.nodes) > D.FULL_LIMIT):
+            text = D.overview_dot(ref.nodes, title)
+        else:
+            g = V.from_dump(ref, leaves=not args.no_leaves)
+            status, first = None, None
+            if res is not None:
+                from .view.diffmap import diff_map
+                dm = diff_map(res, ref, ours)
+                status = {i: (r.status, r.nmse) for i, r in dm.ref_status.items()}
+                first = dm.first.ref if dm.first is not None else None
+            if args.layer is not None:
+                il = None if args.layer == "global" else int(args.layer)
+                if il not in V.layers(g):
+                    raise DumpError(f"no layer {args.layer} in {ref.path.name} (layers: "
+                                    f"{', '.join(V.layer_label(x) for x in V.layers(g))})")
+                g = V.layer_subgraph(g, il)
+            if args.around is not None:
+                try:
+                    g = V.around(g, args.around, args.depth)
+                except KeyError as e:
+                    raise DumpError(f"{ref.path.name}: {e.args[0]}") from None
+            text = D.to_dot(g, title, status, first)
+        if fmt == "svg":
+            try:
+                return "svg", D.render_svg(text)
+            except D.ViewError as e:
+                raise RuntimeError(str(e)) from None
+        return "dot", text
+    raise ValueError(f"unknown format {fmt!r}")
+
+
+def _cmd_view(args) -> int:
+    refs = _pick(load_any(args.dump), args.graph)
+    ours_list = _pick(load_any(args.ours), args.graph) if args.ours else None
+    if ours_list is not None:
+        refs, ours_list = _align_imports(refs, ours_list)
+        if len(ours_list) != len(refs):
+            raise DumpError(f"{args.dump} has {len(refs)} graphs, {args.ours} has {len(ours_list)}; "
+                            "pick one with --graph")
+    pairs = list(zip(refs, ours_list or [None] * len(refs)))
+    if args.format == "explorer":
+        from .view.explorer import export
+        out = Path(args.out or "model-explorer")
+        written = [p for r, o in pairs for p in export(out, r, o)]
+        for p in written:
+            print(p)
+        return 0
+    if args.out is None and len(pairs) == 1 and args.format in ("dot", "svg"):
+        _, content = _render_one(args, *pairs[0])
+        sys.stdout.write(content)
+        return 0
+    if args.out is None:
+        raise ValueError(f"--out is needed for --format {args.format}"
+                         + (" with several graphs" if len(pairs) > 1 else ""))
+    out = Path(args.out)
+    many = len(pairs) > 1 or out.is_dir()
+    for r, o in pairs:
+        ext, content = _render_one(args, r, o)
+        target = out / f"{r.path.stem}.{ext}" if many else out
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(content)
+        print(target)
+    return 0
+
+
+def _align_imports(refs: list[Dump], ours: list[Dump]) -> tuple[list[Dump], list[Dump]]:
+    """Project a full side onto what an imported side knows, so the two compare like for like."""
+    from .view.importers import import_format, project
+    fr = import_format(refs[0]) if refs else None
+    fo = import_format(ours[0]) if ours else None
+    if fo and not fr:
+        refs = [project(d, fo) for d in refs]
+    elif fr and not fo:
+        ours = [project(d, fr) for d in ours]
+    elif fr and fo and fr != fo:
+        raise DumpError(f"cannot compare a {fr} import with a {fo} import")
+    return refs, ours
+
+
+# ---- diff with imports ------------------------------------------------------------------------
+
+def _cmd_diff(args) -> int:
+    """graph-diff; an importable file on either side is compared on the fields it shows."""
+    from .diff import RulesError, diff_dumps, exit_code, load_rules, run_diff
+    from .view.importers import ImportFormatError
+    paths = [Path(args.ref), Path(args.ours)]
+    if all(p.is_dir() or _is_dump_file(p) or not p.exists() for p in paths):
+        return run_diff(args)
+    try:
+        refs, ours = _align_imports(load_any(args.ref), load_any(args.ours))
+        rules = load_rules(args.rules) if args.rules else []
+    except (DumpError, RulesError, ImportFormatError) as e:
+        print(f"graphgen: error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
+    results = [diff_dumps(r, o, args.nmse, rules) for r, o in zip(refs, ours)]
+    if len(refs) != len(ours):
+        print(f"note: ref has {len(refs)} graphs, ours has {len(ours)}; compared the first {len(results)}",
+              file=sys.stderr)
+    code = exit_code(results) if len(refs) == len(ours) else 1
+    if args.json:
+        print(json.dumps({"identical": code == 0, "results": [r.to_dict() for r in results]}, indent=1))
+    else:
+        print("\n\n".join(r.format_text() for r in results))
+    return code
+
+
+# ---- trace / import ---------------------------------------------------------------------------
+
+def _cmd_trace(args) -> int:
+    import re
+
+    from .scenario import load_scenario
+    from .view.trace import run_trace
+    for p in args.filter or []:
+        try:
+            re.compile(p)
+        except re.error as e:
+            raise ValueError(f"bad --filter regex {p!r}: {e}") from None
+    if not Path(args.model).is_file():
+        raise FileNotFoundError(f"{args.model}: no such model file")
+    sc = load_scenario(args.scenario)
+    return run_trace(args.model, sc, sys.stdout, args.filter, args.abort_on_nan, args.dump, args.backend)
+
+
+def _cmd_import(args) -> int:
+    from .view.importers import import_file, write_imported
+    dumps = import_file(args.file, args.format, args.graph)
+    for p, d in zip(write_imported(dumps, args.out), dumps):
+        print(f"{p}: {d.graph}, {len(d.nodes)} nodes ({d.source['import']['format']}, structure only)")
+    return 0
+
+
+def register(sub) -> None:
+    from .view.importers import FORMATS
+    p = sub.add_parser("view", help="draw a dump (DOT, SVG, HTML, Model Explorer); two dumps: their diff")
+    p.add_argument("dump", help="dump file or folder (or an eval-callback / dot / sched-debug file)")
+    p.add_argument("ours", nargs="?", help="a second dump: show the diff of DUMP (ref) and this")
+    p.add_argument("--format", choices=VIEW_FORMATS, default="html")
+    p.add_argument("--out", help="output file (dot/svg/html) or folder (several graphs, explorer)")
+    p.add_argument("--graph", help="only this graph of a folder: NN, kind (inject/block/encoder) or file stem")
+    p.add_argument("--layer", help="dot/svg: only this layer (N, or 'global' for nodes outside layers)")
+    p.add_argument("--around", metavar="NAME", help="dot/svg: only nodes within --depth edges of NAME (or #index)")
+    p.add_argument("--depth", type=int, default=3)
+    p.add_argument("--overview", action="store_true", help="dot/svg: one box per layer")
+    p.add_argument("--no-leaves", action="store_true", help="dot/svg: leave out weights and inputs")
+    p.set_defaults(fn=_cmd_view)
+
+    p = sub.add_parser("trace", help="run a scenario, printing every node as llama.cpp's eval-callback does")
+    p.add_argument("model")
+    p.add_argument("--scenario", required=True)
+    p.add_argument("--filter", action="append", metavar="REGEX",
+                   help="only nodes whose name matches (anchored at the start, as upstream); repeatable")
+    p.add_argument("--abort-on-nan", action="store_true", help="stop (exit 1) at the first node whose sum is NaN")
+    p.add_argument("--dump", metavar="DIR", help="also write the graphs as dumps")
+    p.add_argument("--backend", default="cpu", help="ggml backend to compute on (as for dump)")
+    p.set_defaults(fn=_cmd_trace)
+
+    p = sub.add_parser("import", help="convert eval-callback text, a ggml dot file or a GGML_SCHED_DEBUG log "
+                                      "to a dump folder (structure only)")
+    p.add_argument("file")
+    p.add_argument("--out", required=True)
+    p.add_argument("--format", choices=FORMATS, help="default: detected from the content")
+    p.add_argument("--graph", choices=("inject", "block", "encoder"),
+                   help="graph kind when the file does not say (default: guessed from node names)")
+    p.set_defaults(fn=_cmd_import)
+
+    # `diff` is registered before the command modules: let it take imports too
+    if "diff" in sub.choices:
+        sub.choices["diff"].set_defaults(fn=_cmd_diff)

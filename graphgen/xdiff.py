@@ -1,0 +1,79 @@
+"""Cross-backend diff: one scenario on several ggml backends, compared node by node.
+
+Structure must be identical (the same graph runs everywhere; only where a node ran may differ).
+Values are compared per node with NMSE thresholds per op, in the spirit of test-backend-ops: the
+ops whose GPU kernels accumulate differently (matmul, attention in f16) get looser bounds, and
+every node downstream inherits its inputs' error, so graph-level bounds sit above single-op ones.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .diff import diff_paths
+from .engine import run_scenario
+
+# per-op NMSE bounds for a node of a full graph (inputs already carry upstream differences)
+OP_NMSE = {
+    "MUL_MAT": 5e-4, "MUL_MAT_ID": 5e-4, "FLASH_ATTN_EXT": 5e-3, "SOFT_MAX": 5e-4,
+    "ROPE": 5e-4, "RMS_NORM": 5e-4, "NORM": 5e-4, "L2_NORM": 5e-4, "SWIGLU": 5e-4, "GEGLU": 5e-4,
+}
+DEFAULT_NMSE = 5e-4
+# data movement and integer results must agree exactly
+EXACT_OPS = {"ARGMAX", "ARGSORT", "TOP_K", "GET_ROWS_BACK"}
+
+
+@dataclass
+class XDiffResult:
+    backends: list
+    graphs: list = field(default_factory=list)   # per graph: dict(graph, nodes, structural, worst, first_bad)
+    ok: bool = True
+
+    def format_text(self) -> str:
+        ref, other = self.backends
+        out = [f"xdiff {ref} vs {other}: {'PASS' if self.ok else 'FAIL'}"]
+        for g in self.graphs:
+            line = (f"  [{g['graph']}] {g['nodes']} nodes, structure {'identical' if not g['structural'] else 'DIFFERS'}, "
+                    f"worst nmse {g['worst_nmse']:.3g} at {g['worst_name']}")
+            out.append(line)
+            if g["first_bad"]:
+                b = g["first_bad"]
+                out.append(f"    first node past its threshold: #{b['index']} {b['name']} ({b['op']}) "
+                           f"nmse {b['nmse']:.3g} > {b['threshold']:.1g}")
+            for d in g["structural"][:5]:
+                out.append(f"    {d}")
+        return "\n".join(out)
+
+
+def xdiff(model, scenario, backends, out=None, progress=None) -> XDiffResult:
+    if len(backends) != 2:
+        raise ValueError("xdiff compares two backends, e.g. --backends cpu,vulkan")
+    work = Path(out) if out else Path(tempfile.mkdtemp(prefix="graphgen-xdiff-"))
+    dirs = []
+    for b in backends:
+        d = work / b.replace("://", "_").replace(":", "_").replace("/", "_")
+        d.mkdir(parents=True, exist_ok=True)
+        for old in d.glob("[0-9][0-9]-*.json"):
+            old.unlink()
+        run_scenario(model, scenario, d, backend=b, progress=progress)
+        dirs.append(d)
+    res = XDiffResult(list(backends))
+    for r in diff_paths(dirs[0], dirs[1], nmse=1.0):
+        from .dump import load_dump
+        nodes = {n.index: n for n in load_dump(r.ref_path).nodes}
+        worst, worst_name, first_bad = 0.0, "-", None
+        for n in sorted(r.numeric, key=lambda x: x.ref_index):
+            op = nodes[n.ref_index].op
+            thr = 0.0 if op in EXACT_OPS else OP_NMSE.get(op, DEFAULT_NMSE)
+            bad = (n.reason is not None) or n.nmse > thr
+            if n.nmse > worst:
+                worst, worst_name = n.nmse, n.name
+            if bad and first_bad is None:
+                first_bad = {"index": n.ref_index, "name": n.name, "op": op, "nmse": n.nmse, "threshold": thr}
+        structural = [d.describe() for d in r.structural]
+        res.graphs.append({"graph": r.graph, "nodes": r.summary.get("nodes_ref"), "structural": structural,
+                           "worst_nmse": worst, "worst_name": worst_name, "first_bad": first_bad})
+        res.ok &= not structural and first_bad is None
+    return res
