@@ -447,8 +447,16 @@ def _align(R: list[Node], O: list[Node], rules: Sequence[Rule]) -> list[tuple]:
 
     # A rule's run may straddle a region's edge (a fused op and the last node of its chain can
     # share name and op), so each region also takes in up to `reach` matched pairs either side.
-    reach = max((max(len(r.ref), len(r.ours)) for r in rules), default=1) - 1
+    # A pair uses a node of each side, so a run holds at most min(len(ref), len(ours)) pairs:
+    # long unfused chains against one fused node keep regions small.
+    reach = max((min(len(r.ref), len(r.ours)) for r in rules), default=0)
+    # a one-node-for-one-node rule explains a matched pair's field difference (e.g. an op that
+    # returns a view in one ggml and a new tensor in the other): such pairs go to the search too
+    unit = [r for r in rules if len(r.ref) == 1 and len(r.ours) == 1]
     absorbed = [False] * len(segs)
+    for s, seg in enumerate(segs):
+        if seg[0] == "eq" and any(r.ref[0].matches(R[seg[1]]) and r.ours[0].matches(O[seg[2]]) for r in unit):
+            absorbed[s] = True
     for s, seg in enumerate(segs):
         if seg[0] == "diff":
             for t in range(max(0, s - reach), min(len(segs), s + reach + 1)):
