@@ -12,7 +12,7 @@ from pathlib import Path
 from . import __version__
 
 # modules that add their own subcommands: each has register(subparsers)
-COMMAND_MODULES: tuple[str, ...] = ("graphgen.draftcli", "graphgen.backendcli", "graphgen.viewcli")
+COMMAND_MODULES: tuple[str, ...] = ("graphgen.draftcli", "graphgen.backendcli", "graphgen.viewcli", "graphgen.benchcli")
 
 
 def _cmd_make_model(args) -> int:

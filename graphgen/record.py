@@ -9,6 +9,7 @@ import a second ggml through ggml-python.
 from __future__ import annotations
 
 import ctypes
+import re
 
 import numpy as np
 
@@ -62,11 +63,19 @@ def cpu_features(cpu_lib) -> dict:
     return out
 
 
+# the scheduler feeds a node on another backend through a copy named "<backend>#<tensor>#<copy>"
+_SCHED_COPY = re.compile(r"^[^#]+#(.+)#\d+$")
+
+
 def src_names(t: TensorStruct) -> list[str]:
+    """Source names; scheduler copies are named after the tensor they copy, so the structure of a
+    graph reads the same whichever backends ran it."""
     names = []
     for i in range(GGML_MAX_SRC):
         s = t.src[i]
-        names.append(s.contents.name.decode(errors="replace") if s else "")
+        name = s.contents.name.decode(errors="replace") if s else ""
+        m = _SCHED_COPY.match(name)
+        names.append(m.group(1) if m else name)
     while names and names[-1] == "":
         names.pop()
     return names
@@ -114,14 +123,35 @@ class NodeRecorder:
         self.nodes = []
         self.values = {}
         self.backends = {}
+        self.addrs = []
 
     def reset(self):
-        self.nodes, self.values, self.backends = [], {}, {}
+        self.nodes, self.values, self.backends, self.addrs = [], {}, {}, []
+
+    def reorder(self, graph_index: dict):
+        """Put the nodes in the graph's order. The CPU evaluates a graph in that order; a backend
+        that reorders nodes for concurrency (Vulkan) reports them otherwise, and the dump should
+        read the same whichever backend ran it."""
+        order = sorted(range(len(self.nodes)), key=lambda k: (graph_index.get(self.addrs[k], 1 << 62), k))
+        if order == list(range(len(self.nodes))):
+            return
+        nodes, values, backends = [], {}, {}
+        for new, old in enumerate(order):
+            n = self.nodes[old]
+            n.index = new
+            nodes.append(n)
+            if old in self.values:
+                values[new] = self.values[old]
+            if old in self.backends:
+                backends[new] = self.backends[old]
+        self.addrs = [self.addrs[o] for o in order]
+        self.nodes, self.values, self.backends = nodes, values, backends
 
     def record(self, addr: int, backend: str | None = None):
         from .dump import Node
         t = TensorStruct.from_address(addr)
         idx = len(self.nodes)
+        self.addrs.append(addr)
         vs = t.view_src
         self.nodes.append(Node(
             index=idx,

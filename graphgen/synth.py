@@ -15,6 +15,7 @@ stores them reversed. The same seed always gives the same bytes.
 from __future__ import annotations
 
 import argparse
+import re
 import logging
 from pathlib import Path
 
@@ -143,10 +144,37 @@ def _resolve_options(variant: str, options: dict) -> dict:
     return opts
 
 
-def make_model(path, variant="dflash", backbone="base", *, n_embd=64, n_layer=2, n_head=4,
-               n_head_kv=None, n_ff=128, n_vocab=256, block_size=4, target_layers=(1, 2), seed=0,
-               context_length=4096, rope_freq_base=10000.0, rms_eps=1e-6, conf=False,
-               **options) -> dict:
+WTYPES = ("f32", "f16", "q8_0")
+# the matmul weights a real draft ships in f16/bf16 or quantized; norms, biases and scales stay f32
+_QUANTIZABLE = re.compile(r"^(token_embd|output|fc|blk\.\d+\.(attn_q|attn_k|attn_v|attn_output|ffn_gate|ffn_up|ffn_down))\.weight$")
+
+PRESETS = {
+    "tiny": {},
+    # the shape of published DFlash drafts for 4B-8B targets
+    "realistic": {"n_embd": 2048, "n_layer": 5, "n_head": 32, "n_head_kv": 8, "n_ff": 6144,
+                  "n_vocab": 32000, "block_size": 16, "target_layers": [1, 9, 17, 25, 33]},
+}
+
+
+def make_model(path, variant="dflash", backbone="base", *, wtype="f32", **kwargs) -> dict:
+    """Write a random-weight `dflash` draft GGUF; `wtype` (f32, f16, q8_0) sets its matmul weights."""
+    if wtype not in WTYPES:
+        raise ValueError(f"wtype must be one of {', '.join(WTYPES)}, got {wtype!r}")
+    global _WTYPE
+    _WTYPE = wtype
+    try:
+        return _make_model(path, variant, backbone, **kwargs)
+    finally:
+        _WTYPE = "f32"
+
+
+_WTYPE = "f32"
+
+
+def _make_model(path, variant="dflash", backbone="base", *, n_embd=64, n_layer=2, n_head=4,
+                n_head_kv=None, n_ff=128, n_vocab=256, block_size=4, target_layers=(1, 2), seed=0,
+                context_length=4096, rope_freq_base=10000.0, rms_eps=1e-6, conf=False,
+                **options) -> dict:
     """Write a random-weight `dflash` draft GGUF to `path`; return a summary of what was written.
 
     The summary has variant, backbone, path, n_tensors, keys (name -> value) and tensors
@@ -701,6 +729,14 @@ def _write(path: Path, d: _Draft) -> None:
         else:
             w.add_key_value(name, list(value), gguf.GGUFValueType.ARRAY, sub_type=array_type[kind])
     for name, data in d.tensors.items():
+        if _WTYPE != "f32" and data.dtype == np.float32 and data.ndim == 2 and _QUANTIZABLE.match(name):
+            if _WTYPE == "f16":
+                w.add_tensor(name, data.astype(np.float16))
+                continue
+            if data.shape[-1] % 32 == 0:  # q8_0 blocks hold 32 values of a row
+                q = gguf.quants.quantize(data, gguf.GGMLQuantizationType.Q8_0)
+                w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+                continue
         w.add_tensor(name, data)
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -737,6 +773,9 @@ def add_make_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--block-size", type=int, default=4)
     parser.add_argument("--target-layers", type=_int_list, default=[1, 2], metavar="1,2")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--wtype", choices=WTYPES, default="f32", help="type of the matmul weights")
+    parser.add_argument("--preset", choices=tuple(PRESETS), default=None,
+                        help="realistic: n_embd 2048, 5 layers, 32/8 heads of 64, n_ff 6144, vocab 32000, block 16")
     parser.add_argument("--context-length", type=int, default=4096)
     parser.add_argument("--rope-freq-base", type=float, default=10000.0)
     parser.add_argument("--rms-eps", type=float, default=1e-6)
@@ -809,9 +848,11 @@ def make_model_from_args(args: argparse.Namespace) -> dict:
         elif opt == "sample_from_anchor":
             value = value == "true"
         options[opt] = value
+    dims = dict(n_embd=args.n_embd, n_layer=args.layers, n_head=args.heads, n_head_kv=args.heads_kv,
+                n_ff=args.n_ff, n_vocab=args.vocab, block_size=args.block_size, target_layers=args.target_layers)
+    if args.preset:
+        dims.update(PRESETS[args.preset])
     return make_model(
-        args.out, args.variant, args.backbone, n_embd=args.n_embd, n_layer=args.layers,
-        n_head=args.heads, n_head_kv=args.heads_kv, n_ff=args.n_ff, n_vocab=args.vocab,
-        block_size=args.block_size, target_layers=args.target_layers, seed=args.seed,
+        args.out, args.variant, args.backbone, wtype=args.wtype, seed=args.seed,
         context_length=args.context_length, rope_freq_base=args.rope_freq_base, rms_eps=args.rms_eps,
-        conf=args.conf, **options)
+        conf=args.conf, **dims, **options)

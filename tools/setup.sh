@@ -2,30 +2,43 @@
 # Install graphgen with ggml-python built for the reference's CPU flags, then run one job:
 #   tools/setup.sh demo   -> graphgen demo
 #   tools/setup.sh test   -> the test suite (pytest)
-# ggml-python is rebuilt only when the installed build differs from the reference's flags
-# (AVX/AVX2/FMA/F16C/BMI2, llamafile on, AVX512 off), so values compare bit for bit.
+# ggml-python is (re)built by tools/build_ggml.sh only when the installed build lacks the
+# reference's CPU flags (AVX/AVX2/FMA/F16C/BMI2, llamafile on, AVX512 off) or a wanted backend.
+# GRAPHGEN_GGML picks the extra backend: cpu (default), vulkan (CI's default), cuda or metal;
+# RPC is always built in.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 job=${1:-test}; shift || true
+if [ "${CI:-}" = "true" ]; then variant=${GRAPHGEN_GGML:-vulkan}; else variant=${GRAPHGEN_GGML:-cpu}; fi
 
 ggml_ok() {
-  "$PY" - <<'PYEOF' 2>/dev/null
+  "$PY" - "$1" <<'PYEOF' 2>/dev/null
 import ctypes, os, sys
 import ggml
-lib = ctypes.CDLL(os.path.join(os.path.dirname(ggml.__file__), "lib", "libggml-cpu.so"))
-has = lambda f: bool(getattr(lib, "ggml_cpu_has_" + f)())
-want = {"avx2": True, "fma": True, "f16c": True, "avx512": False, "llamafile": True}
 from importlib.metadata import version
-sys.exit(0 if version("ggml-python") == "0.0.45" and all(has(k) == v for k, v in want.items()) else 1)
+d = os.path.join(os.path.dirname(ggml.__file__), "lib")
+cpu = ctypes.CDLL(os.path.join(d, "libggml-cpu.so"))
+has = lambda f: bool(getattr(cpu, "ggml_cpu_has_" + f)())
+want = {"avx2": True, "fma": True, "f16c": True, "avx512": False, "llamafile": True}
+probe = {"cpu": [], "vulkan": ["ggml_backend_vk_init"], "cuda": ["ggml_backend_cuda_init"],
+         "metal": ["ggml_backend_metal_init"]}[sys.argv[1]] + ["ggml_backend_rpc_init"]
+ok = version("ggml-python") == "0.0.45" and all(has(k) == v for k, v in want.items())
+ok = ok and all(hasattr(ggml.lib, f) for f in probe)
+sys.exit(0 if ok else 1)
 PYEOF
 }
 
-if ! ggml_ok; then
-  echo "building ggml-python 0.0.45 with the reference CPU flags (a few minutes)..." >&2
-  CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF -DGGML_LLAMAFILE=ON" \
-    "$PY" -m pip install -q --no-cache-dir --force-reinstall --no-deps --no-binary ggml-python ggml-python==0.0.45
+if ! ggml_ok "$variant"; then
+  if ! bash tools/build_ggml.sh "$variant" --rpc; then
+    [ "$variant" = cpu ] && exit 1
+    echo "graphgen: the $variant build of ggml-python failed; falling back to the CPU build" >&2
+    variant=cpu
+    bash tools/build_ggml.sh cpu --rpc
+  fi
 fi
+# what the installed build has, for the tests that must then run rather than skip
+if [ "$variant" = vulkan ] && ggml_ok vulkan; then export GRAPHGEN_REQUIRE_VULKAN=1; fi
 "$PY" -m pip install -q -e '.[reference,test]'
 # CI also installs what the viewer tests drive (Graphviz, Chromium, Model Explorer), so they run
 # rather than skip; elsewhere those tests skip when the tools are absent.

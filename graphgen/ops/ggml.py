@@ -8,9 +8,14 @@ pointer return types are declared as integers (ctypes would truncate the pointer
 from __future__ import annotations
 
 import ctypes
+import os
 
-import ggml as _g
-from ggml import *  # noqa: F401,F403  the C API under its own names
+# ggml-vulkan skips CPU-type devices (lavapipe) unless they are listed here; it reads this at its
+# first initialisation, and a process without a visible device aborts on some Vulkan calls
+os.environ.setdefault("GGML_VK_VISIBLE_DEVICES", "0")
+
+import ggml as _g  # noqa: E402
+from ggml import *  # noqa: F401,F403,E402  the C API under its own names
 
 lib = _g.lib
 

@@ -540,8 +540,9 @@ def types_from_names(names) -> list[str]:
 
 
 def types_from_gguf(path) -> list[str]:
-    """common_speculative_types_from_gguf: a `dflash` draft runs as draft-dflash (its head then picks
-    the driver), another architecture with a nextn head as draft-mtp, anything else as nothing."""
+    """common_speculative_types_from_gguf: a `dflash` draft gives the concrete type of its head
+    (draft-dflash, -dspark, -dflash2 or -lilicorr), another architecture with a nextn head
+    draft-mtp, anything else nothing."""
     from gguf import GGUFReader
     try:
         reader = GGUFReader(str(path), "r")
@@ -555,8 +556,18 @@ def types_from_gguf(path) -> list[str]:
         if n is not None and any(t.name == f"blk.{int(n) - 1}.nextn.eh_proj.weight" for t in reader.tensors):
             return ["draft-mtp"]
         return []
-    log.info("auto-detected speculative type 'draft-dflash' from the draft model metadata")
-    return ["draft-dflash"]
+    # the concrete type of the draft's head (the refactor's rule), read as the loader reads it
+    names = {t.name for t in reader.tensors}
+    if "markov_w1.weight" in names:
+        spec = "draft-dspark"
+    elif "selector_hidden.weight" in names:
+        spec = "draft-dflash2"
+    elif "lilicorr.hidden_size" in reader.fields or "dflash.lilicorr.hidden_size" in reader.fields:
+        spec = "draft-lilicorr"
+    else:
+        spec = "draft-dflash"
+    log.info("auto-detected speculative type '%s' from the draft model metadata", spec)
+    return [spec]
 
 
 def _field_str(reader, key):

@@ -43,7 +43,7 @@ def is_masked_swa(n_swa: int, p0: int, p1: int) -> bool:
 
 class KVCache:
     def __init__(self, hparams, layer_ids, kv_size: int, type_k: int, type_v: int, v_trans: bool,
-                 n_swa: int = 0, backend=None, k_only: bool = False):
+                 n_swa: int = 0, backend=None, k_only: bool = False, n_seq_max: int = 1):
         self.hparams = hparams
         # K-only caches (the DSpark DSV4 / ML4 backbones): attention reads V as a view of K
         self.k_only = k_only
@@ -53,7 +53,7 @@ class KVCache:
         self.v_trans = v_trans
         self.n_swa = n_swa
         self.pos = np.full(kv_size, -1, dtype=np.int64)
-        self.seqs: list[set] = [set() for _ in range(kv_size)]
+        self.seq_mask = np.zeros((n_seq_max, kv_size), dtype=bool)
         self.head = 0
         self.k: dict[int, object] = {}
         self.v: dict[int, object] = {}
@@ -95,20 +95,31 @@ class KVCache:
             self._ctx = None
 
     # -- cells ------------------------------------------------------------------------------
+    # A cell holds a position (-1 when empty) and a set of sequences, kept as a bool matrix
+    # [n_seq_max, size] so every query below is one numpy expression rather than a Python loop.
+    def _ensure_seq(self, seq: int):
+        if seq >= self.seq_mask.shape[0]:
+            grow = np.zeros((seq + 1 - self.seq_mask.shape[0], self.size), dtype=bool)
+            self.seq_mask = np.vstack([self.seq_mask, grow])
+
     def used(self) -> int:
         return int(np.count_nonzero(self.pos >= 0))
 
     def used_max_p1(self) -> int:
-        nz = np.nonzero(self.pos >= 0)[0]
+        nz = np.flatnonzero(self.pos >= 0)
         return int(nz[-1]) + 1 if nz.size else 0
 
     def seq_pos_max(self, seq: int) -> int:
-        ps = [int(self.pos[i]) for i in range(self.size) if seq in self.seqs[i]]
-        return max(ps) if ps else -1
+        if seq >= self.seq_mask.shape[0]:
+            return -1
+        ps = self.pos[self.seq_mask[seq]]
+        return int(ps.max()) if ps.size else -1
 
     def seq_pos_min(self, seq: int) -> int:
-        ps = [int(self.pos[i]) for i in range(self.size) if seq in self.seqs[i]]
-        return min(ps) if ps else -1
+        if seq >= self.seq_mask.shape[0]:
+            return -1
+        ps = self.pos[self.seq_mask[seq]]
+        return int(ps.min()) if ps.size else -1
 
     def find_slot(self, ub: UBatch) -> list[int]:
         """Cells for the batch's tokens, searched from head as upstream's find_slot (non-contiguous)."""
@@ -118,72 +129,69 @@ class KVCache:
         head = self.head
         if head > self.used() + 2 * n:
             head = 0
-        idxs, tested = [], 0
-        while len(idxs) < n:
-            if head + 1 > self.size:
-                tested += self.size - head
-                head = 0
-                continue
-            idx = head
-            head += 1
-            tested += 1
-            can_use = self.pos[idx] < 0
-            if not can_use and len(self.seqs[idx]) == 1:
-                (s,) = self.seqs[idx]
-                can_use = is_masked_swa(self.n_swa, int(self.pos[idx]), self.seq_pos_max(s) + 1)
-            if can_use:
-                idxs.append(idx)
-            if tested >= self.size and len(idxs) < n:
-                raise KVCacheFullError(f"the KV cache ({self.size} cells, {self.used()} used) has no room "
-                                       f"for {n} more tokens; remove a sequence or raise n_ctx")
-        return idxs
+        # a cell is usable when empty, or held by one sequence whose window has moved past it
+        can_use = self.pos < 0
+        if self.n_swa > 0:
+            counts = self.seq_mask.sum(axis=0)
+            single = (counts == 1) & ~can_use
+            if single.any():
+                owner = np.argmax(self.seq_mask, axis=0)
+                pmax = np.array([self.seq_pos_max(q) for q in range(self.seq_mask.shape[0])], dtype=np.int64)
+                can_use |= single & ((pmax[owner] + 1 - self.pos) >= self.n_swa)
+        order = np.concatenate([np.arange(head, self.size), np.arange(0, head)])
+        found = order[can_use[order]][:n]
+        if found.size < n:
+            raise KVCacheFullError(f"the KV cache ({self.size} cells, {self.used()} used) has no room "
+                                   f"for {n} more tokens; remove a sequence or raise n_ctx")
+        return [int(i) for i in found]
 
     def apply_ubatch(self, idxs: list[int], ub: UBatch):
+        idx = np.asarray(idxs, dtype=np.int64)
         rm_max: dict[int, int] = {}
-        for i, idx in enumerate(idxs):
-            if self.pos[idx] >= 0:
-                (s,) = self.seqs[idx]
-                rm_max[s] = max(rm_max.get(s, -1), int(self.pos[idx]))
-                self.pos[idx] = -1
-                self.seqs[idx] = set()
-            self.pos[idx] = int(ub.pos[i])
-            self.seqs[idx] = {int(ub.seq[i])}
+        taken = idx[self.pos[idx] >= 0]
+        for c in taken:  # reused out-of-window cells (one sequence each)
+            q = int(np.argmax(self.seq_mask[:, c]))
+            rm_max[q] = max(rm_max.get(q, -1), int(self.pos[c]))
+        self.seq_mask[:, idx] = False
+        self.pos[idx] = np.asarray(ub.pos, dtype=np.int64)
+        seqs = np.asarray(ub.seq, dtype=np.int64)
+        self._ensure_seq(int(seqs.max()))
+        self.seq_mask[seqs, idx] = True
         # a sequence's overwritten (out-of-window) positions are purged as a range
-        for s, pmax in rm_max.items():
-            pmin = self.seq_pos_min(s)
+        for q, pmax in rm_max.items():
+            pmin = self.seq_pos_min(q)
             if 0 <= pmin <= pmax:
-                self.seq_rm(s, pmin, pmax + 1)
-        self.head = idxs[-1] + 1
+                self.seq_rm(q, pmin, pmax + 1)
+        self.head = int(idx[-1]) + 1
 
     def snapshot(self):
-        return self.pos.copy(), [set(s) for s in self.seqs], self.head
+        return self.pos.copy(), self.seq_mask.copy(), self.head
 
     def restore(self, snap):
-        self.pos, self.seqs, self.head = snap[0].copy(), [set(s) for s in snap[1]], snap[2]
+        self.pos, self.seq_mask, self.head = snap[0].copy(), snap[1].copy(), snap[2]
 
     def seq_rm(self, seq: int, p0: int, p1: int) -> bool:
         p0 = max(p0, 0)
-        p1 = np.iinfo(np.int32).max if p1 < 0 else p1
-        new_head = self.size
-        for i in range(self.size):
-            if self.pos[i] < 0 or not (p0 <= self.pos[i] < p1):
-                continue
-            if seq < 0 or seq in self.seqs[i]:
-                if seq < 0:
-                    self.seqs[i] = set()
-                else:
-                    self.seqs[i].discard(seq)
-                if not self.seqs[i]:
-                    self.pos[i] = -1
-                    if new_head == self.size:
-                        new_head = i
-        if new_head != self.size and new_head < self.head:
-            self.head = new_head
+        p1 = np.iinfo(np.int64).max if p1 < 0 else p1
+        in_range = (self.pos >= 0) & (self.pos >= p0) & (self.pos < p1)
+        if seq < 0:
+            hit = in_range
+            self.seq_mask[:, hit] = False
+        else:
+            if seq >= self.seq_mask.shape[0]:
+                return True
+            hit = in_range & self.seq_mask[seq]
+            self.seq_mask[seq, hit] = False
+        freed = hit & ~self.seq_mask.any(axis=0)
+        self.pos[freed] = -1
+        nz = np.flatnonzero(freed)
+        if nz.size and nz[0] < self.head:
+            self.head = int(nz[0])
         return True
 
     def clear(self):
         self.pos[:] = -1
-        self.seqs = [set() for _ in range(self.size)]
+        self.seq_mask[:] = False
         self.head = 0
 
     def get_n_kv(self) -> int:
@@ -268,13 +276,13 @@ class KVCache:
                 out[rows] = out[rows[0]]
             return out.astype(dtype)
         pos = self.pos[:n_kv]
-        out = np.full((ub.n_tokens, n_kv), -np.inf, dtype=np.float32)
-        for i in range(ub.n_tokens):
-            s, p1 = int(ub.seq[i]), int(ub.pos[i])
-            keep = np.array([pos[j] >= 0 and s in self.seqs[j] for j in range(n_kv)], dtype=bool)
-            if causal:
-                keep &= pos <= p1
-            if self.n_swa > 0:
-                keep &= ~((p1 - pos) >= self.n_swa)
-            out[i, keep] = 0.0
+        seq = np.asarray(ub.seq, dtype=np.int64)
+        self._ensure_seq(int(seq.max()))
+        keep = self.seq_mask[seq, :n_kv] & (pos >= 0)[None, :]   # [n_tokens, n_kv]
+        p1 = np.asarray(ub.pos, dtype=np.int64)[:, None]
+        if causal:
+            keep &= pos[None, :] <= p1
+        if self.n_swa > 0:
+            keep &= (p1 - pos[None, :]) < self.n_swa
+        out = np.where(keep, np.float32(0.0), np.float32(-np.inf))
         return out.astype(dtype)

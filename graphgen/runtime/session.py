@@ -210,6 +210,8 @@ class Session:
             slot.drop()
             g = build_arch_graph(params)
             self.stats["builds"] += 1
+            # the graph's own order, before a backend's graph_optimize permutes its nodes in place
+            g.node_order = {G.addr(G.ggml_graph_node(g.gf, i)): i for i in range(G.ggml_graph_n_nodes(g.gf))}
             G.ggml_backend_sched_reset(slot.sched)
             if not G.ggml_backend_sched_alloc_graph(slot.sched, g.gf):
                 g.free()
@@ -240,6 +242,8 @@ class Session:
             status = G.ggml_backend_sched_graph_compute(slot.sched, g.gf)
             if status != 0:
                 raise RuntimeError(f"ggml compute failed with status {status}")
+            if recorder is not None and hasattr(recorder, "reorder"):
+                recorder.reorder(g.node_order)
             res = Result(graph=kind, n_nodes=G.ggml_graph_n_nodes(g.gf))
             res.logits = _read(g.res.t_logits)
             res.embd = _read(g.res.t_embd)

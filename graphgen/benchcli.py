@@ -1,0 +1,56 @@
+"""`graphgen bench`: graphgen against llama.cpp on the same draft, interleaved in one run."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def _cmd_bench(args) -> int:
+    from .bench import machine_description, multi_seq_scenario, run_bench
+    from .scenario import default_scenario, load_scenario
+    from .runtime.model import load
+
+    if args.scenario:
+        base = load_scenario(args.scenario)
+    else:
+        hp = load(args.model).hparams
+        base = default_scenario(block_size=hp.block_size or 4, mask_token=max(hp.mask_token_id, 0),
+                                n_prompt=args.prompt)
+    if args.threads:
+        base.n_threads = args.threads
+    engines = tuple(e.strip() for e in args.engines.split(",") if e.strip())
+    results = []
+    for n_seq in [int(x) for x in args.n_seq.split(",")]:
+        sc = base if n_seq == 1 else multi_seq_scenario(base, n_seq)
+
+        def progress(done, total, n_seq=n_seq):
+            if done == total or done % max(1, total // 5) == 0:
+                print(f"  n_seq {n_seq}: {done}/{total} repetitions", file=sys.stderr)
+        res = run_bench(args.model, sc, repeat=args.repeat, backend=args.backend, engines=engines, progress=progress)
+        results.append((n_seq, res))
+        print(res.format_text() if n_seq == 1 else res.format_text().split("\n", 1)[1])
+    if args.json:
+        Path(args.json).write_text(json.dumps({"machine": machine_description(),
+                                               "runs": [dict(r.to_dict(), n_seq=n) for n, r in results]}, indent=1))
+    if args.markdown:
+        from .bench import markdown_section
+        with open(args.markdown, "a") as f:
+            f.write(markdown_section(args, results))
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("bench", help="time graphgen against llama.cpp on the same draft and scenario")
+    p.add_argument("model")
+    p.add_argument("--scenario", help="scenario JSON (default: inject --prompt rows, then one block)")
+    p.add_argument("--prompt", type=int, default=64, help="inject length of the default scenario")
+    p.add_argument("--backend", default="cpu")
+    p.add_argument("--repeat", type=int, default=20)
+    p.add_argument("--threads", type=int, default=None, help="override the scenario's n_threads")
+    p.add_argument("--engines", default="graphgen,llama.cpp")
+    p.add_argument("--n-seq", default="1", help="block batches of this many sequences, e.g. 1,4,16")
+    p.add_argument("--json", help="write the figures as JSON")
+    p.add_argument("--markdown", help="append a table to this Markdown file")
+    p.set_defaults(fn=_cmd_bench)

@@ -1,0 +1,109 @@
+"""llama.cpp's side of `graphgen bench`: a child process that replays a scenario on command.
+
+The parent writes one line per repetition ("rep") and reads back one JSON line with the wall
+time of every step (batch setup + llama_process + reading the outputs), so both engines run
+interleaved in one bench run. "info" returns the compute buffer sizes llama.cpp logged and the
+process's peak RSS; "quit" ends it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import re
+import resource
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..scenario import load_scenario
+from .libload import load_llama
+from .runner import GGML_TYPE_IDS, _model_meta
+
+
+def main(argv) -> int:
+    model, scen_path = Path(argv[0]), argv[1]
+    sc = load_scenario(scen_path)
+    ffi, lib, _ = load_llama()
+    logs: list[str] = []
+
+    @ffi.callback("void(enum ggml_log_level, const char *, void *)")
+    def on_log(level, text, ud):
+        logs.append(ffi.string(text).decode(errors="replace"))
+    lib.llama_log_set(on_log, ffi.NULL)
+    lib.llama_backend_init()
+    mdl = lib.llama_model_load_from_file(str(model).encode(), lib.llama_model_default_params())
+    if mdl == ffi.NULL:
+        print(json.dumps({"error": f"llama.cpp could not load {model}"}), flush=True)
+        return 4
+    meta = _model_meta(model)
+    n_embd_inp = meta["n_embd"] * len(meta["target_layers"])
+    cp = lib.llama_context_default_params()
+    cp.n_ctx, cp.n_batch, cp.n_ubatch = sc.n_ctx, sc.n_ubatch, sc.n_ubatch
+    cp.n_seq_max, cp.kv_unified = sc.n_seq, True
+    cp.n_threads = cp.n_threads_batch = sc.n_threads
+    cp.flash_attn_type = 1 if sc.flash_attn else 0
+    cp.type_k = cp.type_v = GGML_TYPE_IDS[sc.type_kv]
+    ctx = lib.llama_init_from_model(mdl, cp)
+    if ctx == ffi.NULL:
+        print(json.dumps({"error": "llama.cpp could not create a context"}), flush=True)
+        return 4
+    mem = lib.llama_get_memory(ctx)
+    n_vocab = lib.llama_vocab_n_tokens(lib.llama_model_get_vocab(mdl))
+    feats = {s.index: np.ascontiguousarray(sc.features(s, n_embd_inp)) for s in sc.steps if s.kind == "inject"}
+
+    def replay() -> list[float]:
+        lib.llama_memory_clear(mem, True)
+        times = []
+        for step in sc.steps:
+            if step.kind == "seq_rm":
+                lib.llama_memory_seq_rm(mem, step.seq, step.pos0, step.p1)
+                continue
+            t0 = time.perf_counter()
+            batch = lib.llama_batch_ext_init(ctx)
+            n_out = 0
+            if step.kind == "inject":
+                x = feats[step.index]
+                for i in range(step.n_tokens):
+                    idx = lib.llama_batch_ext_add_embd(batch, step.seq, {"data": ffi.cast("float *", x[i:].ctypes.data),
+                                                                       "n_rows": 1, "n_embd": n_embd_inp})
+                    p = step.pos0 + i
+                    lib.llama_batch_ext_set_pos(batch, idx, ffi.new("llama_pos[4]", [p, p, p, 0] if meta["mrope"] else [p, 0, 0, 0]))
+                lib.llama_set_causal_attn(ctx, True)
+            else:
+                for b in step.blocks:
+                    for i, tok in enumerate(b.tokens):
+                        idx = lib.llama_batch_ext_add_token(batch, b.seq, tok)
+                        lib.llama_batch_ext_set_pos(batch, idx, ffi.new("llama_pos[4]", [b.pos0 + i, 0, 0, 0]))
+                        lib.llama_batch_ext_set_output_logits(batch, idx, True)
+                        n_out += 1
+                lib.llama_set_causal_attn(ctx, meta["causal"])
+            ret = lib.llama_process(ctx, lib.LLAMA_PROCESS_TYPE_DECODE, batch)
+            lib.llama_batch_ext_free(batch)
+            if ret != 0:
+                raise RuntimeError(f"llama_process returned {ret}")
+            if n_out:  # read the outputs, as a driver does
+                ptr = lib.llama_get_logits(ctx)
+                np.frombuffer(ffi.buffer(ptr, 4 * n_out * n_vocab), dtype=np.float32).copy()
+            times.append(time.perf_counter() - t0)
+        return times
+
+    for line in sys.stdin:
+        cmd = line.strip()
+        if cmd == "rep":
+            print(json.dumps({"times": replay()}), flush=True)
+        elif cmd == "info":
+            sizes = [float(m.group(1)) for ln in logs for m in [re.search(r"compute buffer size =\s*([\d.]+) MiB", ln)] if m]
+            print(json.dumps({"compute_buffer_mib": sizes[-1] if sizes else None,
+                              "max_rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}), flush=True)
+        elif cmd == "quit":
+            break
+    lib.llama_free(ctx)
+    lib.llama_model_free(mdl)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
