@@ -41,8 +41,11 @@ def _read(t, shape_from=None) -> np.ndarray | None:
     out = np.empty((c.ne[3], c.ne[2], c.ne[1], c.ne[0]), dtype=np.float32)
     if c.type != G.GGML_TYPE_F32:
         return None
-    G.ggml_backend_tensor_get(t, out.ctypes.data_as(ctypes.c_void_p), 0, out.nbytes)
+    G.ggml_backend_tensor_get(t, out.ctypes.data, 0, out.nbytes)
     return out.reshape(-1, c.ne[0]) if c.ne[2] * c.ne[3] == 1 else out
+
+
+_NO_CALLBACK = G.ggml_backend_sched_eval_callback(0)
 
 
 class GraphSlot:
@@ -117,10 +120,13 @@ class Session:
         if ((seq < 0) | (seq >= self.n_seq)).any():
             bad = int(seq[(seq < 0) | (seq >= self.n_seq)][0])
             raise BatchError(f"sequence id {bad} is outside [0, {self.n_seq})")
-        for s in np.unique(seq):
-            ps = pos[seq == s]
-            if len(np.unique(ps)) != len(ps):
-                raise BatchError(f"sequence {int(s)} repeats a position in one batch")
+        pairs = set(zip(seq.tolist(), pos.tolist()))
+        if len(pairs) != pos.shape[0]:
+            seen = set()
+            for sp in zip(seq.tolist(), pos.tolist()):
+                if sp in seen:
+                    raise BatchError(f"sequence {sp[0]} repeats position {sp[1]} in one batch")
+                seen.add(sp)
 
     def make_inject(self, features, pos0: int, seq: int = 0) -> UBatch:
         x = np.asarray(features, dtype=np.float32)
@@ -183,7 +189,7 @@ class Session:
 
     def _signature(self, ub: UBatch, mem: dict, graph_type: str) -> tuple:
         """What a graph's structure depends on: the batch's shapes, never its values."""
-        return (graph_type, ub.is_embd, ub.n_tokens, len(np.unique(ub.seq)), ub.embd_state is not None,
+        return (graph_type, ub.is_embd, ub.n_tokens, len(set(ub.seq.tolist())), ub.embd_state is not None,
                 tuple((k, m.n_kv) for k, m in sorted(mem.items())))
 
     def _slot(self, kind: str) -> "GraphSlot":
@@ -231,14 +237,14 @@ class Session:
             cb_keep = G.ggml_backend_sched_eval_callback(_eval)
             G.ggml_backend_sched_set_eval_callback(slot.sched, cb_keep, None)
         else:
-            G.ggml_backend_sched_set_eval_callback(slot.sched, G.ggml_backend_sched_eval_callback(0), None)
+            G.ggml_backend_sched_set_eval_callback(slot.sched, _NO_CALLBACK, None)
         try:
             # the scheduler reuses input memory for later nodes: inputs are set before every compute
             for t, values in g.res.inputs:
                 if not t.contents.buffer:
                     continue  # an input the graph does not use has no memory
                 arr = np.ascontiguousarray(values(g.params))
-                G.ggml_backend_tensor_set(t, arr.ctypes.data_as(ctypes.c_void_p), 0, arr.nbytes)
+                G.ggml_backend_tensor_set(t, arr.ctypes.data, 0, arr.nbytes)
             status = G.ggml_backend_sched_graph_compute(slot.sched, g.gf)
             if status != 0:
                 raise RuntimeError(f"ggml compute failed with status {status}")
@@ -255,7 +261,7 @@ class Session:
             raise
         finally:
             if cb_keep is not None:
-                G.ggml_backend_sched_set_eval_callback(slot.sched, G.ggml_backend_sched_eval_callback(0), None)
+                G.ggml_backend_sched_set_eval_callback(slot.sched, _NO_CALLBACK, None)
             del cb_keep
 
     def compute_buffer_size(self) -> int:
