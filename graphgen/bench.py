@@ -36,6 +36,10 @@ class StepStats:
         t = self.times.get(engine)
         return statistics.median(t) if t else None
 
+    def best(self, engine):
+        t = self.times.get(engine)
+        return min(t) if t else None
+
     def spread(self, engine):
         t = self.times.get(engine)
         if not t or len(t) < 2:
@@ -62,13 +66,15 @@ class BenchResult:
             yield st, g, l_, (g / l_ if g and l_ else None)
 
     def format_text(self) -> str:
-        out = [f"bench {self.model} on {self.backend}, {self.repeat} repetitions (median, IQR)"]
-        out.append(f"  {'step':<22} {'graphgen ms':>14} {'llama.cpp ms':>14} {'ratio':>7} {'build ms':>9}")
+        out = [f"bench {self.model} on {self.backend}, {self.repeat} repetitions (median±IQR; ratio of medians, and of minimums)"]
+        out.append(f"  {'step':<22} {'graphgen ms':>16} {'llama.cpp ms':>16} {'ratio':>7} {'min ratio':>9} {'build ms':>9}")
         for st, g, l_, r in self.rows():
             gs = f"{g * 1e3:.3f}±{st.spread('graphgen') * 1e3:.3f}" if g else "-"
             ls = f"{l_ * 1e3:.3f}±{st.spread('llama.cpp') * 1e3:.3f}" if l_ else "-"
             b = self.build_ms.get(st.label)
-            out.append(f"  {st.label:<22} {gs:>14} {ls:>14} {f'{r:.3f}' if r else '-':>7} "
+            mg, ml = st.best("graphgen"), st.best("llama.cpp")
+            mr = f"{mg / ml:.3f}" if mg and ml else "-"
+            out.append(f"  {st.label:<22} {gs:>16} {ls:>16} {f'{r:.3f}' if r else '-':>7} {mr:>9} "
                        f"{f'{b:.2f}' if b is not None else '-':>9}")
         for e in self.engines:
             cb = self.compute_buffer_mib.get(e)
@@ -80,6 +86,7 @@ class BenchResult:
     def to_dict(self) -> dict:
         return {"model": self.model, "backend": self.backend, "repeat": self.repeat,
                 "steps": [{"step": st.label, "median_s": {e: st.median(e) for e in st.times},
+                           "min_s": {e: st.best(e) for e in st.times},
                            "iqr_s": {e: st.spread(e) for e in st.times}, "ratio": r,
                            "build_ms": self.build_ms.get(st.label)} for st, _, _, r in self.rows()],
                 "compute_buffer_mib": self.compute_buffer_mib, "peak_rss_mib": self.peak_rss_mib}
@@ -268,13 +275,15 @@ def markdown_section(args, results) -> str:
            + (f" --threads {args.threads}" if args.threads else "") + "`", ""]
     for n_seq, res in results:
         out += [f"n_seq {n_seq}:", "",
-                "| step | graphgen ms (median ± IQR) | llama.cpp ms | ratio | fresh build ms |",
-                "|---|---|---|---|---|"]
+                "| step | graphgen ms (median ± IQR) | llama.cpp ms (median ± IQR) | ratio (medians) | ratio (minimums) | fresh build ms |",
+                "|---|---|---|---|---|---|"]
         for st, g, l_, r in res.rows():
             gs = f"{g * 1e3:.3f} ± {st.spread('graphgen') * 1e3:.3f}" if g else "-"
             ls = f"{l_ * 1e3:.3f} ± {st.spread('llama.cpp') * 1e3:.3f}" if l_ else "-"
             b = res.build_ms.get(st.label)
-            out.append(f"| {st.label} | {gs} | {ls} | {f'{r:.3f}' if r else '-'} | {f'{b:.2f}' if b is not None else '-'} |")
+            mg, ml = st.best("graphgen"), st.best("llama.cpp")
+            mr = f"{mg / ml:.3f}" if mg and ml else "-"
+            out.append(f"| {st.label} | {gs} | {ls} | {f'{r:.3f}' if r else '-'} | {mr} | {f'{b:.2f}' if b is not None else '-'} |")
         cb, rss = res.compute_buffer_mib, res.peak_rss_mib
         out += ["", "compute buffer MiB: " + ", ".join(f"{e} {v:.2f}" for e, v in cb.items() if v is not None)
                 + "; peak RSS MiB: " + ", ".join(f"{e} {v:.0f}" for e, v in rss.items() if v is not None), ""]
