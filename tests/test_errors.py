@@ -117,18 +117,19 @@ def test_bad_batches(tiny):
 
 
 def test_kv_cache_exhaustion_keeps_the_cache(tiny):
-    with Session(tiny, n_ctx=16, n_ubatch=8) as s:
+    # the cache holds 256 cells (llama.cpp pads n_ctx to 256): four chunks of 64 fill it
+    with Session(tiny, n_ctx=256, n_ubatch=64) as s:
         w = s.hparams.n_embd_inp_enc
-        x = np.random.default_rng(0).standard_normal((8, w), dtype=np.float32)
-        s.inject(x, 0)
-        s.inject(x, 8)
+        x = np.random.default_rng(0).standard_normal((64, w), dtype=np.float32)
+        for k in range(4):
+            s.inject(x, 64 * k)
         before = s.caches["base"].snapshot()
         with pytest.raises(KVCacheFullError, match="no room"):
-            s.block([1, 255, 255], 16)
+            s.block([1, 255, 255], 256)
         after = s.caches["base"].snapshot()
         assert all(np.array_equal(a, b) for a, b in zip(before, after))
-        s.seq_rm(0, 8, -1)
-        r = s.block([1, 255, 255], 8)
+        s.seq_rm(0, 192, -1)
+        r = s.block([1, 255, 255], 192)
         assert np.isfinite(r.logits).all()
 
 

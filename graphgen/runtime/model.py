@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import GGUFModelError
+from ..validate import check_memory, check_tensor_data, check_tensor_types
 from ..ops import ggml as G
 
 ARCH = "dflash"
@@ -163,8 +164,56 @@ class Layer:
             setattr(self, attr, tensors.get(f"blk.{il}.{suffix}"))
 
 
+# GGUF value types as llama.cpp's loader reads these keys: it requires the exact type (a u16 where
+# a u32 belongs is "wrong type"), so graphgen refuses what it refuses. Arrays give (ARRAY, element).
+U32, I32, F32, BOOL, STR, ARR = 4, 5, 6, 7, 8, 9
+KEY_TYPES = {
+    "context_length": (U32,), "embedding_length": (U32,), "block_count": (U32,),
+    "feed_forward_length": (U32, (ARR, U32), (ARR, I32)), "attention.head_count": (U32, (ARR, U32), (ARR, I32)),
+    "attention.head_count_kv": (U32, (ARR, U32), (ARR, I32)), "attention.key_length": (U32,),
+    "attention.value_length": (U32,), "rope.dimension_count": (U32,),
+    "attention.layer_norm_rms_epsilon": (F32,), "rope.freq_base": (F32,), "rope.scaling.factor": (F32,),
+    "embedding_scale": (F32,), "attention.scale": (F32,), "attention.value_scale": (F32,),
+    "logit_scale": (F32,), "final_logit_softcapping": (F32,), "attention.causal": (BOOL,),
+    "hidden_activation": (STR,), "rope.dimension_sections": ((ARR, I32), (ARR, U32)),
+    "block_size": (U32,), "conv_kernel_size": (U32,), "conv_group_size": (U32,),
+    "selector_rank": (U32,), "selector_top_k": (U32,), "target_layers": ((ARR, I32), (ARR, U32)),
+    "attention.sliding_window": (U32,), "attention.sliding_window_pattern": ((ARR, BOOL),),
+    "hyper_connection.count": (U32,), "attention.kv_lora_rank": (U32,),
+}
+TOKENIZER_TYPES = {"tokenizer.ggml.model": (STR,), "tokenizer.ggml.tokens": ((ARR, STR),),
+                   "tokenizer.ggml.scores": ((ARR, F32),), "tokenizer.ggml.token_type": ((ARR, I32),),
+                   "tokenizer.ggml.mask_token_id": (U32,)}
+TYPE_NAMES = {0: "u8", 1: "i8", 2: "u16", 3: "i16", 4: "u32", 5: "i32", 6: "f32", 7: "bool", 8: "string",
+              9: "array", 10: "u64", 11: "i64", 12: "f64"}
+
+
+def _type_name(t) -> str:
+    return f"{TYPE_NAMES.get(t[1], '?')}[]" if isinstance(t, tuple) else TYPE_NAMES.get(t, "?")
+
+
+def expected_types(key: str):
+    if key.startswith(ARCH + "."):
+        return KEY_TYPES.get(key[len(ARCH) + 1:])
+    return TOKENIZER_TYPES.get(key)
+
+
 class _Meta:
     """Typed access to GGUF metadata with errors that name the key."""
+
+    def check_types(self):
+        """Every known key has the GGUF type llama.cpp's loader insists on."""
+        for key, f in self.r.fields.items():
+            want = expected_types(key)
+            if want is None:
+                continue
+            try:
+                have = int(f.types[0]) if int(f.types[0]) != ARR else (ARR, int(f.types[1]) if len(f.types) > 1 else -1)
+            except (IndexError, ValueError, TypeError):
+                raise GGUFModelError(f"{self.path}: key '{key}' is malformed") from None
+            if have not in want:
+                raise GGUFModelError(f"{self.path}: key '{key}' has type {_type_name(have)}, llama.cpp expects "
+                                     + " or ".join(_type_name(w) for w in want))
 
     def __init__(self, reader, path):
         self.r = reader
@@ -184,9 +233,8 @@ class _Meta:
             is_array = int(f.types[0]) == 9
             if not is_array:
                 v = vals[0]
-                if v.dtype == np.uint8 and int(f.types[0]) == 8:  # string
-                    return v.tobytes().decode()
-                out = v[0].item()
+                # a string goes through the kind checks too: a string where a number belongs is an error
+                out = v.tobytes().decode() if int(f.types[0]) == 8 else v[0].item()
             elif len(f.types) > 1 and int(f.types[1]) == 8:
                 out = [v.tobytes().decode() for v in vals]
             else:
@@ -209,6 +257,7 @@ class _Meta:
 
 def read_hparams(reader, path) -> tuple[HParams, str, str]:
     m = _Meta(reader, path)
+    m.check_types()
     arch = m.get("general.architecture", required=True)
     if arch != ARCH:
         raise GGUFModelError(f"{path}: general.architecture is '{arch}', graphgen drafts are '{ARCH}'")
@@ -726,6 +775,7 @@ class Model:
             seen[t.name] = t
             if int(t.tensor_type) not in SUPPORTED_WEIGHT_TYPES:
                 raise GGUFModelError(f"{self.path}: tensor '{t.name}' has unsupported type {t.tensor_type.name}")
+        check_tensor_types(reader, self.path)
         w1 = seen.get("markov_w1.weight")
         self._dspark_rank = int(w1.shape[0]) if w1 is not None else 0
         d2t = seen.get("d2t")
@@ -760,10 +810,7 @@ class Model:
         if hp.mask_token_id >= hp.n_vocab:
             raise GGUFModelError(f"{self.path}: key 'tokenizer.ggml.mask_token_id' = {hp.mask_token_id} "
                                  f"is outside the vocabulary ({hp.n_vocab})")
-        end = self.path.stat().st_size
-        for t in reader.tensors:
-            if int(t.data_offset) + int(t.n_bytes) > end:
-                raise GGUFModelError(f"{self.path}: tensor '{t.name}' data lies past the end of the file")
+        self._weight_bytes = check_tensor_data(reader, self.path, self.path.stat().st_size)
         # graph_dspark calls the Markov head without a hidden state, so upstream asserts on an RNN
         # head there; only the Mistral Large 4 backbone feeds it
         if "joint_proj.weight" in seen and self.backbone != BACKBONE_MISTRAL_LARGE4:
@@ -774,6 +821,9 @@ class Model:
     def upload(self, backend):
         reader = self._reader
         n = len(reader.tensors)
+        if G.ggml_backend_is_cpu(backend):
+            # a refusal beats the OOM killer; device memory is the device backend's to refuse
+            check_memory(self._weight_bytes, self.path, f"the {n} weight tensors")
         params = G.ggml_init_params(mem_size=G.ggml_tensor_overhead() * (n + 8), mem_buffer=None, no_alloc=True)
         ctx = G.ggml_init(params)
         created = []

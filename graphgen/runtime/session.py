@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .. import validate as V
 from ..errors import BatchError
 from ..graph import GRAPH_MAX_NODES, GraphParams, MemSlot
 from ..models.dflash import build_arch_graph
@@ -90,6 +91,8 @@ class Session:
         self.n_threads = n_threads
         t = KV_TYPES[type_kv]
         v_trans = not flash_attn
+        # llama.cpp pads the context to a multiple of 256 cells, and the caches take that size
+        n_ctx = -(-n_ctx // 256) * 256
         if hp.use_iswa:
             base_layers = [il for il in range(hp.n_layer) if not hp.is_swa(il)]
             swa_layers = [il for il in range(hp.n_layer) if hp.is_swa(il)]
@@ -111,64 +114,23 @@ class Session:
 
     # -- batches ----------------------------------------------------------------------------
     def _check_common(self, pos, seq):
-        if pos.ndim != 1 or pos.shape[0] == 0:
-            raise BatchError("a batch needs at least one token")
-        if pos.shape[0] > self.n_ubatch:
-            raise BatchError(f"batch of {pos.shape[0]} tokens is larger than n_ubatch {self.n_ubatch}")
-        if (pos < 0).any():
-            raise BatchError(f"negative position {int(pos.min())} in the batch")
-        if ((seq < 0) | (seq >= self.n_seq)).any():
-            bad = int(seq[(seq < 0) | (seq >= self.n_seq)][0])
-            raise BatchError(f"sequence id {bad} is outside [0, {self.n_seq})")
-        pairs = set(zip(seq.tolist(), pos.tolist()))
-        if len(pairs) != pos.shape[0]:
-            seen = set()
-            for sp in zip(seq.tolist(), pos.tolist()):
-                if sp in seen:
-                    raise BatchError(f"sequence {sp[0]} repeats position {sp[1]} in one batch")
-                seen.add(sp)
+        V.check_batch(pos, seq, self.n_ubatch, self.n_seq)
 
     def make_inject(self, features, pos0: int, seq: int = 0) -> UBatch:
-        x = np.asarray(features, dtype=np.float32)
-        w = self.hparams.n_embd_inp_enc
-        if x.ndim != 2 or x.shape[1] != w:
-            raise BatchError(f"target features must be [n_tokens, {w}] (len(target_layers) * n_embd), "
-                             f"got shape {list(x.shape)}")
-        if not np.isfinite(x).all():
-            raise BatchError("target features contain NaN or Inf")
+        x = V.check_features(features, self.hparams.n_embd_inp_enc)
         n = x.shape[0]
+        pos0 = V.check_positions(pos0, n, "inject")
+        seq = V.check_seq(seq, self.n_seq)
         pos = np.arange(pos0, pos0 + n, dtype=np.int32)
         sq = np.full(n, seq, dtype=np.int32)
         self._check_common(pos, sq)
-        return UBatch(pos=pos, seq=sq, embd=np.ascontiguousarray(x))
+        return UBatch(pos=pos, seq=sq, embd=x)
 
     def make_block(self, blocks, embd_state=None) -> UBatch:
         """blocks: [(seq, tokens, pos0), ...] into one batch, in that order."""
-        toks, pos, seq = [], [], []
-        for s, t, p0 in blocks:
-            t = [int(x) for x in t]
-            toks += t
-            pos += list(range(p0, p0 + len(t)))
-            seq += [s] * len(t)
-        sizes = [len(t) for _, t, _ in blocks]
-        if self.model.variant != "dflash" and len(set(sizes)) > 1:
-            # the heads index [tokens_per_block, n_blocks]: the batch must split into equal blocks
-            raise BatchError(f"blocks of sizes {sizes} do not divide the batch into equal blocks, "
-                             f"which the {self.model.variant} head needs")
-        if len({s for s, _, _ in blocks}) != len(blocks):
-            raise BatchError("a sequence appears twice in one block batch")
-        tokens = np.asarray(toks, dtype=np.int32)
-        pos_a = np.asarray(pos, dtype=np.int32)
-        seq_a = np.asarray(seq, dtype=np.int32)
-        if tokens.size and (tokens.min() < 0 or tokens.max() >= self.hparams.n_vocab):
-            bad = int(tokens[(tokens < 0) | (tokens >= self.hparams.n_vocab)][0])
-            raise BatchError(f"token id {bad} is outside the vocabulary [0, {self.hparams.n_vocab})")
+        tokens, pos_a, seq_a = V.block_arrays(blocks, self.model.variant, self.hparams.n_vocab)
         self._check_common(pos_a, seq_a)
-        st = None
-        if embd_state is not None:
-            st = np.asarray(embd_state, dtype=np.float32)
-            if st.shape != (tokens.size, self.hparams.n_embd):
-                raise BatchError(f"embd_state must be [{tokens.size}, {self.hparams.n_embd}], got {list(st.shape)}")
+        st = V.check_embd_state(embd_state, tokens.size, self.hparams.n_embd)
         return UBatch(pos=pos_a, seq=seq_a, tokens=tokens, embd_state=st)
 
     # -- compute ----------------------------------------------------------------------------

@@ -171,7 +171,10 @@ def rewrite(src: Path, dst: Path, edits: dict) -> Path:
         if t.name in retype:
             data = data.astype(retype[t.name])
         w.add_tensor(t.name, data)
+    have = {t.name for t in r.tensors} - set(edits.get("drop_tensors", ()))
     for name, shape in edits.get("add_tensors", {}).items():
+        if name in have:  # gguf-py refuses duplicates; duplicates come from the raw 'dupname' edit
+            continue
         w.add_tensor(name, np.zeros([max(1, int(x)) for x in shape][::-1], dtype=np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -232,13 +235,20 @@ def make_gguf(case: dict, out_dir: Path, cache: Path) -> Path:
         shutil.copyfile(base, dst)
     data = dst.read_bytes()
     for e in case.get("raw", []):
-        if e[0] in ("offset", "dim", "ndims", "type", "dupname"):
-            data = tinfo_edit(data, e)
-        elif e[0] in ("kvtype", "kvpoke"):
-            data = kv_edit(data, e)
+        # an earlier edit may have broken the layout the next one needs: then it is skipped
+        try:
+            data = _raw_edit(data, e)
+        except (struct.error, UnicodeDecodeError, IndexError, KeyError, ZeroDivisionError):
+            pass
     data = apply_bytes(data, case.get("bytes", []))
     dst.write_bytes(data)
     return dst
+
+
+def _raw_edit(data: bytes, e: list) -> bytes:
+    if e[0] in ("offset", "dim", "ndims", "type", "dupname"):
+        return tinfo_edit(data, e)
+    return kv_edit(data, e)
 
 
 # ---- dumps ------------------------------------------------------------------------------------
@@ -286,10 +296,15 @@ def make_dump_case(case: dict, out_dir: Path) -> dict:
             _set_path(doc, e[1], e[2])
         elif op == "del":
             _set_path(doc, e[1], None, delete=True)
-        elif op == "cycle" and doc.get("nodes"):
+        elif op == "cycle" and isinstance(doc.get("nodes"), list) and doc["nodes"]:
             # node a takes node b (later or itself) as a source: a cycle in the source graph
             n = len(doc["nodes"])
             a, b = e[1] % n, e[2] % n
+            na, nb = doc["nodes"][a], doc["nodes"][b]
+            # an earlier edit may have broken these nodes already: nothing to link then
+            if not (isinstance(na, dict) and isinstance(nb, dict) and isinstance(na.get("src", []), list)
+                    and isinstance(nb.get("src", []), list)):
+                continue
             doc["nodes"][a]["src"] = [doc["nodes"][b]["name"]] + doc["nodes"][a].get("src", [])[1:]
             doc["nodes"][b]["src"] = [doc["nodes"][a]["name"]] + doc["nodes"][b].get("src", [])[1:]
         elif op == "grow" and doc.get("nodes"):
@@ -298,14 +313,15 @@ def make_dump_case(case: dict, out_dir: Path) -> dict:
             nodes = []
             while len(nodes) < e[1]:
                 for nd in base:
-                    nd = dict(nd, index=len(nodes))
+                    nd = dict(nd, index=len(nodes)) if isinstance(nd, dict) else nd
                     nodes.append(nd)
                     if len(nodes) >= e[1]:
                         break
             doc["nodes"] = nodes
         elif op == "ne" and doc.get("nodes"):
             nd = doc["nodes"][e[1] % len(doc["nodes"])]
-            nd["ne"] = list(e[2])
+            if isinstance(nd, dict):
+                nd["ne"] = list(e[2])
     text = json.dumps(doc).encode()
     text = apply_bytes(text, case.get("text_bytes", []))
     target.write_bytes(text)

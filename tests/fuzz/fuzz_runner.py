@@ -30,6 +30,7 @@ class Report:
     n: int = 0
     outcomes: dict = field(default_factory=dict)   # outcome -> count
     failures: list = field(default_factory=list)   # (index, why, saved path)
+    results: dict = field(default_factory=dict)    # index -> outcome
     seconds: float = 0.0
 
     def summary(self) -> str:
@@ -93,6 +94,7 @@ def _run_range(family: str, cases: list, case_file: Path, lo: int, hi: int, work
                     res = json.loads(payload)
                     report.n += 1
                     report.outcomes[res["outcome"]] = report.outcomes.get(res["outcome"], 0) + 1
+                    report.results[int(k)] = res["outcome"]
                     if res.get("fail"):
                         report.failures.append((int(k), res["fail"],
                                                 str(_save(family, int(k), cases[int(k)], res["fail"], work, ""))))
@@ -108,6 +110,7 @@ def _run_range(family: str, cases: list, case_file: Path, lo: int, hi: int, work
             break
         report.n += 1
         report.outcomes["crash"] = report.outcomes.get("crash", 0) + 1
+        report.results[bad] = "crash"
         report.failures.append((bad, died, str(_save(family, bad, cases[bad], died, work, stderr))))
         i = bad + 1
 
@@ -143,5 +146,6 @@ def run_cases(family: str, cases: list, work: Path, timeout: float = 30.0, worke
             for k, v in part.outcomes.items():
                 report.outcomes[k] = report.outcomes.get(k, 0) + v
             report.failures += part.failures
+            report.results.update(part.results)
     report.seconds = time.monotonic() - t0
     return report

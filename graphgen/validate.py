@@ -1,0 +1,182 @@
+"""Checks that run before ggml calls that can assert: a GGML_ASSERT kills the interpreter, so
+shapes, types and index ranges are checked here, in Python, and refused with graphgen's
+documented exceptions (GGUFModelError, BatchError) naming the key, tensor, shape or field.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from .errors import BatchError, GGUFModelError
+
+POS_MAX = 2**31 - 1          # llama_pos is int32
+N_DIMS_MAX = 4               # GGML_MAX_DIMS
+
+
+# ---- GGUF files -------------------------------------------------------------------------------
+
+def check_tensor_data(reader, path, file_size: int) -> int:
+    """Every tensor's dims and data range are sane; returns the bytes the weights need."""
+    total = 0
+    for t in reader.tensors:
+        shape = [int(x) for x in t.shape]
+        if not 1 <= len(shape) <= N_DIMS_MAX or any(d <= 0 for d in shape):
+            raise GGUFModelError(f"{path}: tensor '{t.name}' has shape {shape}; ggml takes 1 to "
+                                 f"{N_DIMS_MAX} positive dims")
+        n = int(t.n_bytes)
+        off = int(t.data_offset)
+        if off < 0 or n < 0 or off + n > file_size:
+            raise GGUFModelError(f"{path}: tensor '{t.name}' data lies past the end of the file "
+                                 f"(offset {off} + {n} bytes > {file_size})")
+        total += n
+    return total
+
+
+INT_TENSORS = {"d2t"}        # the only integer tensor a draft holds (read by ggml_get_rows)
+_INT_TYPES = {24: "i8", 25: "i16", 26: "i32", 27: "i64"}
+
+
+def check_tensor_types(reader, path) -> None:
+    """Weights are float (f32/f16/bf16/q8_0): an integer weight in a matmul or an add makes ggml
+    abort or read out of bounds."""
+    for t in reader.tensors:
+        tt = int(t.tensor_type)
+        if tt in _INT_TYPES and t.name not in INT_TENSORS:
+            raise GGUFModelError(f"{path}: tensor '{t.name}' has integer type {_INT_TYPES[tt]}; "
+                                 "weights must be f32, f16, bf16 or q8_0")
+        # norms, biases and scales enter ggml_mul/ggml_add with f32 activations, which need f32
+        if len(t.shape) == 1 and tt != 0 and t.name not in INT_TENSORS:
+            raise GGUFModelError(f"{path}: tensor '{t.name}' (1-D: a norm, bias or scale) has type "
+                                 f"{t.tensor_type.name}; it must be F32")
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available for new allocations (MemAvailable), None when unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**27 else f"{n / 2**20:.1f} MiB"
+
+
+def check_memory(need: int, path, what: str = "its tensors") -> None:
+    """Refuse before allocating when `need` bytes would not fit in available memory."""
+    have = available_memory()
+    if have is not None and need > have:
+        raise GGUFModelError(f"{path}: {what} need {_gib(need)} ({need} bytes), only {_gib(have)} "
+                             "of memory is available")
+
+
+# ---- batches ----------------------------------------------------------------------------------
+
+def _int(v, what: str) -> int:
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+        raise BatchError(f"{what} must be an integer, got {v!r}")
+    return int(v)
+
+
+def check_positions(pos0, n: int, what: str = "batch") -> int:
+    """pos0 .. pos0 + n - 1 fit llama_pos (int32) and are not negative."""
+    p = _int(pos0, f"{what}: position pos0")
+    if p < 0:
+        raise BatchError(f"{what}: negative position {p} in the batch")
+    if p + max(n, 1) - 1 > POS_MAX:
+        raise BatchError(f"{what}: position {p + n - 1} is past the largest position {POS_MAX}")
+    return p
+
+
+def check_seq(seq, n_seq: int, what: str = "batch") -> int:
+    """A sequence id in [0, n_seq), checked before it is cast to int32."""
+    s = _int(seq, f"{what}: sequence id")
+    if not 0 <= s < n_seq:
+        raise BatchError(f"sequence id {s} is outside [0, {n_seq})")
+    return s
+
+
+def check_batch(pos: np.ndarray, seq: np.ndarray, n_ubatch: int, n_seq: int) -> None:
+    """The checks of every batch: size, positions, sequence ids, no repeated position."""
+    if pos.ndim != 1 or pos.shape[0] == 0:
+        raise BatchError("a batch needs at least one token")
+    if pos.shape[0] > n_ubatch:
+        raise BatchError(f"batch of {pos.shape[0]} tokens is larger than n_ubatch {n_ubatch}")
+    if (pos < 0).any():
+        raise BatchError(f"negative position {int(pos.min())} in the batch")
+    bad = (seq < 0) | (seq >= n_seq)
+    if bad.any():
+        raise BatchError(f"sequence id {int(seq[bad][0])} is outside [0, {n_seq})")
+    pairs = list(zip(seq.tolist(), pos.tolist()))
+    if len(set(pairs)) != len(pairs):
+        seen = set()
+        for sp in pairs:
+            if sp in seen:
+                raise BatchError(f"sequence {sp[0]} repeats position {sp[1]} in one batch")
+            seen.add(sp)
+
+
+def check_features(x, width: int) -> np.ndarray:
+    """Target features: a finite float32 [n_tokens, width] array."""
+    try:
+        a = np.asarray(x, dtype=np.float32)
+    except (TypeError, ValueError) as e:
+        raise BatchError(f"target features are not a numeric array ({e})") from None
+    if a.ndim != 2 or a.shape[1] != width:
+        raise BatchError(f"target features must be [n_tokens, {width}] (len(target_layers) * n_embd), "
+                         f"got shape {list(a.shape)}")
+    if not np.isfinite(a).all():
+        raise BatchError("target features contain NaN or Inf")
+    return np.ascontiguousarray(a)
+
+
+def block_arrays(blocks, variant: str, n_vocab: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """[(seq, tokens, pos0), ...] -> int32 tokens, positions, sequence ids, checked before any cast."""
+    if not isinstance(blocks, (list, tuple)) or not blocks:
+        raise BatchError("a block batch needs at least one (seq, tokens, pos0) entry")
+    toks, pos, seq, sizes, seen = [], [], [], [], set()
+    for k, b in enumerate(blocks):
+        if not isinstance(b, (list, tuple)) or len(b) != 3:
+            raise BatchError(f"block {k} must be (seq, tokens, pos0), got {b!r}")
+        s = _int(b[0], f"block {k}: sequence id")
+        t = [_int(x, f"block {k}: token") for x in b[1]]
+        p0 = check_positions(b[2], len(t), f"block {k}")
+        if s in seen:
+            raise BatchError("a sequence appears twice in one block batch")
+        seen.add(s)
+        for x in t:
+            if not 0 <= x < n_vocab:
+                raise BatchError(f"token id {x} is outside the vocabulary [0, {n_vocab})")
+        if not -2**31 <= s <= POS_MAX:
+            raise BatchError(f"sequence id {s} is outside [0, {POS_MAX}]")
+        toks += t
+        pos += range(p0, p0 + len(t))
+        seq += [s] * len(t)
+        sizes.append(len(t))
+    if variant != "dflash" and len(set(sizes)) > 1:
+        # the heads index [tokens_per_block, n_blocks]: the batch must split into equal blocks
+        raise BatchError(f"blocks of sizes {sizes} do not divide the batch into equal blocks, "
+                         f"which the {variant} head needs")
+    return (np.asarray(toks, dtype=np.int32), np.asarray(pos, dtype=np.int32), np.asarray(seq, dtype=np.int32))
+
+
+def check_embd_state(st, n_tokens: int, n_embd: int) -> np.ndarray | None:
+    """LiliCorr's per-token state rows: float32 [n_tokens, n_embd], finite."""
+    if st is None:
+        return None
+    try:
+        a = np.asarray(st, dtype=np.float32)
+    except (TypeError, ValueError) as e:
+        raise BatchError(f"embd_state is not a numeric array ({e})") from None
+    if a.shape != (n_tokens, n_embd):
+        raise BatchError(f"embd_state must be [{n_tokens}, {n_embd}], got {list(a.shape)}")
+    return np.ascontiguousarray(a)
