@@ -180,3 +180,82 @@ def check_embd_state(st, n_tokens: int, n_embd: int) -> np.ndarray | None:
     if a.shape != (n_tokens, n_embd):
         raise BatchError(f"embd_state must be [{n_tokens}, {n_embd}], got {list(a.shape)}")
     return np.ascontiguousarray(a)
+
+
+_GGUF_SCALAR = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+
+
+def check_gguf_layout(path, data=None) -> None:
+    """Walk a GGUF's header, metadata and tensor infos, bounding every count by the file's size.
+
+    gguf-py trusts the counts it reads: an array that claims 2^63 elements makes it loop for
+    hours. This walk is linear in the file's size and raises GGUFModelError instead.
+    """
+    import mmap
+    import struct as _s
+
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size < 24:
+            raise GGUFModelError(f"{path}: truncated GGUF ({size} bytes, the header alone takes 24)")
+        buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        if buf[:4] != b"GGUF":
+            raise GGUFModelError(f"{path}: not a GGUF file (magic {bytes(buf[:4])!r})")
+        version, n_t, n_kv = _s.unpack_from("<IQQ", buf, 4)
+        if version not in (2, 3):
+            raise GGUFModelError(f"{path}: unsupported GGUF version {version}")
+        if n_kv > size // 13 or n_t > size // 24:
+            raise GGUFModelError(f"{path}: header claims {n_kv} keys and {n_t} tensors, more than a "
+                                 f"{size}-byte file can hold")
+        pos = 24
+
+        def need(p, n, what):
+            if n < 0 or p + n > size:
+                raise GGUFModelError(f"{path}: {what} runs past the end of the file (truncated or corrupt)")
+
+        def string(p, what):
+            need(p, 8, what)
+            n, = _s.unpack_from("<Q", buf, p)
+            need(p + 8, n, what)
+            return bytes(buf[p + 8:p + 8 + n]), p + 8 + n
+
+        def value(p, t, key):
+            if t in _GGUF_SCALAR:
+                need(p, _GGUF_SCALAR[t], f"key '{key}'")
+                return p + _GGUF_SCALAR[t]
+            if t == 8:
+                return string(p, f"key '{key}'")[1]
+            if t == 9:
+                need(p, 12, f"key '{key}'")
+                sub, n = _s.unpack_from("<IQ", buf, p)
+                p += 12
+                if sub in _GGUF_SCALAR:
+                    need(p, n * _GGUF_SCALAR[sub], f"key '{key}' ({n} elements)")
+                    return p + n * _GGUF_SCALAR[sub]
+                if sub == 8:
+                    if n * 8 > size - p:
+                        raise GGUFModelError(f"{path}: key '{key}' claims {n} strings, more than the file holds")
+                    for _ in range(n):
+                        p = string(p, f"key '{key}'")[1]
+                    return p
+                raise GGUFModelError(f"{path}: key '{key}' is an array of unsupported type {sub}")
+            raise GGUFModelError(f"{path}: key '{key}' has unknown GGUF type {t}")
+
+        for _ in range(n_kv):
+            kb, pos = string(pos, "a metadata key")
+            key = kb.decode(errors="replace")
+            need(pos, 4, f"key '{key}'")
+            t, = _s.unpack_from("<I", buf, pos)
+            pos = value(pos + 4, t, key)
+        for _ in range(n_t):
+            nb, pos = string(pos, "a tensor name")
+            name = nb.decode(errors="replace")
+            need(pos, 4, f"tensor '{name}'")
+            nd, = _s.unpack_from("<I", buf, pos)
+            if nd > 4:
+                raise GGUFModelError(f"{path}: tensor '{name}' has {nd} dimensions (ggml has at most 4)")
+            need(pos + 4, 8 * nd + 12, f"tensor '{name}'")
+            pos += 4 + 8 * nd + 12
+    finally:
+        buf.close()

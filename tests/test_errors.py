@@ -165,3 +165,19 @@ def test_info_prints_variant_and_tensors(tiny):
     assert p.returncode == 0, p.stderr
     assert "variant   dflash" in p.stdout and "backbone  base" in p.stdout
     assert "blk.1.ffn_up.weight" in p.stdout and "target_layers" in p.stdout
+
+
+def test_absurd_array_count_is_refused_quickly(tiny, tmp_path):
+    """An array claiming 2^62 elements: gguf-py would loop on it; the layout walk refuses it at once."""
+    import struct
+    import time
+    data = bytearray(tiny.read_bytes())
+    key = b"tokenizer.ggml.tokens"
+    at = data.index(key) + len(key) + 4 + 4  # past the key, its type (array) and the element type
+    struct.pack_into("<Q", data, at, 1 << 62)
+    p = tmp_path / "huge.gguf"
+    p.write_bytes(bytes(data))
+    t0 = time.perf_counter()
+    with pytest.raises(GGUFModelError, match="tokenizer.ggml.tokens"):
+        load(p)
+    assert time.perf_counter() - t0 < 5

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import validate as V
 from ..errors import GGUFModelError
 from ..validate import check_memory, check_tensor_data, check_tensor_types
 from ..ops import ggml as G
@@ -579,6 +580,8 @@ class Model:
             magic = f.read(4)
         if magic != b"GGUF":
             raise GGUFModelError(f"{self.path}: not a GGUF file (magic {magic!r})")
+        # bound every count by the file's size first: gguf-py trusts them and can loop for hours
+        V.check_gguf_layout(self.path)
         try:
             reader = GGUFReader(str(self.path), "r")
         except Exception as e:  # gguf-py raises ValueError/IndexError/struct.error on truncation

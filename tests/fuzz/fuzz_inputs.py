@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +33,8 @@ def base_model(name: str, cache: Path, seed: int = 0) -> Path:
     p = cache / f"{name}-s{seed}.gguf"
     if not p.exists():
         variant, backbone, kw = BASES[name]
-        tmp = p.with_suffix(".tmp")
+        # a per-process name: two workers may build the same base at once
+        tmp = p.with_suffix(f".{os.getpid()}.tmp")
         make_model(tmp, variant, backbone, seed=seed, **kw)
         tmp.replace(p)
     return p
@@ -80,6 +82,8 @@ def layout(data: bytes) -> tuple[list[KV], list[TInfo], int]:
         if t == 9:
             sub, n = struct.unpack_from("<IQ", data, p)
             q = p + 12
+            if n > len(data):  # an earlier edit made the count absurd: the layout ends here
+                raise ValueError(f"array of {n} elements in a {len(data)}-byte file")
             for _ in range(n):
                 q = value(q, sub)
             return q
@@ -238,7 +242,7 @@ def make_gguf(case: dict, out_dir: Path, cache: Path) -> Path:
         # an earlier edit may have broken the layout the next one needs: then it is skipped
         try:
             data = _raw_edit(data, e)
-        except (struct.error, UnicodeDecodeError, IndexError, KeyError, ZeroDivisionError):
+        except (struct.error, UnicodeDecodeError, IndexError, KeyError, ZeroDivisionError, ValueError):
             pass
     data = apply_bytes(data, case.get("bytes", []))
     dst.write_bytes(data)
@@ -291,6 +295,8 @@ def make_dump_case(case: dict, out_dir: Path) -> dict:
     target = sorted(paths["ours"].glob("*.json"))[case.get("file", 0) % 2 if len(list(paths["ours"].glob("*.json"))) > 1 else 0]
     doc = json.loads(target.read_text())
     for e in case.get("doc_edits", []):
+        if not isinstance(doc, dict):  # an earlier edit replaced the whole document
+            break
         op = e[0]
         if op == "set":
             _set_path(doc, e[1], e[2])
@@ -307,7 +313,7 @@ def make_dump_case(case: dict, out_dir: Path) -> dict:
                 continue
             doc["nodes"][a]["src"] = [doc["nodes"][b]["name"]] + doc["nodes"][a].get("src", [])[1:]
             doc["nodes"][b]["src"] = [doc["nodes"][a]["name"]] + doc["nodes"][b].get("src", [])[1:]
-        elif op == "grow" and doc.get("nodes"):
+        elif op == "grow" and isinstance(doc.get("nodes"), list) and doc["nodes"]:
             # many nodes: repeat the graph up to e[1] nodes, with indices renumbered
             base = doc["nodes"]
             nodes = []
@@ -318,7 +324,7 @@ def make_dump_case(case: dict, out_dir: Path) -> dict:
                     if len(nodes) >= e[1]:
                         break
             doc["nodes"] = nodes
-        elif op == "ne" and doc.get("nodes"):
+        elif op == "ne" and isinstance(doc.get("nodes"), list) and doc["nodes"]:
             nd = doc["nodes"][e[1] % len(doc["nodes"])]
             if isinstance(nd, dict):
                 nd["ne"] = list(e[2])
