@@ -22,7 +22,11 @@ def rewrite(src, dst, drop_keys=(), set_keys=None, drop_tensors=(), reshape=None
         else:
             w.add_key_value(name, f.parts[f.data[0]][0].item(), vtype)
     for name, (vtype, value) in (set_keys or {}).items():
-        w.add_key_value(name, value, vtype)
+        # arrays of ints are int32, as the loader's integer array keys are; bools stay bools
+        sub = None
+        if vtype == gguf.GGUFValueType.ARRAY:
+            sub = gguf.GGUFValueType.BOOL if all(isinstance(v, bool) for v in value) else gguf.GGUFValueType.INT32
+        w.add_key_value(name, list(value) if sub else value, vtype, sub_type=sub)
     for t in r.tensors:
         if t.name in drop_tensors:
             continue

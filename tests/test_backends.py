@@ -15,7 +15,6 @@ import pytest
 
 from conftest import REF_DIR
 from graphgen.diff import diff_paths
-from graphgen.engine import run_scenario
 from graphgen.runtime.backends import BackendUnavailable, has_backend, open_backend
 from graphgen.runtime.session import Session
 from graphgen.scenario import load_scenario

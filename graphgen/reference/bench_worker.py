@@ -8,7 +8,6 @@ process's peak RSS; "quit" ends it.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import re
 import resource

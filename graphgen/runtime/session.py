@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import validate as V
-from ..errors import BatchError
 from ..graph import GRAPH_MAX_NODES, GraphParams, MemSlot
 from ..models.dflash import build_arch_graph
 from ..ops import ggml as G
