@@ -181,3 +181,12 @@ def test_absurd_array_count_is_refused_quickly(tiny, tmp_path):
     with pytest.raises(GGUFModelError, match="tokenizer.ggml.tokens"):
         load(p)
     assert time.perf_counter() - t0 < 5
+
+
+@pytest.mark.parametrize("eps", [-1.0, float("nan")])
+def test_negative_or_nan_epsilon(tiny, tmp_path, eps):
+    # ggml's rms_norm asserts eps >= 0: graphgen refuses the file instead (found by the fuzzer)
+    p = rewrite(tiny, tmp_path / "a.gguf", drop_keys={"dflash.attention.layer_norm_rms_epsilon"},
+                set_keys={"dflash.attention.layer_norm_rms_epsilon": (gguf.GGUFValueType.FLOAT32, eps)})
+    with pytest.raises(GGUFModelError, match="layer_norm_rms_epsilon"):
+        load(p)

@@ -8,6 +8,7 @@ before ggml sees them, and uploads the weights into one backend buffer.
 from __future__ import annotations
 
 import ctypes
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -291,6 +292,10 @@ def read_hparams(reader, path) -> tuple[HParams, str, str]:
         raise GGUFModelError(f"{path}: key '{k('rope.dimension_count')}' = {hp.n_rot} must be even and "
                              f"<= the head dimension {hp.n_embd_head_k}")
     hp.f_norm_rms_eps = m.get(k("attention.layer_norm_rms_epsilon"), required=True, kind="float")
+    # ggml's norms assert eps >= 0: a negative or NaN epsilon would abort the interpreter
+    if not (math.isfinite(hp.f_norm_rms_eps) and hp.f_norm_rms_eps >= 0.0):
+        raise GGUFModelError(f"{path}: key '{k('attention.layer_norm_rms_epsilon')}' = {hp.f_norm_rms_eps} "
+                             "must be a finite number >= 0")
     hp.rope_freq_base = m.get(k("rope.freq_base"), 10000.0, kind="float")
     factor = m.get(k("rope.scaling.factor"), 0.0, kind="float")
     hp.rope_freq_scale = 1.0 / factor if factor else 1.0
@@ -502,6 +507,9 @@ def _read_lilicorr(m, hp: HParams, path) -> None:
     hp.lilicorr_num_heads = m.get("lilicorr.num_heads", required=True, kind="int")
     hp.lilicorr_layers = m.get("lilicorr.num_layers", required=True, kind="int")
     hp.lilicorr_vector_eps = m.get("lilicorr.vector_eps", required=True, kind="float")
+    if not (math.isfinite(hp.lilicorr_vector_eps) and hp.lilicorr_vector_eps >= 0.0):
+        # ggml's l2_norm asserts eps >= 0
+        raise GGUFModelError(f"{path}: key 'lilicorr.vector_eps' = {hp.lilicorr_vector_eps} must be a finite number >= 0")
     hp.lilicorr_logit_scale = m.get("lilicorr.logit_scale", required=True, kind="float")
     hp.lilicorr_factor_dim = m.get("lilicorr.factor_dim", required=True, kind="int")
     hp.lilicorr_mlp_hidden_size = m.get("lilicorr.mlp_hidden_size", required=True, kind="int")
