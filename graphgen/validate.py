@@ -6,6 +6,7 @@ documented exceptions (GGUFModelError, BatchError) naming the key, tensor, shape
 from __future__ import annotations
 
 import os
+import re
 
 import numpy as np
 
@@ -38,6 +39,13 @@ INT_TENSORS = {"d2t"}        # the only integer tensor a draft holds (read by gg
 _INT_TYPES = {24: "i8", 25: "i16", 26: "i32", 27: "i64"}
 
 
+# tensors that only enter elementwise ops (ggml_add/ggml_mul with f32 operands)
+_ELEMENTWISE = re.compile(r"(norm\.|_norm$|\.bias$|\.scale$|_sinks|rope_freqs|_conv_base$|_embedding\.weight$|"
+                          r"exp_probs_b|_base\.weight$|_scale\.weight$|attention_bias)")
+# ggml_type -> values per block, for the quantized types a weight may have
+_QUANT_BLOCK = {2: 32, 3: 32, 6: 32, 7: 32, 8: 32, 9: 32, 10: 256, 11: 256, 12: 256, 13: 256, 14: 256, 15: 256}
+
+
 def check_tensor_types(reader, path) -> None:
     """Weights are float (f32/f16/bf16/q8_0): an integer weight in a matmul or an add makes ggml
     abort or read out of bounds."""
@@ -50,6 +58,15 @@ def check_tensor_types(reader, path) -> None:
         if len(t.shape) == 1 and tt != 0 and t.name not in INT_TENSORS:
             raise GGUFModelError(f"{path}: tensor '{t.name}' (1-D: a norm, bias or scale) has type "
                                  f"{t.tensor_type.name}; it must be F32")
+        # so do the many-dimensional tensors that only meet activations elementwise
+        if tt != 0 and _ELEMENTWISE.search(t.name):
+            raise GGUFModelError(f"{path}: tensor '{t.name}' is used elementwise with f32 activations and "
+                                 f"has type {t.tensor_type.name}; it must be F32")
+        # a quantized row is made of whole blocks
+        blk = _QUANT_BLOCK.get(tt)
+        if blk and len(t.shape) and int(t.shape[0]) % blk:
+            raise GGUFModelError(f"{path}: tensor '{t.name}' has {int(t.shape[0])} values per row, not a "
+                                 f"multiple of its {t.tensor_type.name} block of {blk}")
 
 
 def available_memory() -> int | None:
