@@ -105,7 +105,9 @@ def multi_seq_scenario(base: Scenario, n_seq: int) -> Scenario:
         else:
             steps.append(st)
     n_tok = max(sum(len(s["block"]["seqs"][0]["tokens"]) * n_seq for s in steps if "block" in s), 1)
-    doc.update(steps=steps, n_seq=n_seq, n_ubatch=max(doc["n_ubatch"], n_tok))
+    # every sequence keeps its prompt in the cache: make room for all of them and the block
+    cells = sum(s["inject"]["n_tokens"] for s in steps if "inject" in s) + n_tok
+    doc.update(steps=steps, n_seq=n_seq, n_ubatch=max(doc["n_ubatch"], n_tok), n_ctx=max(doc["n_ctx"], cells))
     return parse_scenario(doc)
 
 
