@@ -212,13 +212,14 @@ def check_gguf_layout(path, data=None) -> None:
     import struct as _s
 
     with open(path, "rb") as f:
+        magic = f.read(4)
+        if magic != b"GGUF":
+            raise GGUFModelError(f"{path}: not a GGUF file (magic {magic!r})")
         size = os.fstat(f.fileno()).st_size
         if size < 24:
             raise GGUFModelError(f"{path}: truncated GGUF ({size} bytes, the header alone takes 24)")
         buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     try:
-        if buf[:4] != b"GGUF":
-            raise GGUFModelError(f"{path}: not a GGUF file (magic {bytes(buf[:4])!r})")
         version, n_t, n_kv = _s.unpack_from("<IQQ", buf, 4)
         if version not in (2, 3):
             raise GGUFModelError(f"{path}: unsupported GGUF version {version}")
