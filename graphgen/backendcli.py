@@ -6,8 +6,11 @@ import sys
 
 
 def _cmd_devices(args) -> int:
+    from .ops.runtime import activate
     from .runtime.backends import BUILD_HINT, devices, has_backend
-    print("backends in this ggml-python build:")
+    rt = activate()
+    print(f"ggml {rt.version} from {rt.lib_dir} ({rt.origin})")
+    print("backends in this ggml build:")
     for kind in ("cpu", "vulkan", "cuda", "metal", "rpc"):
         state = "yes" if has_backend(kind) else f"no (build with {BUILD_HINT[kind]})" if kind in BUILD_HINT else "no"
         print(f"  {kind:7s} {state}")

@@ -24,10 +24,13 @@ def _cmd_make_model(args) -> int:
 
 
 def _cmd_info(args) -> int:
+    from .ops.runtime import activate
     from .runtime.model import load
     m = load(args.model)
     hp = m.hparams
+    rt = activate()
     print(f"model     {m.path}")
+    print(f"ggml      {rt.version} ({rt.lib_dir}, {rt.origin})")
     print(f"variant   {m.variant}")
     print(f"backbone  {m.backbone}")
     print("hparams")
@@ -157,7 +160,29 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="make a tiny draft, run inject + one block, diff against llama.cpp if present")
     p.add_argument("--out", help="folder for the draft, scenario and dumps (default: a temp folder)")
     p.set_defaults(fn=_cmd_demo)
+
+    # accepted before or after the command name
+    for parser, default in [(ap, None)] + [(p, argparse.SUPPRESS) for p in sub.choices.values()]:
+        parser.add_argument("--ggml", metavar="DIR", default=default,
+                            help="compute on the libggml*.so in DIR (any llama.cpp build) instead of the "
+                                 "reference's ggml; also $GRAPHGEN_GGML_DIR")
+        parser.add_argument("--llama", metavar="DIR", default=default,
+                            help="run the reference engine on the libllama.so in DIR (a build with b11739's "
+                                 "C API); also $GRAPHGEN_LLAMA_DIR. Alone, graphgen also computes on its ggml")
     return ap
+
+
+def apply_library_options(args) -> None:
+    """--ggml / --llama: chosen before anything loads ggml, and passed on to child processes."""
+    import os
+
+    from .ops.runtime import ENV_GGML_DIR, choose
+    from .reference.libload import ENV_LLAMA_DIR
+    if args.llama:
+        os.environ[ENV_LLAMA_DIR] = str(Path(args.llama).expanduser().resolve())
+    if args.ggml:
+        choose(args.ggml)
+        os.environ[ENV_GGML_DIR] = str(Path(args.ggml).expanduser().resolve())
 
 
 def main(argv=None) -> int:
@@ -167,6 +192,7 @@ def main(argv=None) -> int:
 
     args = build_parser().parse_args(argv)
     try:
+        apply_library_options(args)
         return args.fn(args)
     except KeyboardInterrupt:
         print("graphgen: interrupted", file=sys.stderr)

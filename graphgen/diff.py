@@ -612,6 +612,10 @@ def diff_dumps(ref: Dump, ours: Dump, nmse: float | dict[str, float] | None = No
     if differ:
         notes.append(f"cpu_features differ ({', '.join(differ)}): different kernels may run, so "
                      "last-bit differences in values are expected")
+    ggml_ref, ggml_ours = (ref.source or {}).get("ggml"), (ours.source or {}).get("ggml")
+    if ggml_ref and ggml_ours and ggml_ref != ggml_ours:
+        notes.append(f"computed on different ggml versions (ref {ggml_ref}, ours {ggml_ours}): kernels may "
+                     "differ, so value differences need not come from the graph")
     sdiff = [f"{k} ref={_fmt(ref.settings.get(k))} ours={_fmt(ours.settings.get(k))}"
              for k in sorted(set(ref.settings) | set(ours.settings))
              if ref.settings.get(k) != ours.settings.get(k)]
@@ -655,10 +659,13 @@ SIMD_FEATURES = ("AVX", "AVX2", "AVX512", "F16C", "FMA", "BMI2", "LLAMAFILE", "N
 
 
 def describe_build(d) -> str:
-    """Which engine and CPU kernels computed a dump, e.g. 'graphgen 0.1.0 [AVX AVX2 F16C FMA LLAMAFILE]'."""
+    """Which engine, ggml and CPU kernels computed a dump,
+    e.g. 'graphgen 0.1.0 on ggml 0.27.0 (/path/to/libs) [AVX AVX2 F16C FMA LLAMAFILE]'."""
     src = d.source or {}
     feats = " ".join(f for f in SIMD_FEATURES if d.cpu_features.get(f))
-    return f"{src.get('engine', '?')} {src.get('version', '?')} [{feats or 'no SIMD features'}]"
+    where = src.get("ggml_dir") or src.get("llama_dir")
+    ggml = f" on ggml {src['ggml']}" + (f" ({where})" if where else "") if src.get("ggml") else ""
+    return f"{src.get('engine', '?')} {src.get('version', '?')}{ggml} [{feats or 'no SIMD features'}]"
 
 
 def _fmt_feat(v: bool | None) -> str:

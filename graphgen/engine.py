@@ -13,13 +13,14 @@ import numpy as np
 from . import __version__
 from .dump import write_dump
 from .ops import ggml as G
+from .ops.runtime import describe as runtime_source
 from .record import NodeRecorder, cpu_features, n_kv_from_nodes
 from .runtime.session import Session
 from .scenario import Scenario
 
 
 def engine_header(model_name: str) -> dict:
-    return {"source": {"engine": "graphgen", "version": __version__, "ggml": "0.15.3 (ggml-python 0.0.45)"},
+    return {"source": {"engine": "graphgen", "version": __version__, **runtime_source()},
             "model": model_name, "cpu_features": cpu_features(G.cpu_lib())}
 
 

@@ -76,6 +76,13 @@ class GraphResult:
     t_h_nextn: object = None
     inputs: list = field(default_factory=list)  # (tensor, callable -> ndarray)
 
+    def set_outputs(self):
+        """llm_graph_result::set_outputs: what is read back after compute keeps its memory (the
+        allocator may otherwise hand an intermediate's buffer to a later node)."""
+        for t in (self.t_logits, self.t_embd, self.t_h_nextn):
+            if t is not None:
+                G.ggml_set_output(t)
+
 
 class GraphContext:
     def __init__(self, params: GraphParams):
@@ -329,15 +336,14 @@ class GraphContext:
 
     def build_ffn_limited(self, cur, up, gate, down, limit: float, il: int):
         """build_ffn (LLM_FFN_SILU, LLM_FFN_PAR, no biases or scales) with the per-layer SwiGLU
-        clamp of DSV4 drafts: upstream's fused ggml_swiglu_clamp, emulated, "ffn_swiglu_limited";
+        clamp of DSV4 drafts: upstream's fused ggml_swiglu_clamp, "ffn_swiglu_limited";
         without a clamp, the plain "ffn_swiglu"."""
-        from .ops.emulate import swiglu_clamp
         tmp = self.build_lora_mm(up, cur)
         self.cb(tmp, "ffn_up", il)
         cur = self.build_lora_mm(gate, cur)
         self.cb(cur, "ffn_gate", il)
         if il >= 0 and limit > 1e-6:
-            cur = swiglu_clamp(self.ctx0, self.gf, cur, tmp, limit)
+            cur = G.ggml_swiglu_clamp(self.ctx0, cur, tmp, limit)
             self.cb(cur, "ffn_swiglu_limited", il)
         else:
             cur = ggml_swiglu_split(self.ctx0, cur, tmp)
@@ -348,7 +354,6 @@ class GraphContext:
                       n_expert_used: int, norm_w: bool, w_scale: float, gating: int, limit: float, il: int):
         """llm_graph_context::build_moe_ffn for the DSV4 drafts: SiLU experts with separate up and
         gate, optional selection bias, softmax / sigmoid / sqrt-softplus gating."""
-        from .ops.emulate import swiglu_clamp
         ctx, gf = self.ctx0, self.gf
         n_embd, n_tokens = G.ne(cur, 0), G.ne(cur, 1)
         logits = self.build_lora_mm(gate_inp, cur)
@@ -402,7 +407,7 @@ class GraphContext:
         cur = G.ggml_mul_mat_id(ctx, gate_exps, cur, selected)
         self.cb(cur, "ffn_moe_gate", il)
         if il >= 0 and limit > 1e-6:
-            cur = swiglu_clamp(ctx, gf, cur, up, limit)
+            cur = G.ggml_swiglu_clamp(ctx, cur, up, limit)
             self.cb(cur, "ffn_moe_swiglu_limited", il)
         else:
             cur = ggml_swiglu_split(ctx, cur, up)

@@ -2,7 +2,7 @@
 
 Both engines use this: the reference passes node pointers from llama.cpp's cb_eval, graphgen
 from its own scheduler callback. The struct below is ggml's `struct ggml_tensor`, whose layout is
-the same in ggml 0.15.3 and 0.27.0; it is declared here so the reference process never has to
+the same across ggml 0.15 to 0.27; it is declared here so the reference process never has to
 import a second ggml through ggml-python.
 """
 

@@ -1,7 +1,9 @@
-"""Backends: selection and clear errors, RPC through a local server, Vulkan (lavapipe) vs CPU.
+"""Backends: selection and clear errors, RPC through a local server, GPU backends vs CPU.
 
-CI builds ggml-python with Vulkan and RPC (tools/build_ggml.sh vulkan --rpc) and sets
-GRAPHGEN_REQUIRE_VULKAN=1, so the Vulkan and RPC tests run there instead of skipping.
+The test process computes on the reference's ggml (CPU and RPC). A GPU backend needs a ggml built
+with it (tools/build_ggml.sh vulkan|cuda|metal), so those tests run `graphgen --ggml DIR xdiff`
+in a child process. tools/setup.sh exports GRAPHGEN_<KIND>_GGML_DIR for the build it made; CI
+builds Vulkan (lavapipe) and sets GRAPHGEN_REQUIRE_VULKAN=1, so there a missing build fails.
 """
 
 import os
@@ -10,10 +12,13 @@ import subprocess
 import sys
 import time
 
+import json
+
 import numpy as np
 import pytest
 
 from conftest import REF_DIR
+from graphgen.ops.runtime import cache_root
 from graphgen.diff import diff_paths
 from graphgen.runtime.backends import BackendUnavailable, has_backend, open_backend
 from graphgen.runtime.session import Session
@@ -22,14 +27,59 @@ from graphgen.synth import make_model
 from graphgen.xdiff import xdiff
 from make_references import build_model
 
-REQUIRE = os.environ.get("GRAPHGEN_REQUIRE_VULKAN") == "1"
+GPU_CASES = ["dflash-fa-off", "dflash-fa-on", "dflash2-fa-off", "dspark-conf-fa-on", "lilicorr-fa-off",
+             "dsv4-fa-off", "dsv4-fa-on"]
 
 
 def need(kind):
     if not has_backend(kind):
-        if REQUIRE and kind in ("vulkan", "rpc"):
-            pytest.fail(f"GRAPHGEN_REQUIRE_VULKAN=1 but ggml-python has no {kind} backend")
-        pytest.skip(f"ggml-python built without {kind}")
+        pytest.fail(f"the reference's ggml has no {kind} backend")
+
+
+def gpu_build(kind):
+    """The folder of a ggml built with `kind`, or skip (fail where it is required) naming what is missing."""
+    required = os.environ.get(f"GRAPHGEN_REQUIRE_{kind.upper()}") == "1"
+    d = os.environ.get(f"GRAPHGEN_{kind.upper()}_GGML_DIR")
+    if not d:
+        cached = cache_root() / "ggml" / kind
+        d = str(cached.resolve()) if cached.exists() else None
+    if d is None:
+        msg = f"no {kind} device build here: {_HARDWARE[kind]} and tools/build_ggml.sh {kind} are needed"
+        if required:
+            pytest.fail(msg)
+        pytest.skip(msg)
+    p = subprocess.run([sys.executable, "-m", "graphgen.cli", "--ggml", d, "devices"], capture_output=True,
+                       text=True, timeout=120)
+    devs = p.stdout.split("devices:")[-1].splitlines()
+    if p.returncode != 0 or not any(ln.strip().lower().startswith(_PREFIX[kind]) for ln in devs):
+        msg = f"the {kind} build in {d} sees no {kind} device (no such hardware here): {p.stdout}{p.stderr}"
+        if required:
+            pytest.fail(msg)
+        pytest.skip(msg)
+    return d
+
+
+_HARDWARE = {"vulkan": "a Vulkan driver (lavapipe will do)", "cuda": "an NVIDIA GPU with the CUDA toolkit",
+             "metal": "an Apple GPU (macOS)"}
+# how ggml names the devices and backends of each kind
+_PREFIX = {"vulkan": ("vulkan",), "cuda": ("cuda",), "metal": ("metal", "mtl")}
+
+
+def gpu_xdiff(kind, case, tmp_path):
+    d = gpu_build(kind)
+    case_dir = REF_DIR / case
+    model = build_model(case_dir, tmp_path)
+    p = subprocess.run([sys.executable, "-m", "graphgen.cli", "--ggml", d, "xdiff", str(model), "--scenario",
+                        str(case_dir / "scenario.json"), "--backends", f"cpu,{kind}", "--out", str(tmp_path / "x")],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert f"xdiff cpu vs {kind}: PASS" in p.stdout and "structure identical" in p.stdout, p.stdout
+    assert "DIFFERS" not in p.stdout
+    gdir = [x for x in (tmp_path / "x").iterdir() if x.name.startswith(kind)][0]
+    nodes = json.loads(sorted(gdir.glob("*-block.json"))[0].read_text())["nodes"]
+    # the dump says where each node ran: the GPU ran most of the block
+    assert sum(1 for n in nodes if (n.get("backend") or "").lower().startswith(_PREFIX[kind])) > len(nodes) // 2
+    return p.stdout
 
 
 @pytest.fixture(scope="module")
@@ -44,25 +94,17 @@ def test_unknown_backend(tiny):
         Session(tiny, backend="tpu")
 
 
-@pytest.mark.parametrize("kind", ["cuda", "metal"])
+@pytest.mark.parametrize("kind", ["vulkan", "cuda", "metal"])
 def test_missing_gpu_backend_says_how_to_get_it(tiny, kind):
-    if has_backend(kind):
-        pytest.skip(f"{kind} is built in: exercised by test_gpu_backend_matches_cpu")
+    assert not has_backend(kind)  # the reference's ggml is a CPU build
     with pytest.raises(BackendUnavailable, match=f"tools/build_ggml.sh {kind}"):
         Session(tiny, backend=kind)
 
 
+@pytest.mark.parametrize("case", GPU_CASES)
 @pytest.mark.parametrize("kind", ["cuda", "metal"])
-def test_gpu_backend_matches_cpu(tiny, kind, tmp_path):
-    need(kind)
-    try:
-        open_backend(kind)
-    except BackendUnavailable as e:
-        pytest.skip(str(e))
-    case = REF_DIR / "dflash-fa-off"
-    sc = load_scenario(case / "scenario.json")
-    res = xdiff(build_model(case, tmp_path), sc, ["cpu", kind], tmp_path / "x")
-    assert res.ok, res.format_text()
+def test_gpu_backend_matches_cpu(kind, case, tmp_path):
+    gpu_xdiff(kind, case, tmp_path)
 
 
 def test_auto_falls_back_to_something_that_runs(tiny):
@@ -117,25 +159,9 @@ def test_rpc_matches_cpu(rpc_server, tmp_path):
     assert all(not r.structural for r in results)
 
 
-@pytest.mark.parametrize("case", ["dflash-fa-off", "dflash-fa-on", "dflash2-fa-off"])
+@pytest.mark.parametrize("case", GPU_CASES)
 def test_vulkan_matches_cpu(case, tmp_path):
-    need("vulkan")
-    try:
-        open_backend("vulkan")
-    except BackendUnavailable as e:
-        if REQUIRE:
-            pytest.fail(str(e))
-        pytest.skip(str(e))
-    case_dir = REF_DIR / case
-    model = build_model(case_dir, tmp_path)
-    sc = load_scenario(case_dir / "scenario.json")
-    res = xdiff(model, sc, ["cpu", "vulkan"], tmp_path / "x")
-    assert res.ok, res.format_text()
-    # the dump says where each node ran
-    vk = [d for d in (tmp_path / "x").iterdir() if d.name.startswith("vulkan")][0]
-    import json
-    nodes = json.loads(sorted(vk.glob("*-block.json"))[0].read_text())["nodes"]
-    assert any((n.get("backend") or "").startswith("Vulkan") for n in nodes)
+    gpu_xdiff("vulkan", case, tmp_path)
 
 
 def test_xdiff_cli(tiny, tmp_path):

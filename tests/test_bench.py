@@ -5,7 +5,6 @@ import sys
 
 import pytest
 
-from conftest import reference_available
 from graphgen.bench import multi_seq_scenario, run_bench
 from graphgen.scenario import default_scenario
 from graphgen.synth import make_model
@@ -35,7 +34,6 @@ def test_multi_seq_scenario():
 
 
 @pytest.mark.reference
-@pytest.mark.skipif(not reference_available(), reason="reference extra not installed")
 def test_bench_cli_against_llama_cpp(tiny, tmp_path):
     md = tmp_path / "B.md"
     p = subprocess.run([sys.executable, "-m", "graphgen.cli", "bench", str(tiny), "--repeat", "3", "--prompt", "6",

@@ -1,7 +1,5 @@
 """graphgen's graphs against the committed llama.cpp b11739 dumps: node for node, bit for bit."""
 
-import json
-
 import pytest
 
 from conftest import REF_DIR
@@ -11,12 +9,7 @@ from graphgen.scenario import load_scenario
 from make_references import build_model
 from parity_check import assert_parity
 
-PORTED_VARIANTS = {"dflash", "dflash2", "dspark", "lilicorr"}
 CASES = sorted(p.name for p in REF_DIR.iterdir() if (p / "case.json").is_file())
-# the DSpark backbones (dsv4-*) diff with equivalence rules: tests/test_backbones.py
-PORTED = [c for c in CASES
-          if json.loads((REF_DIR / c / "case.json").read_text())["make_model"]["variant"] in PORTED_VARIANTS
-          and json.loads((REF_DIR / c / "case.json").read_text())["make_model"].get("backbone", "base") == "base"]
 
 
 def test_every_case_has_dumps():
@@ -26,11 +19,11 @@ def test_every_case_has_dumps():
         assert list((REF_DIR / c).glob("*-inject.json")) and list((REF_DIR / c).glob("*-block.json"))
 
 
-@pytest.mark.parametrize("case", PORTED)
+@pytest.mark.parametrize("case", CASES)
 def test_graphgen_matches_llama_cpp(case, tmp_path, models_dir):
     case_dir = REF_DIR / case
     model = build_model(case_dir, models_dir)
     run_scenario(model, load_scenario(case_dir / "scenario.json"), tmp_path)
     results = diff_paths(case_dir, tmp_path)
     assert len(results) == len(list(case_dir.glob("[0-9][0-9]-*.json"))) >= 2
-    assert_parity(results, case_dir, model, case)
+    assert_parity(results, case)

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from conftest import REF_DIR, reference_available
+from conftest import REF_DIR
 from graphgen.diff import diff_paths
 from make_references import build_model
 
@@ -29,7 +29,6 @@ def test_node_counts_as_documented(case):
 
 
 @pytest.mark.reference
-@pytest.mark.skipif(not reference_available(), reason="reference extra not installed")
 @pytest.mark.parametrize("case", ["dflash-iswa-fa-on", "lilicorr-fa-off"])
 def test_regenerated_reference_equals_committed(case, tmp_path):
     from graphgen.reference.runner import run_reference

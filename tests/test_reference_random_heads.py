@@ -5,15 +5,13 @@ import json
 import numpy as np
 import pytest
 
-from conftest import reference_available
 from graphgen.diff import diff_paths
 from graphgen.engine import run_scenario
 from graphgen.scenario import parse_scenario
 from graphgen.synth import make_model
 from parity_check import assert_parity
 
-pytestmark = [pytest.mark.reference,
-              pytest.mark.skipif(not reference_available(), reason="reference extra not installed")]
+pytestmark = [pytest.mark.reference]
 
 N_PER_HEAD = 20
 
@@ -83,4 +81,4 @@ def test_random_head_matches_llama_cpp(variant, seed, tmp_path):
     run_scenario(model, parse_scenario(sc), tmp_path / "ours")
     results = diff_paths(tmp_path / "ref", tmp_path / "ours")
     assert len(results) == len(sc["steps"])
-    assert_parity(results, tmp_path / "ref", model, f"{variant} {kw} {sc}")
+    assert_parity(results, f"{variant} {kw} {sc}")

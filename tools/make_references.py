@@ -54,7 +54,7 @@ CASES = {
     "lilicorr-1slot": ({"variant": "lilicorr", "block_size": 2, "lilicorr_top_k": 1}, {}),
     "lilicorr-fa-off": ({"variant": "lilicorr"}, {}),
     "lilicorr-fa-on": ({"variant": "lilicorr"}, {"flash_attn": True}),
-    # the DeepSeek-V4 DSpark backbone (graph_dsv4): compare with graphgen/rules/dsv4.json
+    # the DeepSeek-V4 DSpark backbone (graph_dsv4)
     "dsv4-fa-off": ({"variant": "dspark", "backbone": "dsv4"}, {}),
     "dsv4-fa-on": ({"variant": "dspark", "backbone": "dsv4"}, {"flash_attn": True}),
 }

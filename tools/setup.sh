@@ -1,57 +1,65 @@
 #!/usr/bin/env bash
-# Install graphgen with ggml-python built for the reference's CPU flags, then run one job:
-#   tools/setup.sh demo   -> graphgen demo
-#   tools/setup.sh test   -> the test suite (pytest)
-# ggml-python is (re)built by tools/build_ggml.sh only when the installed build lacks the
-# reference's CPU flags (AVX/AVX2/FMA/F16C/BMI2, llamafile on, AVX512 off) or a wanted backend.
-# GRAPHGEN_GGML picks the extra backend: cpu (default), vulkan (CI's default), cuda or metal;
-# RPC is always built in.
+# Install graphgen, then run one job:
+#   tools/setup.sh demo [ARGS]   -> graphgen demo
+#   tools/setup.sh test [ARGS]   -> the test suite (pytest)
+#   tools/setup.sh install       -> install only
+# It installs into the active virtual environment, or else into the project's own .venv (made
+# here), so a distribution python3 that refuses pip installs (PEP 668) is fine. Nothing is
+# compiled for the CPU: graphgen computes on the reference wheel's own ggml.
+# GRAPHGEN_GGML=vulkan|cuda|metal also builds that backend's ggml libraries (tools/build_ggml.sh)
+# for the cross-backend tests; CI (CI=true) builds Vulkan, and a failed build fails the run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
 job=${1:-test}; shift || true
-if [ "${CI:-}" = "true" ]; then variant=${GRAPHGEN_GGML:-vulkan}; else variant=${GRAPHGEN_GGML:-cpu}; fi
+case "$job" in demo|test|install) ;; *) echo "usage: tools/setup.sh demo|test|install [ARGS...]" >&2; exit 2 ;; esac
+if [ "${CI:-}" = "true" ]; then gpu=${GRAPHGEN_GGML:-vulkan}; else gpu=${GRAPHGEN_GGML:-}; fi
+[ "$gpu" = cpu ] && gpu=
 
-ggml_ok() {
-  "$PY" - "$1" <<'PYEOF' 2>/dev/null
-import ctypes, os, sys
-import ggml
-from importlib.metadata import version
-d = os.path.join(os.path.dirname(ggml.__file__), "lib")
-cpu = ctypes.CDLL(os.path.join(d, "libggml-cpu.so"))
-has = lambda f: bool(getattr(cpu, "ggml_cpu_has_" + f)())
-want = {"avx2": True, "fma": True, "f16c": True, "avx512": False, "llamafile": True}
-probe = {"cpu": [], "vulkan": ["ggml_backend_vk_init"], "cuda": ["ggml_backend_cuda_init"],
-         "metal": ["ggml_backend_metal_init"]}[sys.argv[1]] + ["ggml_backend_rpc_init"]
-ok = version("ggml-python") == "0.0.45" and all(has(k) == v for k, v in want.items())
-ok = ok and all(hasattr(ggml.lib, f) for f in probe)
-sys.exit(0 if ok else 1)
-PYEOF
-}
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
-if ! ggml_ok "$variant"; then
-  if ! bash tools/build_ggml.sh "$variant" --rpc; then
-    [ "$variant" = cpu ] && exit 1
-    echo "graphgen: the $variant build of ggml-python failed; falling back to the CPU build" >&2
-    variant=cpu
-    bash tools/build_ggml.sh cpu --rpc
+if [ -n "${VIRTUAL_ENV:-}" ]; then
+  PY="$VIRTUAL_ENV/bin/python"
+else
+  if [ ! -x .venv/bin/python ]; then
+    base=${PYTHON:-python3}
+    echo "creating the project's virtual environment in .venv" >&2
+    if ! "$base" -m venv .venv >/dev/null 2>&1; then
+      # Debian and Ubuntu ship venv's pip bootstrap separately
+      rm -rf .venv
+      as_root apt-get update -qq
+      as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
+      "$base" -m venv .venv
+    fi
   fi
+  PY="$PWD/.venv/bin/python"
 fi
-# what the installed build has, for the tests that must then run rather than skip
-if [ "$variant" = vulkan ] && ggml_ok vulkan; then export GRAPHGEN_REQUIRE_VULKAN=1; fi
-"$PY" -m pip install -q -e '.[reference,test]'
+
+echo "installing graphgen and its test tools into $("$PY" -c 'import sys; print(sys.prefix)')" >&2
+"$PY" -m pip install -q --disable-pip-version-check -e '.[test]'
+# fetch ggml-python's bindings (once) and check the ggml they will run on
+"$PY" -m graphgen.ops.runtime >&2
+
+if [ -n "$gpu" ]; then
+  dir=$(bash tools/build_ggml.sh "$gpu")
+  kind=$(echo "$gpu" | tr '[:lower:]' '[:upper:]')
+  export "GRAPHGEN_${kind}_GGML_DIR=$dir"
+  [ "${CI:-}" = "true" ] && export "GRAPHGEN_REQUIRE_${kind}=1"
+fi
+
 # CI also installs what the viewer tests drive (Graphviz, Chromium, Model Explorer), so they run
 # rather than skip; elsewhere those tests skip when the tools are absent.
 if [ "${CI:-}" = "true" ] && command -v apt-get >/dev/null; then
   { command -v dot >/dev/null && command -v chromium >/dev/null; } ||
-    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq graphviz chromium >/dev/null; } ||
+    { as_root apt-get update -qq && as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq graphviz chromium >/dev/null; } ||
     echo "could not install graphviz/chromium; their tests will skip" >&2
-  "$PY" -m pip install -q -e '.[explorer]' || echo "could not install the explorer extra; its test will skip" >&2
+  "$PY" -m pip install -q --disable-pip-version-check -e '.[explorer]' ||
+    echo "could not install the explorer extra; its test will skip" >&2
 fi
 
 case "$job" in
-  demo) exec graphgen demo "$@" ;;
+  demo)
+    [ -z "${VIRTUAL_ENV:-}" ] && echo "graphgen is installed in .venv: run it as .venv/bin/graphgen, or 'source .venv/bin/activate' first" >&2
+    exec "$PY" -m graphgen.cli demo "$@" ;;
   test) exec "$PY" -m pytest -q "$@" ;;
-  install) ;;
-  *) echo "usage: tools/setup.sh demo|test|install" >&2; exit 2 ;;
+  install) [ -z "${VIRTUAL_ENV:-}" ] && echo "installed in .venv: run .venv/bin/graphgen" >&2; exit 0 ;;
 esac

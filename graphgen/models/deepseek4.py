@@ -2,9 +2,10 @@
 
 Hyper-connections (mHC): the residual stream is hc parallel streams [n_embd, hc, T]. Each
 sub-layer mixes them into its input (`hc_pre`), and writes its output back into every stream
-(`hc_post`) through a Sinkhorn-normalised stream mix (`hc_comb`). The three fused CPU ops of
-llama.cpp (DSV4_HC_PRE, DSV4_HC_COMB, DSV4_HC_POST) are emulated by upstream's own unfused
-chains (graphgen/ops/emulate.py); the head collapse (`hc_head`, il = -1) is unfused upstream too.
+(`hc_post`) through a Sinkhorn-normalised stream mix (`hc_comb`). Inside the layers these are
+ggml's fused ops (DSV4_HC_PRE, DSV4_HC_COMB, DSV4_HC_POST), as upstream builds them by default;
+the collapse before the output norm (`hc_head`, il = -1) keeps the plain chain of views, muls
+and adds, as upstream does.
 
 The attention is the uncompressed (ratio 0) sliding-window path: low-rank Q with a per-head
 RMS norm, a single shared K (= V) row per token in a K-only cache, rope on the trailing n_rot
@@ -16,11 +17,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..ops import emulate as E
 from ..ops import ggml as G
-from ..ops.ggml import (ggml_add, ggml_cont_2d, ggml_mul, ggml_mul_mat, ggml_permute, ggml_reshape_2d,
-                        ggml_reshape_3d, ggml_rms_norm, ggml_scale, ggml_scale_bias, ggml_sigmoid, ggml_view_1d,
-                        ggml_view_2d)
+from ..ops.ggml import (ggml_add, ggml_cont_2d, ggml_dsv4_hc_comb, ggml_dsv4_hc_post, ggml_dsv4_hc_pre,
+                        ggml_mul, ggml_mul_mat, ggml_permute, ggml_reshape_2d, ggml_reshape_3d, ggml_rms_norm,
+                        ggml_rope_ext, ggml_rope_ext_back, ggml_rope_set_offset, ggml_scale, ggml_scale_bias,
+                        ggml_sigmoid, ggml_view_1d, ggml_view_2d)
 
 
 @dataclass
@@ -78,18 +79,26 @@ def build_hc_mixes(g, x, hc_fn, hc_scale, hc_base, il: int) -> HCMixes:
     post = ggml_scale(ctx, post, 2.0)
     g.cb(post, "hc_post", il)
 
-    # fused upstream (DSV4_HC_COMB); the emulation is upstream's unfused affine + Sinkhorn
-    comb = E.dsv4_hc_comb(ctx, mixes, hc_scale, hc_base, hp.dsv4_hc_eps, hp.dsv4_hc_sinkhorn_iters, hc)
+    # one fused node: the comb slice's affine map, then the Sinkhorn iterations
+    comb = ggml_dsv4_hc_comb(ctx, mixes, hc_scale, hc_base, hp.dsv4_hc_eps, hp.dsv4_hc_sinkhorn_iters)
     g.cb(comb, "hc_comb", il)
     return HCMixes(pre, post, comb)
 
 
 def build_hc_pre_weighted(g, x, weights, il: int):
-    """build_hc_pre(x, weights, il): the weighted sum of the streams; fused (DSV4_HC_PRE) upstream
-    for il >= 0, emulated; for il < 0 upstream's own unfused chain."""
+    """build_hc_pre(x, weights, il): the weighted sum of the streams; one fused node inside the
+    layers, the per-stream chain for the collapse (il < 0)."""
+    ctx = g.ctx0
     if il >= 0:
-        return E.dsv4_hc_pre(g.ctx0, g.gf, x, weights, g.n_embd)
-    return E.dsv4_hc_pre_unfused(g.ctx0, x, weights, g.n_embd)
+        return ggml_dsv4_hc_pre(ctx, x, weights)
+    nt = G.ne(x, 2)
+    result = None
+    for ih in range(G.ne(x, 1)):
+        xh = ggml_view_2d(ctx, x, g.n_embd, nt, G.nb(x, 2), ih * G.nb(x, 1))
+        wh = ggml_view_2d(ctx, weights, 1, nt, G.nb(weights, 1), ih * G.nb(weights, 0))
+        cur = ggml_mul(ctx, xh, wh)
+        result = ggml_add(ctx, result, cur) if result is not None else cur
+    return result
 
 
 def build_hc_pre(g, x, hc_fn, hc_scale, hc_base, il: int) -> HCPre:
@@ -99,8 +108,8 @@ def build_hc_pre(g, x, hc_fn, hc_scale, hc_base, il: int) -> HCPre:
 
 
 def build_hc_post(g, x, residual, post, comb, il: int):
-    """build_hc_post: fused (DSV4_HC_POST) upstream, emulated by its unfused chain."""
-    return E.dsv4_hc_post(g.ctx0, g.gf, x, residual, post, comb, g.n_embd)
+    """build_hc_post: the sub-layer output written back into every stream (one fused node)."""
+    return ggml_dsv4_hc_post(g.ctx0, x, residual, post, comb)
 
 
 def build_hc_head(g, x, hc_fn, hc_scale, hc_base):
@@ -123,8 +132,9 @@ def dsv4_rope(g, t, pos, back: bool = False):
     mode, n_ctx_orig 0, no YaRN), i.e. ggml_rope_ext + ggml_rope_set_offset(n_embd_head - n_rot)."""
     hp = g.hparams
     n_rot = hp.n_rot
-    return E.rope_ext_offset(g.ctx0, t, pos, None, n_rot, g.rope_type, 0, g.freq_base, 1.0, 0.0, 1.0,
-                             0.0, 0.0, hp.n_embd_head_k - n_rot, back=back)
+    fn = ggml_rope_ext_back if back else ggml_rope_ext
+    t = fn(g.ctx0, t, pos, None, n_rot, g.rope_type, 0, g.freq_base, 1.0, 0.0, 1.0, 0.0, 0.0)
+    return ggml_rope_set_offset(t, hp.n_embd_head_k - n_rot)
 
 
 def build_attention(g, inp_attn, cur, inp_pos, il: int, q_norm: bool = True, name_qr: bool = True):

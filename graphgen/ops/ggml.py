@@ -10,9 +10,13 @@ from __future__ import annotations
 import ctypes
 import os
 
+from .runtime import activate
+
 # ggml-vulkan skips CPU-type devices (lavapipe) unless they are listed here; it reads this at its
 # first initialisation, and a process without a visible device aborts on some Vulkan calls
 os.environ.setdefault("GGML_VK_VISIBLE_DEVICES", "0")
+
+RUNTIME = activate()
 
 import ggml as _g  # noqa: E402
 from ggml import *  # noqa: F401,F403,E402  the C API under its own names
@@ -46,6 +50,62 @@ GGML_PREC_F32 = 10
 GGML_ROPE_TYPE_NEOX = 2
 GGML_ROPE_TYPE_MROPE = 8
 GGML_ROPE_TYPE_IMROPE = 40
+
+_ctx_p = ctypes.c_void_p
+_tensor_p = ctypes.POINTER(_g.ggml_tensor)
+
+
+def _declare(name: str, argtypes: list, restype):
+    """A ggml function ggml-python does not bind, declared here (runtime.py checked it exists)."""
+    fn = getattr(lib, name)
+    fn.argtypes, fn.restype = argtypes, restype
+    return fn
+
+
+# upstream's fused ops (ggml >= 0.26.0), with their C signatures
+ggml_dsv4_hc_pre = _declare("ggml_dsv4_hc_pre", [_ctx_p, _tensor_p, _tensor_p], _tensor_p)
+ggml_dsv4_hc_pre_gated = _declare("ggml_dsv4_hc_pre_gated", [_ctx_p, _tensor_p, _tensor_p, ctypes.c_float],
+                                  _tensor_p)
+ggml_dsv4_hc_comb = _declare("ggml_dsv4_hc_comb", [_ctx_p, _tensor_p, _tensor_p, _tensor_p, ctypes.c_float,
+                                                   ctypes.c_int32], _tensor_p)
+ggml_dsv4_hc_post = _declare("ggml_dsv4_hc_post", [_ctx_p, _tensor_p, _tensor_p, _tensor_p, _tensor_p], _tensor_p)
+ggml_swiglu_clamp = _declare("ggml_swiglu_clamp", [_ctx_p, _tensor_p, _tensor_p, ctypes.c_float], _tensor_p)
+ggml_rope_set_offset = _declare("ggml_rope_set_offset", [_tensor_p, ctypes.c_int], _tensor_p)
+ggml_prec_set_acc_c = _declare("ggml_prec_set_acc", [_tensor_p, ctypes.c_int], ctypes.c_bool)
+
+
+def _probe_ids() -> dict[str, int]:
+    """Op and GLU ids as the loaded library numbers them.
+
+    ggml-python's enum constants describe its own vendored ggml: newer ggml inserts ops (the
+    DeepSeek-V4 ones sit before UNARY), so every id is read off tensors the library itself builds.
+    """
+    params = _g.ggml_init_params(mem_size=16 * _g.ggml_tensor_overhead(), mem_buffer=None, no_alloc=True)
+    ctx = _g.ggml_init(params)
+    try:
+        a = _g.ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 8, 4)
+        w = _g.ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 4, 4)
+        x = _g.ggml_new_tensor_3d(ctx, GGML_TYPE_F32, 8, 4, 4)
+        clamp = ggml_swiglu_clamp(ctx, a, a, 1.0)
+        swiglu = _g.ggml_swiglu_split(ctx, a, a)
+        ids = {"GGML_OP_GLU": clamp.contents.op,
+               "GGML_OP_DSV4_HC_PRE": ggml_dsv4_hc_pre(ctx, x, w).contents.op,
+               "GGML_GLU_OP_SWIGLU_CLAMP": clamp.contents.op_params[0],
+               "GGML_GLU_OP_SWIGLU": swiglu.contents.op_params[0]}
+    finally:
+        _g.ggml_free(ctx)
+    # GLU is the last op and SWIGLU_CLAMP the last GLU op, so every id below them has a name
+    for i in range(ids["GGML_OP_GLU"] + 1):
+        ids["GGML_OP_" + _g.ggml_op_name(i).decode()] = i
+    for i in range(ids["GGML_GLU_OP_SWIGLU_CLAMP"] + 1):
+        ids["GGML_GLU_OP_" + _g.ggml_glu_op_name(i).decode().upper()] = i
+    ids["GGML_OP_COUNT"] = ids["GGML_OP_GLU"] + 1
+    ids["GGML_GLU_OP_COUNT"] = ids["GGML_GLU_OP_SWIGLU_CLAMP"] + 1
+    return ids
+
+
+OP_IDS = _probe_ids()
+globals().update(OP_IDS)  # shadows ggml-python's stale constants of the same names
 
 
 def ne(t, i: int) -> int:
@@ -88,11 +148,9 @@ def type_name(t: int) -> str:
 
 
 def ggml_prec_set_acc(t, prec: int = GGML_PREC_F32):
-    """Upstream's ggml_prec_set_acc: ggml 0.15.3 spells it per op, with the same op_params."""
-    if t.contents.op == _g.GGML_OP_FLASH_ATTN_EXT:
-        _g.ggml_flash_attn_ext_set_prec(t, prec)
-    else:
-        _g.ggml_mul_mat_set_prec(t, prec)
+    """Upstream's ggml_prec_set_acc (F32 accumulation on a matmul or flash attention)."""
+    if not ggml_prec_set_acc_c(t, prec):
+        raise ValueError(f"ggml_prec_set_acc: {op_desc(t)} {tname(t)!r} takes no accumulation precision")
 
 
 def read_tensor_bytes(addr: int, nbytes: int):

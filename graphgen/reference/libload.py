@@ -17,6 +17,7 @@ import struct
 import subprocess
 from pathlib import Path
 
+ENV_LLAMA_DIR = "GRAPHGEN_LLAMA_DIR"
 REFERENCE_PACKAGE = "llama-cpp-py-sync"
 REFERENCE_VERSION = "0.11739"
 REFERENCE_BUILD = "b11739"
@@ -59,7 +60,7 @@ def package_dir() -> Path:
     except ImportError as e:
         raise ReferenceUnavailable(
             f"the reference engine needs {REFERENCE_PACKAGE}=={REFERENCE_VERSION}: "
-            "install it with pip install -e '.[reference]'") from e
+            "it is one of graphgen's dependencies: pip install -e .") from e
     from importlib.metadata import version
     have = version(REFERENCE_PACKAGE)
     if have != REFERENCE_VERSION:
@@ -67,6 +68,29 @@ def package_dir() -> Path:
             f"{REFERENCE_PACKAGE} {have} is installed, the reference is {REFERENCE_VERSION} "
             f"(build {REFERENCE_BUILD}): pip install {REFERENCE_PACKAGE}=={REFERENCE_VERSION}")
     return Path(llama_cpp_py_sync.__file__).parent
+
+
+def lib_file(folder: Path, base: str) -> Path | None:
+    """lib<base>.so in folder, or its versioned name (lib<base>.so.0) as wheels and installs ship it."""
+    plain = folder / f"lib{base}.so"
+    if plain.exists():
+        return plain
+    versioned = sorted(folder.glob(f"lib{base}.so.*"), key=lambda p: len(p.name))
+    if versioned:
+        return versioned[0]
+    dylib = folder / f"lib{base}.dylib"
+    return dylib if dylib.exists() else None
+
+
+def custom_llama_dir() -> Path | None:
+    """The llama.cpp build chosen with --llama / $GRAPHGEN_LLAMA_DIR, or None for b11739's wheel."""
+    d = os.environ.get(ENV_LLAMA_DIR)
+    return Path(d).expanduser().resolve() if d else None
+
+
+def reference_label() -> str:
+    d = custom_llama_dir()
+    return f"llama.cpp at {d}" if d is not None else f"llama.cpp {REFERENCE_BUILD}"
 
 
 def cache_root() -> Path:
@@ -114,21 +138,45 @@ def weaken_version_need(path: Path, version_name: bytes) -> int:
     return patched
 
 
+def glibc_shim() -> Path | None:
+    """The shim defining the four C23 names, built once into the cache; None on glibc >= 2.38."""
+    glibc = glibc_version()
+    if glibc is None or glibc >= (2, 38):
+        return None
+    digest = hashlib.sha256(SHIM_SOURCE.encode()).hexdigest()[:12]
+    shim = cache_root() / f"glibc-shim-{digest}" / "libgraphgen_glibc_shim.so"
+    if shim.exists():
+        return shim
+    cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    if cc is None:
+        raise ReferenceUnavailable(
+            f"glibc {glibc[0]}.{glibc[1]} is older than 2.38, which the reference wheel needs; "
+            "a C compiler (cc or gcc) is required to build the compatibility shim")
+    shim.parent.mkdir(parents=True, exist_ok=True)
+    tmp = shim.parent / f"shim.{os.getpid()}"
+    (tmp.with_suffix(".c")).write_text(SHIM_SOURCE)
+    proc = subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", str(tmp), str(tmp.with_suffix(".c"))],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise ReferenceUnavailable(f"building the glibc shim failed: {proc.stderr.strip()}")
+    os.replace(tmp, shim)
+    return shim
+
+
 def prepare_libraries() -> tuple[Path, Path | None]:
     """Return (folder holding loadable libraries, shim path or None)."""
     src = package_dir()
     missing = [n for n in LIB_NAMES if not (src / n).is_file()]
     if missing:
         raise ReferenceUnavailable(f"{REFERENCE_PACKAGE} is missing {', '.join(missing)} in {src}")
-    glibc = glibc_version()
-    if glibc is not None and glibc >= (2, 38):
+    shim = glibc_shim()
+    if shim is None:
         return src, None
     digest = hashlib.sha256()
     for n in LIB_NAMES:
         st = (src / n).stat()
         digest.update(f"{n}:{st.st_size}:{st.st_mtime_ns}".encode())
     dest = cache_root() / f"llama-{REFERENCE_BUILD}-{digest.hexdigest()[:12]}"
-    shim = dest / "libgraphgen_glibc_shim.so"
     if not (dest / ".complete").exists():
         tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
@@ -136,16 +184,6 @@ def prepare_libraries() -> tuple[Path, Path | None]:
         for n in LIB_NAMES:
             shutil.copy2(src / n, tmp / n)
             weaken_version_need(tmp / n, b"GLIBC_2.38")
-        (tmp / "shim.c").write_text(SHIM_SOURCE)
-        cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
-        if cc is None:
-            raise ReferenceUnavailable(
-                f"glibc {glibc[0]}.{glibc[1]} is older than 2.38, which the reference wheel needs; "
-                "a C compiler (cc or gcc) is required to build the compatibility shim")
-        proc = subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", str(tmp / shim.name),
-                               str(tmp / "shim.c")], capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise ReferenceUnavailable(f"building the glibc shim failed: {proc.stderr.strip()}")
         (tmp / ".complete").write_text("ok\n")
         try:
             tmp.rename(dest)
@@ -158,16 +196,32 @@ _LOADED: dict = {}
 
 
 def load_llama():
-    """Load libllama through the wheel's CFFI declarations; returns (ffi, lib, libdir)."""
+    """Load libllama through the wheel's CFFI declarations; returns (ffi, lib, libdir).
+
+    With --llama DIR that libllama must speak b11739's C API (llama_batch_ext, llama_process):
+    the declarations are the wheel's."""
     if "lib" in _LOADED:
         return _LOADED["ffi"], _LOADED["lib"], _LOADED["dir"]
-    libdir, shim = prepare_libraries()
+    custom = custom_llama_dir()
+    if custom is not None:
+        # a developer's own build: its libllama and the ggml it was linked with, as they are
+        libdir, shim = custom, None
+        path = lib_file(libdir, "llama")
+        if path is None:
+            raise ReferenceUnavailable(f"{libdir} (${ENV_LLAMA_DIR} / --llama) holds no libllama.so")
+    else:
+        libdir, shim = prepare_libraries()
+        path = libdir / "libllama.so.0"
     if shim is not None:
         ctypes.CDLL(str(shim), mode=ctypes.RTLD_GLOBAL)
-    from llama_cpp_py_sync._cffi_bindings import ffi
     try:
-        lib = ffi.dlopen(str(libdir / "libllama.so.0"))
+        from llama_cpp_py_sync._cffi_bindings import ffi
+    except ImportError as e:
+        raise ReferenceUnavailable(f"the reference engine declares llama.h through {REFERENCE_PACKAGE}=={REFERENCE_VERSION}: "
+                                   "pip install it") from e
+    try:
+        lib = ffi.dlopen(str(path))
     except OSError as e:
-        raise ReferenceUnavailable(f"cannot load {libdir / 'libllama.so.0'}: {e}") from e
+        raise ReferenceUnavailable(f"cannot load {path}: {e}") from e
     _LOADED.update(ffi=ffi, lib=lib, dir=libdir)
     return ffi, lib, libdir

@@ -19,7 +19,8 @@ import numpy as np
 
 from ..record import NodeRecorder, cpu_features, n_kv_from_nodes
 from ..scenario import Scenario, load_scenario
-from .libload import REFERENCE_BUILD, REFERENCE_VERSION, ReferenceUnavailable, load_llama
+from .libload import (REFERENCE_BUILD, REFERENCE_VERSION, ReferenceUnavailable, custom_llama_dir, lib_file, load_llama,
+                      reference_label)
 
 GGML_TYPE_IDS = {"f32": 0, "f16": 1}
 LLAMA_TOKEN_NULL = -1
@@ -57,13 +58,15 @@ def run_child(model: Path, scenario: Scenario, out: Path, max_data: int) -> list
     from ..dump import write_dump
 
     ffi, lib, libdir = load_llama()
-    cpu_lib = ctypes.CDLL(str(libdir / "libggml-cpu.so.0"))
-    base_lib = ctypes.CDLL(str(libdir / "libggml-base.so.0"))
+    # libllama is loaded, so its ggml is too: by file in the build folder, else by soname
+    cpu_lib = ctypes.CDLL(str(lib_file(libdir, "ggml-cpu") or "libggml-cpu.so.0"))
+    base_lib = ctypes.CDLL(str(lib_file(libdir, "ggml-base") or "libggml-base.so.0"))
+    base_lib.ggml_version.restype = ctypes.c_char_p
     base_lib.ggml_op_desc.restype = ctypes.c_char_p
     base_lib.ggml_op_desc.argtypes = [ctypes.c_void_p]
     base_lib.ggml_type_name.restype = ctypes.c_char_p
     base_lib.ggml_type_name.argtypes = [ctypes.c_int]
-    llama_dl = ctypes.CDLL(str(libdir / "libllama.so.0"))
+    llama_dl = ctypes.CDLL(str(lib_file(libdir, "llama")))
     set_nextn = llama_dl._Z26llama_set_embeddings_nextnP13llama_contextbb
     set_nextn.argtypes = [ctypes.c_void_p, ctypes.c_bool, ctypes.c_bool]
 
@@ -84,7 +87,7 @@ def run_child(model: Path, scenario: Scenario, out: Path, max_data: int) -> list
     mparams = lib.llama_model_default_params()
     mdl = lib.llama_model_load_from_file(str(model).encode(), mparams)
     if mdl == ffi.NULL:
-        raise ReferenceFailed(f"llama.cpp {REFERENCE_BUILD} could not load {model}")
+        raise ReferenceFailed(f"{reference_label()} could not load {model}")
     cparams = lib.llama_context_default_params()
     cparams.n_ctx = scenario.n_ctx
     cparams.n_batch = scenario.n_ubatch
@@ -100,13 +103,18 @@ def run_child(model: Path, scenario: Scenario, out: Path, max_data: int) -> list
     cparams.cb_eval_user_data = ffi.NULL
     ctx = lib.llama_init_from_model(mdl, cparams)
     if ctx == ffi.NULL:
-        raise ReferenceFailed(f"llama.cpp {REFERENCE_BUILD} could not create a context for {model}")
+        raise ReferenceFailed(f"{reference_label()} could not create a context for {model}")
     # h_nextn is what the drivers read (LiliCorr's context features, DFlash2/DSpark lattices)
     set_nextn(int(ffi.cast("uintptr_t", ctx)), True, False)
 
+    custom = custom_llama_dir()
+    source = {"engine": "llama.cpp", "ggml": base_lib.ggml_version().decode(), "llama_dir": str(libdir)}
+    if custom is None:
+        source.update(version=REFERENCE_BUILD, package=f"llama-cpp-py-sync=={REFERENCE_VERSION}")
+    else:
+        source.update(version="custom")
     header = {
-        "source": {"engine": "llama.cpp", "version": REFERENCE_BUILD,
-                   "package": f"llama-cpp-py-sync=={REFERENCE_VERSION}"},
+        "source": source,
         "model": model.name,
         "cpu_features": feats,
     }
@@ -200,13 +208,13 @@ def run_reference(model, scenario_path, out, max_data: int = 262144, timeout: fl
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                               env=dict(os.environ, PYTHONUNBUFFERED="1"))
     except subprocess.TimeoutExpired:
-        raise ReferenceFailed(f"llama.cpp {REFERENCE_BUILD} did not finish within {timeout:.0f} s") from None
+        raise ReferenceFailed(f"{reference_label()} did not finish within {timeout:.0f} s") from None
     if proc.returncode == 3:
         raise ReferenceUnavailable(proc.stderr.strip().splitlines()[-1])
     if proc.returncode != 0:
         tail = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()][-3:]
         how = f"signal {-proc.returncode}" if proc.returncode < 0 else f"exit {proc.returncode}"
-        raise ReferenceFailed(f"llama.cpp {REFERENCE_BUILD} failed ({how}): " + " | ".join(tail))
+        raise ReferenceFailed(f"{reference_label()} failed ({how}): " + " | ".join(tail))
     return [Path(p) for p in json.loads(proc.stdout.strip().splitlines()[-1])]
 
 

@@ -1,4 +1,4 @@
-"""ggml backends: which ones this ggml-python build has, and opening one from a spec string.
+"""ggml backends: which ones the loaded ggml has, and opening one from a spec string.
 
 Specs: ``cpu``, ``vulkan`` / ``vulkan:N``, ``cuda`` / ``cuda:N``, ``metal``, ``rpc://HOST:PORT``,
 ``auto`` (the first GPU device, else the CPU). A backend that is requested but missing raises
@@ -19,10 +19,11 @@ from ..ops import ggml as G
 DEV_TYPE = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel"}
 
 BUILD_HINT = {
-    "vulkan": "tools/build_ggml.sh vulkan (needs glslc, libvulkan-dev and a Vulkan driver, e.g. mesa-vulkan-drivers)",
-    "cuda": "tools/build_ggml.sh cuda (needs the CUDA toolkit and an NVIDIA GPU)",
-    "metal": "tools/build_ggml.sh metal (macOS on Apple silicon)",
-    "rpc": "tools/build_ggml.sh cpu --rpc (or add --rpc to the backend you build)",
+    "vulkan": "--ggml $(tools/build_ggml.sh vulkan) (needs glslc, libvulkan-dev and a Vulkan driver, "
+              "e.g. mesa-vulkan-drivers)",
+    "cuda": "--ggml $(tools/build_ggml.sh cuda) (needs the CUDA toolkit and an NVIDIA GPU)",
+    "metal": "--ggml $(tools/build_ggml.sh metal) (macOS on Apple silicon)",
+    "rpc": "--ggml pointing at a ggml build with RPC (tools/build_ggml.sh builds it in)",
 }
 
 
@@ -102,7 +103,7 @@ def open_backend(spec: str, n_threads: int = 1):
     if kind not in BUILD_HINT:
         raise BackendUnavailable(f"unknown backend {spec!r}: use cpu, vulkan[:N], cuda[:N], metal, rpc://HOST:PORT or auto")
     if not has_backend(kind):
-        raise BackendUnavailable(f"this ggml-python build has no {kind} backend: rebuild it with {BUILD_HINT[kind]}")
+        raise BackendUnavailable(f"the loaded ggml ({G.RUNTIME.lib_dir}) has no {kind} backend: run with {BUILD_HINT[kind]}")
     if kind == "rpc":
         _check_rpc_endpoint(arg)
         fn = _fn("ggml_backend_rpc_init")
@@ -147,7 +148,7 @@ def backend_name(b) -> str:
 def start_rpc_server(host: str, port: int, n_threads: int = 1, backend: str = "cpu"):
     """Serve a ggml backend over RPC (blocks); loopback is the only sane host for tests."""
     if not has_backend("rpc"):
-        raise BackendUnavailable(f"this ggml-python build has no RPC support: rebuild it with {BUILD_HINT['rpc']}")
+        raise BackendUnavailable(f"the loaded ggml ({G.RUNTIME.lib_dir}) has no RPC support: run with {BUILD_HINT['rpc']}")
     kind = backend.split(":")[0]
     dev = None
     for i in range(G.ggml_backend_dev_count()):

@@ -176,6 +176,7 @@ class Session:
         else:
             slot.drop()
             g = build_arch_graph(params)
+            g.res.set_outputs()
             self.stats["builds"] += 1
             # the graph's own order, before a backend's graph_optimize permutes its nodes in place
             g.node_order = {G.addr(G.ggml_graph_node(g.gf, i)): i for i in range(G.ggml_graph_n_nodes(g.gf))}

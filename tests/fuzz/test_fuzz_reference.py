@@ -7,7 +7,6 @@ import os
 
 import pytest
 
-from conftest import reference_available
 from fuzz_gen import make_cases
 from fuzz_inputs import make_gguf
 from fuzz_runner import run_cases
@@ -16,7 +15,6 @@ N_SAMPLE = int(os.environ.get("GRAPHGEN_FUZZ_REF_SAMPLE", "6"))
 
 
 @pytest.mark.reference
-@pytest.mark.skipif(not reference_available(), reason="reference extra not installed")
 def test_accepted_fuzzed_ggufs_match_llama_cpp(tmp_path):
     from graphgen.diff import diff_paths
     from graphgen.engine import run_scenario
