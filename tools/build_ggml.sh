@@ -1,66 +1,357 @@
 #!/usr/bin/env bash
-# Build and install ggml-python 0.0.45 for graphgen.
+# Build ggml's shared libraries for a GPU (or CPU) backend and print the folder that holds them.
 #
-#   tools/build_ggml.sh [cpu|vulkan|cuda|metal] [--rpc]
+#   dir=$(bash tools/build_ggml.sh cpu|vulkan|cuda|metal)
 #
-# The CPU backend always gets the reference's flags (AVX/AVX2/FMA/F16C/BMI2, llamafile on, AVX512
-# off) so values compare bit for bit with llama.cpp b11739. Extra backends are added on top.
-# The built wheel is cached under ~/.cache/graphgen/wheels (or $GRAPHGEN_CACHE/wheels), keyed by
-# everything that goes into it (version, CMake arguments, this script), so a change of input
-# rebuilds it and an unchanged one is reused. pip's own wheel cache is bypassed: it would hand
-# back a wheel built with other CMAKE_ARGS.
+# graphgen loads its ggml bindings over a folder of ggml shared libraries. On the CPU the
+# reference llama.cpp wheel's own libraries are used as they are; GPU backends have to be built
+# from source. The source is the standalone ggml CMake project (ggml 0.26.0, llama.cpp b11549)
+# found under thirdparty/llama.cpp/ggml/ in the PyPI sdist xllamacpp==2026.10.11549, the newest
+# ggml source tree on PyPI. The sdist is fetched with pip, checked against a pinned sha256, and
+# only the ggml subtree is extracted; both are kept under $GRAPHGEN_CACHE/src (default
+# ~/.cache/graphgen), so a machine without network access only needs that folder copied in.
+#
+# The CPU code always gets the reference's flags (AVX/AVX2/FMA/F16C/BMI2, llamafile on,
+# AVX512 off, no -march=native) and RPC is always on; the variant adds Vulkan, CUDA or Metal
+# ("cpu" builds the CPU and RPC libraries only). Vulkan installs glslc and Mesa's CPU driver
+# (lavapipe) with apt when they are missing and, when the system's Vulkan headers lack
+# VK_EXT_layer_settings (Debian 12), compiles against Debian 13's headers, fetched through a
+# private apt configuration that leaves the system's apt state and libvulkan untouched. CUDA
+# builds for the GPUs nvidia-smi reports (or $GGML_CUDA_ARCHITECTURES when set, or ggml's own
+# default list when neither is available). $GRAPHGEN_GGML_CMAKE_ARGS adds further CMake
+# arguments.
+#
+# The result goes to $GRAPHGEN_CACHE/ggml/<variant>-<key>, where the key hashes the sdist
+# version, the CMake arguments and this script, so a change of any input builds a new folder and
+# an unchanged one is reused at once. Each library is stored under its SONAME (libggml-base.so.0,
+# which is what the others' DT_NEEDED entries ask for) and under its plain name
+# (libggml-base.so, what the Python loader opens), the two being hard links of one file; the
+# RUNPATH is $ORIGIN, so the libraries find each other inside the folder. build-info.txt
+# records what was built and .complete, written last, marks a finished folder. The build runs
+# in a temporary folder that is moved into place at the end, and a lock keeps two runs from
+# building the same folder at once. $GRAPHGEN_CACHE/ggml/<variant> is a symlink to the latest
+# build of that variant. Progress goes to stderr; stdout carries only the folder's absolute
+# path. Exit status: 0 on success, 1 on failure, 2 on a usage error.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+
+SDIST_NAME=xllamacpp
+SDIST_VERSION=2026.10.11549
+SDIST_SHA256=c17ee1163006f70726abb9f72137830818f3d8cb60bfc34cb232d08428eaa22b
+SDIST_GGML_DIR=thirdparty/llama.cpp/ggml
+LLAMA_CPP_BUILD=b11549
+
+usage() { echo "usage: tools/build_ggml.sh cpu|vulkan|cuda|metal" >&2; exit 2; }
+[ $# -eq 1 ] || usage
+variant=$1
+case "$variant" in cpu|vulkan|cuda|metal) ;; *) usage ;; esac
+
+log() { echo "build_ggml: $*" >&2; }
+die() { echo "build_ggml: error: $*" >&2; exit 1; }
+
+self="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")"
 PY=${PYTHON:-python3}
-VERSION=0.0.45
-variant=${1:-cpu}; shift || true
-rpc=off
-for a in "$@"; do [ "$a" = "--rpc" ] && rpc=on; done
+os=$(uname -s)
+if [ "$os" = Darwin ]; then so_ext=dylib; rpath='@loader_path'; else so_ext=so; rpath='$ORIGIN'; fi
+[ "$variant" = metal ] && [ "$os" != Darwin ] && die "the metal variant builds only on macOS"
 
-args="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF -DGGML_LLAMAFILE=ON"
-[ "$rpc" = on ] && args="$args -DGGML_RPC=ON"
+sha256() { if command -v sha256sum >/dev/null; then sha256sum "$@"; else shasum -a 256 "$@"; fi; }
+ncpu() { nproc 2>/dev/null || sysctl -n hw.ncpu 2>/dev/null || echo 2; }
 
+cache=${GRAPHGEN_CACHE:-$HOME/.cache/graphgen}
+mkdir -p "$cache/src" "$cache/ggml/logs" || die "cannot create the cache folder $cache"
+cache=$(cd "$cache" && pwd)
+
+# --- system packages (apt only; elsewhere whatever is installed is used) ---------------------
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+apt_updated=0
+deb_missing() {   # prints the Debian packages among "$@" that are not installed
+  local p
+  for p in "$@"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || echo "$p"
+  done
+}
+apt_install() {   # installs the packages among "$@" that are missing, quietly
+  command -v apt-get >/dev/null || return 0
+  local missing
+  missing=$(deb_missing "$@")
+  [ -n "$missing" ] || return 0
+  log "installing with apt: $(echo $missing)"
+  if [ "$apt_updated" = 0 ]; then
+    as_root apt-get update -qq >&2 || die "apt-get update failed"
+    apt_updated=1
+  fi
+  local aout
+  # shellcheck disable=SC2086
+  aout=$(as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        $missing 2>&1) || { printf '%s\n' "$aout" | tail -n 20 >&2; die "apt-get install $(echo $missing) failed"; }
+}
 
+vulkan_packages() {
+  # glslc compiles the shaders; lavapipe (Mesa's CPU Vulkan driver) lets graphs run without a GPU
+  apt_install glslc libvulkan-dev mesa-vulkan-drivers spirv-headers
+}
+vulkan_headers() {   # fills $hdr_root with Debian 13's libvulkan-dev through a private apt state
+  [ -n "${hdr_root:-}" ] || return 0
+  grep -q VK_EXT_layer_settings "$hdr_root/usr/include/vulkan/vulkan_core.h" 2>/dev/null && return 0
+  command -v apt-get >/dev/null \
+    || die "the system's Vulkan headers lack VK_EXT_layer_settings; install Vulkan headers >= 1.3.261"
+  log "fetching Debian 13's Vulkan headers (private apt state) into $hdr_root"
+  local t
+  t=$(mktemp -d)
+  mkdir -p "$t/lists/partial" "$t/cache/archives/partial" "$t/etc"
+  echo "deb http://deb.debian.org/debian trixie main" > "$t/etc/sources.list"
+  local o=(-o Dir::Etc::sourcelist="$t/etc/sources.list" -o Dir::Etc::sourceparts=-
+           -o Dir::State::Lists="$t/lists" -o Dir::Cache="$t/cache"
+           -o Dir::State::status=/var/lib/dpkg/status -o APT::Get::List-Cleanup=0
+           -o APT::Sandbox::User=root)
+  apt-get "${o[@]}" update -qq >&2 || { rm -rf "$t"; die "apt-get update (Debian 13 sources) failed"; }
+  (cd "$t" && apt-get "${o[@]}" download libvulkan-dev >/dev/null 2>&1) \
+    || { rm -rf "$t"; die "downloading Debian 13's libvulkan-dev failed"; }
+  rm -rf "$hdr_root" && mkdir -p "$hdr_root"
+  dpkg-deb -x "$t"/libvulkan-dev_*.deb "$hdr_root" || { rm -rf "$t"; die "unpacking libvulkan-dev failed"; }
+  rm -rf "$t"
+  grep -q VK_EXT_layer_settings "$hdr_root/usr/include/vulkan/vulkan_core.h" \
+    || die "Debian 13's libvulkan-dev lacks VK_EXT_layer_settings too"
+}
+
+# --- CMake arguments ---------------------------------------------------------------------------
+args=(
+  -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DGGML_BACKEND_DL=OFF -DGGML_RPC=ON
+  -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
+  -DGGML_AVX512=OFF -DGGML_LLAMAFILE=ON
+  -DGGML_BUILD_TESTS=OFF -DGGML_BUILD_EXAMPLES=OFF
+  -DCMAKE_INSTALL_LIBDIR=lib "-DCMAKE_INSTALL_RPATH=$rpath"
+)
+backend_lib=""
 case "$variant" in
   cpu) ;;
   vulkan)
-    # lavapipe (Mesa's CPU Vulkan driver) is enough to run graphs; glslc compiles the shaders
-    if ! command -v glslc >/dev/null || ! [ -e /usr/include/vulkan/vulkan.h ] || ! ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1; then
-      as_root apt-get update -qq
-      as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq glslc libvulkan-dev mesa-vulkan-drivers spirv-headers >/dev/null
+    backend_lib=libggml-vulkan
+    vulkan_packages   # also needed at run time, so checked even when the build is reused
+    # ggml-vulkan uses VK_EXT_layer_settings unguarded; Debian 12's headers (1.3.239) lack it,
+    # so those builds take Debian 13's headers (fetched before the build, see vulkan_headers)
+    if ! grep -q VK_EXT_layer_settings /usr/include/vulkan/vulkan_core.h 2>/dev/null; then
+      hdr_root="$cache/vulkan-headers-trixie"
+      args+=("-DVulkan_INCLUDE_DIR=$hdr_root/usr/include")
     fi
-    # Debian 12's Vulkan headers (1.3.239) lack VK_EXT_layer_settings, which ggml-vulkan uses
-    # unguarded: take the headers of Debian 13's libvulkan-dev through a private apt state,
-    # leaving the system's apt configuration and libvulkan untouched
-    hdr_root="${GRAPHGEN_CACHE:-$HOME/.cache/graphgen}/vulkan-headers-trixie"
-    if ! grep -q "VK_EXT_layer_settings" "$hdr_root/usr/include/vulkan/vulkan_core.h" 2>/dev/null; then
-      tmp=$(mktemp -d)
-      mkdir -p "$tmp/lists/partial" "$tmp/cache/archives/partial" "$tmp/etc"
-      echo "deb http://deb.debian.org/debian trixie main" > "$tmp/etc/sources.list"
-      opts=(-o Dir::Etc::sourcelist="$tmp/etc/sources.list" -o Dir::Etc::sourceparts=- -o Dir::State::Lists="$tmp/lists"
-            -o Dir::Cache="$tmp/cache" -o Dir::State::status=/var/lib/dpkg/status -o APT::Get::List-Cleanup=0)
-      apt-get "${opts[@]}" update -qq
-      (cd "$tmp" && apt-get "${opts[@]}" download libvulkan-dev >/dev/null)
-      rm -rf "$hdr_root" && mkdir -p "$hdr_root"
-      dpkg-deb -x "$tmp"/libvulkan-dev_*.deb "$hdr_root"
-      rm -rf "$tmp"
-    fi
-    args="$args -DGGML_VULKAN=ON -DVulkan_INCLUDE_DIR=$hdr_root/usr/include"
+    args+=(-DGGML_VULKAN=ON)
     ;;
-  cuda) args="$args -DGGML_CUDA=ON" ;;
-  metal) args="$args -DGGML_METAL=ON" ;;
-  *) echo "usage: tools/build_ggml.sh [cpu|vulkan|cuda|metal] [--rpc]" >&2; exit 2 ;;
+  cuda)
+    backend_lib=libggml-cuda
+    if ! command -v nvcc >/dev/null; then
+      for d in /usr/local/cuda/bin /opt/cuda/bin; do [ -x "$d/nvcc" ] && PATH="$d:$PATH" && break; done
+    fi
+    command -v nvcc >/dev/null || die "nvcc not found: install the CUDA toolkit or put its bin/ on PATH"
+    # ggml's default without GGML_NATIVE is a long list of architectures (a much longer build)
+    archs=${GGML_CUDA_ARCHITECTURES:-}
+    if [ -z "$archs" ] && command -v nvidia-smi >/dev/null; then
+      archs=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null \
+              | tr -d ' .' | grep -E '^[0-9]+$' | sort -u | sed 's/$/-real/' | paste -sd';' || true)
+    fi
+    [ -n "$archs" ] && args+=("-DCMAKE_CUDA_ARCHITECTURES=$archs")
+    args+=(-DGGML_CUDA=ON)
+    ;;
+  metal)
+    backend_lib=libggml-metal
+    args+=(-DGGML_METAL=ON)
+    ;;
 esac
-
-key=$(printf '%s\n%s\n%s\n' "$VERSION" "$args" "$(cat "$0")" | sha256sum | cut -c1-16)
-wheel_dir="${GRAPHGEN_CACHE:-$HOME/.cache/graphgen}/wheels/ggml-python-$VERSION-$variant-$key"
-if ! ls "$wheel_dir"/ggml_python-*.whl >/dev/null 2>&1; then
-  echo "building ggml-python $VERSION ($variant, rpc $rpc); this takes a few minutes..." >&2
-  rm -rf "$wheel_dir.tmp" && mkdir -p "$wheel_dir.tmp"
-  CMAKE_ARGS="$args" "$PY" -m pip wheel -q --no-cache-dir --no-deps --no-binary ggml-python \
-    -w "$wheel_dir.tmp" "ggml-python==$VERSION"
-  rm -rf "$wheel_dir" && mv "$wheel_dir.tmp" "$wheel_dir"
+if [ -n "${GRAPHGEN_GGML_CMAKE_ARGS:-}" ]; then
+  # shellcheck disable=SC2206
+  args+=($GRAPHGEN_GGML_CMAKE_ARGS)
 fi
-"$PY" -m pip install -q --no-cache-dir --force-reinstall --no-deps "$wheel_dir"/ggml_python-*.whl
-echo "ggml-python $VERSION installed ($variant, rpc $rpc, key $key)" >&2
+
+key=$( { printf '%s==%s\n' "$SDIST_NAME" "$SDIST_VERSION"; printf '%s\n' "${args[@]}"; cat "$self"; } \
+       | sha256 | cut -c1-16)
+name="$variant-$key"
+out="$cache/ggml/$name"
+link="$cache/ggml/$variant"
+
+publish() {   # points <variant> at the keyed folder and prints the folder
+  if [ -d "$link" ] && [ ! -L "$link" ]; then
+    die "$link is a real folder; remove it so it can become a symlink"
+  fi
+  local tmp_link="$cache/ggml/.$variant.link.$$"
+  ln -sfn "$name" "$tmp_link"
+  mv -f -T "$tmp_link" "$link" 2>/dev/null || { rm -f "$tmp_link"; ln -sfn "$name" "$link"; }
+  printf '%s\n' "$out"
+}
+
+if [ -f "$out/.complete" ]; then
+  log "reusing $out"
+  publish
+  exit 0
+fi
+
+# one build per folder at a time: a second run waits, then finds the folder complete
+if command -v flock >/dev/null; then
+  exec 9>"$cache/ggml/.$name.lock"
+  if ! flock -n 9; then
+    log "another build of $name is running; waiting for it"
+    flock 9
+  fi
+  if [ -f "$out/.complete" ]; then
+    log "reusing $out"
+    publish
+    exit 0
+  fi
+fi
+
+# --- build tools ---------------------------------------------------------------------------------
+need_tools=()
+for t in cmake make cc c++; do command -v "$t" >/dev/null || need_tools+=("$t"); done
+if [ "$os" = Linux ] && ! command -v readelf >/dev/null; then need_tools+=(readelf); fi
+if [ ${#need_tools[@]} -gt 0 ]; then
+  apt_install cmake make build-essential binutils
+  for t in "${need_tools[@]}"; do command -v "$t" >/dev/null || die "$t not found"; done
+fi
+if [ "$variant" = vulkan ]; then
+  command -v glslc >/dev/null || die "glslc not found (it compiles ggml's Vulkan shaders)"
+  vulkan_headers
+fi
+
+# --- source: the sdist, then its ggml subtree ------------------------------------------------
+src="$cache/src/$SDIST_NAME-$SDIST_VERSION-ggml"
+sdist="$cache/src/$SDIST_NAME-$SDIST_VERSION.tar.gz"
+if [ ! -f "$src/CMakeLists.txt" ]; then
+  if [ ! -f "$sdist" ]; then
+    log "downloading the $SDIST_NAME==$SDIST_VERSION sdist"
+    dl=$(mktemp -d "$cache/src/.download.XXXXXX")
+    "$PY" -m pip download -q --no-deps --no-binary :all: "$SDIST_NAME==$SDIST_VERSION" -d "$dl" >&2 \
+      || { rm -rf "$dl"; die "pip download $SDIST_NAME==$SDIST_VERSION failed"; }
+    [ -f "$dl/$(basename "$sdist")" ] || { rm -rf "$dl"; die "pip download did not produce $(basename "$sdist")"; }
+    mv -f "$dl/$(basename "$sdist")" "$sdist"
+    rm -rf "$dl"
+  fi
+  got=$(sha256 "$sdist" | cut -d' ' -f1)
+  [ "$got" = "$SDIST_SHA256" ] || die "$sdist has sha256 $got, expected $SDIST_SHA256 (delete it to fetch it again)"
+  log "extracting $SDIST_GGML_DIR/ from the sdist"
+  ex=$(mktemp -d "$cache/src/.extract.XXXXXX")
+  tar -xzf "$sdist" -C "$ex" --strip-components=4 "$SDIST_NAME-$SDIST_VERSION/$SDIST_GGML_DIR/" \
+    || { rm -rf "$ex"; die "extracting $SDIST_GGML_DIR/ from $sdist failed"; }
+  [ -f "$ex/CMakeLists.txt" ] || { rm -rf "$ex"; die "no ggml CMakeLists.txt in $sdist"; }
+  chmod 755 "$ex"
+  rm -rf "$src" && mv "$ex" "$src"
+fi
+# the sdist leaves out ggml.pc.in, which a standalone configure needs (for a pkg-config file
+# that is not used here)
+if [ ! -f "$src/ggml.pc.in" ]; then
+  cat > "$src/ggml.pc.in" <<'EOF'
+prefix=@CMAKE_INSTALL_PREFIX@
+exec_prefix=${prefix}
+includedir=${prefix}/include
+libdir=${prefix}/lib
+
+Name: ggml
+Description: The GGML Tensor Library for Machine Learning
+Version: @GGML_VERSION@
+Cflags: -I${includedir}
+Libs: -L${libdir} -lggml
+EOF
+fi
+ggml_version=$(sed -nE 's/^set\(GGML_VERSION_(MAJOR|MINOR|PATCH) ([0-9]+)\).*/\2/p' "$src/CMakeLists.txt" | paste -sd. -)
+[ -n "$ggml_version" ] || ggml_version=unknown
+
+# --- configure, build, install into a staging prefix -----------------------------------------
+work=$(mktemp -d "$cache/ggml/.build-$name.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+buildlog="$cache/ggml/logs/$name.log"
+: > "$buildlog"
+fail() {
+  echo "build_ggml: error: $1; last lines of $buildlog:" >&2
+  tail -n 40 "$buildlog" >&2
+  exit 1
+}
+log "building ggml $ggml_version ($variant, key $key) with $(ncpu) jobs; log: $buildlog"
+start=$(date +%s)
+log "configuring"
+# GIT_CEILING_DIRECTORIES: the cache may lie inside some other git repository, whose commit
+# ggml would otherwise take for its own
+GIT_CEILING_DIRECTORIES="$(dirname "$src")" cmake -S "$src" -B "$work/build" "-DCMAKE_INSTALL_PREFIX=$work/stage" "${args[@]}" >>"$buildlog" 2>&1 \
+  || fail "cmake configure failed"
+log "compiling (this takes minutes)"
+cmake --build "$work/build" --config Release -j"$(ncpu)" >>"$buildlog" 2>&1 || fail "cmake build failed"
+cmake --install "$work/build" --config Release >>"$buildlog" 2>&1 || fail "cmake install failed"
+log "compiled in $(( $(date +%s) - start )) s"
+
+# --- collect the libraries: one file per library, under its SONAME and its plain name ---------
+lib="$work/lib"
+mkdir -p "$lib"
+soname_of() {
+  if [ "$os" = Darwin ]; then
+    basename "$(otool -D "$1" | tail -n +2 | head -n1)"
+  else
+    readelf -d "$1" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p'
+  fi
+}
+shopt -s nullglob
+for f in "$work/stage/lib"/lib*."$so_ext"; do
+  real=$(readlink -f "$f")
+  plain=$(basename "$f")
+  soname=$(soname_of "$real")
+  [ -n "$soname" ] || soname=$plain
+  cp "$real" "$lib/$soname"
+  if [ "$soname" != "$plain" ]; then
+    ln "$lib/$soname" "$lib/$plain" 2>/dev/null || cp "$lib/$soname" "$lib/$plain"
+  fi
+done
+shopt -u nullglob
+
+for l in libggml-base libggml-cpu libggml-rpc libggml $backend_lib; do
+  [ -f "$lib/$l.$so_ext" ] || fail "the build produced no $l.$so_ext"
+done
+if [ "$os" = Linux ]; then
+  # every ggml library another one needs must be in the folder; other needs must resolve on
+  # this system (CUDA's runtime libraries, libvulkan, libgomp)
+  for f in "$lib"/*.so; do
+    for n in $(readelf -d "$f" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p'); do
+      case "$n" in libggml*) [ -f "$lib/$n" ] || fail "$(basename "$f") needs $n, which is not in the folder" ;; esac
+    done
+    [ "$(readelf -d "$f" | sed -n 's/.*(RUNPATH).*\[\(.*\)\]/\1/p')" = '$ORIGIN' ] \
+      || fail "$(basename "$f") does not have RUNPATH \$ORIGIN"
+    missing=$(ldd "$f" 2>/dev/null | awk '/not found/ {print $1}' | paste -sd' ' || true)
+    [ -z "$missing" ] || log "warning: $(basename "$f") needs $missing, not found on this system"
+  done
+fi
+# a load test: the libraries open together in the order the Python loader uses and report
+# their version (skipped when Python is missing, or when a backend's runtime is absent here)
+if command -v "$PY" >/dev/null; then
+  loaded=$(cd "$lib" && "$PY" - "$lib" "$so_ext" $backend_lib <<'EOF' 2>>"$buildlog"
+import ctypes, os, sys
+d, ext, extra = sys.argv[1], sys.argv[2], sys.argv[3:]
+for n in ["libggml-base", "libggml-cpu", "libggml-rpc"] + extra:
+    ctypes.CDLL(os.path.join(d, f"{n}.{ext}"), mode=ctypes.RTLD_GLOBAL)
+g = ctypes.CDLL(os.path.join(d, f"libggml.{ext}"))
+g.ggml_version.restype = ctypes.c_char_p
+print(g.ggml_version().decode())
+EOF
+  ) || loaded=""
+  if [ "$loaded" = "$ggml_version" ]; then
+    log "load test passed: ggml_version() = $loaded"
+  elif [ -z "$loaded" ] && [ -n "$backend_lib" ] && [ -n "$(ldd "$lib/$backend_lib.$so_ext" 2>/dev/null | grep 'not found' || true)" ]; then
+    log "warning: load test skipped, $backend_lib's runtime libraries are missing on this machine"
+  else
+    fail "load test failed (ggml_version() = '${loaded}', expected $ggml_version)"
+  fi
+fi
+
+{
+  echo "ggml_version: $ggml_version"
+  echo "source: $SDIST_NAME==$SDIST_VERSION sdist ($SDIST_GGML_DIR, llama.cpp $LLAMA_CPP_BUILD), sha256 $SDIST_SHA256"
+  echo "variant: $variant"
+  echo "key: $key"
+  echo "cmake_args: ${args[*]}"
+  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "build_seconds: $(( $(date +%s) - start ))"
+  echo "host: $(uname -srm)"
+  echo "compiler: $(c++ --version 2>/dev/null | head -n1)"
+  echo "cmake: $(cmake --version | head -n1)"
+  echo "files:"
+  (cd "$lib" && ls -1 | sed 's/^/  /')
+} > "$lib/build-info.txt"
+date -u +%Y-%m-%dT%H:%M:%SZ > "$lib/.complete"
+
+rm -rf "$out"
+mv "$lib" "$out"
+log "done: $out"
+publish
