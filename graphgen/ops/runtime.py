@@ -241,7 +241,18 @@ def describe() -> dict:
     return {"ggml": rt.version, "ggml_dir": str(rt.lib_dir), "ggml_origin": rt.origin}
 
 
-if __name__ == "__main__":  # `python -m graphgen.ops.runtime`: prepare the runtime, print what it is
-    rt = activate()
-    import ggml  # noqa: F401  the import itself is the check
+def main() -> int:
+    """`python -m graphgen.ops.runtime`: prepare the runtime once, import it, say what it is."""
+    try:
+        rt = activate()
+        import ggml  # noqa: F401  the import itself is the check
+    except (GraphgenError, ImportError, OSError) as e:
+        print(f"graphgen: error: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}",
+              file=sys.stderr)
+        return 2
     print(f"ggml {rt.version} from {rt.lib_dir} ({rt.origin})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
