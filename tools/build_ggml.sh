@@ -217,7 +217,7 @@ if [ ! -f "$src/CMakeLists.txt" ]; then
   if [ ! -f "$sdist" ]; then
     log "downloading the $SDIST_NAME==$SDIST_VERSION sdist"
     dl=$(mktemp -d "$cache/src/.download.XXXXXX")
-    "$PY" -m pip download -q --no-deps --no-binary :all: "$SDIST_NAME==$SDIST_VERSION" -d "$dl" >&2 \
+    "$PY" -m pip download -q --no-deps --no-binary "$SDIST_NAME" "$SDIST_NAME==$SDIST_VERSION" -d "$dl" >&2 \
       || { rm -rf "$dl"; die "pip download $SDIST_NAME==$SDIST_VERSION failed"; }
     [ -f "$dl/$(basename "$sdist")" ] || { rm -rf "$dl"; die "pip download did not produce $(basename "$sdist")"; }
     mv -f "$dl/$(basename "$sdist")" "$sdist"

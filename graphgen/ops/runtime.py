@@ -115,7 +115,7 @@ def _bindings_source() -> Path:
     if not sdist.exists():
         print(f"graphgen: fetching {BINDINGS_PACKAGE} {BINDINGS_VERSION}'s Python bindings (once)...",
               file=sys.stderr, flush=True)
-        proc = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
+        proc = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", BINDINGS_PACKAGE,
                                "-d", str(src_dir), f"{BINDINGS_PACKAGE}=={BINDINGS_VERSION}"],
                               capture_output=True, text=True)
         if proc.returncode != 0 or not sdist.exists():
