@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from .graph import GraphParams, MemSlot
-from .models.dflash import build_arch_graph
+from .models.arch import build_arch_graph
 from .runtime.session import Session
 from .scenario import Scenario, parse_scenario
 

@@ -20,7 +20,7 @@ import pytest
 from conftest import REF_DIR
 from graphgen.ops.runtime import cache_root
 from graphgen.diff import diff_paths
-from graphgen.runtime.backends import BackendUnavailable, has_backend, open_backend
+from graphgen.runtime.backends import BackendUnavailable, has_backend
 from graphgen.runtime.session import Session
 from graphgen.scenario import load_scenario
 from graphgen.synth import make_model

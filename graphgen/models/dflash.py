@@ -4,18 +4,90 @@ graph_base creates the inputs every head shares and provides the stages: build_i
 injection batch: target features fused by the encoder, K/V written into the cache),
 build_inp_tokens, build_layers (the noise block through the decoder layers) and build_logits.
 The heads (dflash2.py, dspark.py, lilicorr.py) assemble them and add their own part.
+
+As in the seed, the loader half of the base backbone sits here too: its sliding-window keys
+(load_hparams_base), the tensors every draft has and the base layers' tensors
+(load_tensors_layers_base). The dispatch over heads and backbones is models/arch.py.
 """
 
 from __future__ import annotations
 
 import math
 
+from ..errors import GGUFModelError
 from ..graph import GraphContext, GraphParams
 from ..ops import ggml as G
 from ..ops.ggml import (ggml_add, ggml_build_forward_expand, ggml_fill, ggml_get_rows, ggml_mul,
                         ggml_new_tensor_1d, ggml_new_tensor_2d, ggml_new_tensor_3d, ggml_reshape_2d,
                         ggml_reshape_3d, ggml_rms_norm, ggml_rope_ext, ggml_rope_multi, ggml_scale,
                         ggml_set_input, ggml_set_output, ggml_set_rows, ggml_tanh)
+
+
+LLM_ARCH = "dflash"
+
+
+def kv(name: str) -> str:
+    """The GGUF key of an architecture hparam (upstream's LLM_KV_* names under the arch prefix)."""
+    return f"{LLM_ARCH}.{name}"
+
+
+# --- loader ------------------------------------------------------------------------------------
+
+def load_hparams_base(m, hp, path) -> None:
+    """The base backbone's iSWA keys: a window needs a per-layer pattern naming a sliding layer
+    (upstream asserts is_swa_any() otherwise, which would end the process)."""
+    n_swa = m.get(kv("attention.sliding_window"), 0, kind="int")
+    if n_swa < 0:
+        raise GGUFModelError(f"{path}: key '{kv('attention.sliding_window')}' must be >= 0")
+    if n_swa == 0:
+        return
+    pattern = m.get(kv("attention.sliding_window_pattern"), None, kind="array")
+    if pattern is None:
+        raise GGUFModelError(f"{path}: missing key '{kv('attention.sliding_window_pattern')}' "
+                             "(required with a sliding window)")
+    if len(pattern) != hp.n_layer:
+        raise GGUFModelError(f"{path}: key '{kv('attention.sliding_window_pattern')}' has "
+                             f"{len(pattern)} entries for {hp.n_layer} layers")
+    if not any(pattern):
+        raise GGUFModelError(f"{path}: key '{kv('attention.sliding_window_pattern')}' marks no "
+                             "layer as sliding-window although a window is set")
+    hp.n_swa = n_swa
+    hp.swa_layers = [bool(p) for p in pattern]
+
+
+def load_tensors_common(hp, n_vocab_draft: int) -> tuple[dict, list]:
+    """Every draft's own tensors: the feature projection, norms, embeddings and lm head.
+
+    Returns (shape per tensor name, ggml order with None for any size; required names)."""
+    e = hp.n_embd
+    shapes = {"fc.weight": (hp.n_embd_inp_enc, e), "enc.output_norm.weight": (e,), "output_norm.weight": (e,),
+              "token_embd.weight": (e, hp.n_vocab or None), "output.weight": (e, n_vocab_draft),
+              "fc.scale": (1,), "output.scale": (1,)}
+    return shapes, ["fc.weight", "enc.output_norm.weight", "output_norm.weight"]
+
+
+def load_tensors_layers_base(hp) -> tuple[dict, list]:
+    """load_tensors_layers_base: the decoder layers of the base backbone."""
+    e, hk = hp.n_embd, hp.n_embd_head_k
+    shapes, required = {}, []
+    for il in range(hp.n_layer):
+        b = f"blk.{il}."
+        shapes.update({
+            b + "attn_norm.weight": (e,), b + "attn_q.weight": (e, hk * hp.n_head),
+            b + "attn_k.weight": (e, hp.n_embd_k_gqa), b + "attn_v.weight": (e, hp.n_embd_v_gqa),
+            b + "attn_output.weight": (hk * hp.n_head, e), b + "attn_q_norm.weight": (hk,),
+            b + "attn_k_norm.weight": (hk,), b + "post_attention_norm.weight": (e,),
+            b + "post_ffw_norm.weight": (e,), b + "layer_output_scale.weight": (1,),
+            b + "rope_freqs.weight": (hk // 2,), b + "attn_sinks.weight": (hp.n_head,),
+            b + "ffn_norm.weight": (e,), b + "ffn_gate.weight": (e, hp.n_ff),
+            b + "ffn_down.weight": (hp.n_ff, e), b + "ffn_up.weight": (e, hp.n_ff),
+        })
+        for t in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_down", "ffn_up"):
+            shapes[b + t + ".scale"] = (1,)
+        # attn_v is optional: without it V is the normed K (shared K/V)
+        required += [f"{b}{t}.weight" for t in ("attn_norm", "attn_q", "attn_k", "attn_output", "attn_q_norm",
+                                                "attn_k_norm", "ffn_norm", "ffn_gate", "ffn_down", "ffn_up")]
+    return shapes, required
 
 
 def build_inp_target_features(g: GraphContext, n_embd_inp: int):
@@ -230,28 +302,3 @@ class GraphEncoder(GraphContext):
         self.res.t_h_nextn = cur
         ggml_build_forward_expand(self.gf, cur)
 
-
-def build_arch_graph(params: GraphParams) -> GraphContext:
-    """Dispatch on the backbone, then on the head, as llama_model_dflash::build_arch_graph."""
-    model = params.model
-    if params.graph_type == "encoder":
-        return GraphEncoder(params)
-    if model.backbone != "base":
-        from . import dspark
-        backbones = {"dsv4": dspark.GraphDSV4, "dsv41": dspark.GraphDSV41,
-                     "mistral-large4": dspark.GraphMistralLarge4}
-        if model.backbone not in backbones:
-            raise NotImplementedError(f"the {model.backbone} backbone is not supported by this graphgen build")
-        return backbones[model.backbone](params)
-    if model.variant == "dflash":
-        return GraphDFlash(params)
-    if model.variant == "dflash2":
-        from .dflash2 import GraphDFlash2
-        return GraphDFlash2(params)
-    if model.variant == "dspark":
-        from .dspark import GraphDSpark
-        return GraphDSpark(params)
-    if model.variant == "lilicorr":
-        from .lilicorr import GraphLiliCorr
-        return GraphLiliCorr(params)
-    raise NotImplementedError(f"the {model.variant} head is not supported by this graphgen build")

@@ -1,11 +1,16 @@
 """src/models/dflash2.cpp: DFlash2 = DFlash + a block-local dynamic conv in the layers and a
 candidate selector that packs top-k candidates and their transition scores into h_nextn.
+
+The head's loader sits here as in the seed: its metadata checks (load_hparams_dflash2), the
+selector tensors (load_tensors_dflash2) and the conv tensors LiliCorr shares
+(load_tensors_dflash2_conv).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from ..errors import GGUFModelError
 from ..graph import GraphParams
 from ..ops import ggml as G
 from ..ops.ggml import (ggml_add, ggml_build_forward_expand, ggml_cast, ggml_concat, ggml_cont, ggml_cont_1d,
@@ -13,7 +18,53 @@ from ..ops.ggml import (ggml_add, ggml_build_forward_expand, ggml_cast, ggml_con
                         ggml_new_tensor_3d, ggml_pad, ggml_pad_ext, ggml_repeat, ggml_repeat_4d,
                         ggml_reshape_1d, ggml_reshape_2d, ggml_reshape_3d, ggml_reshape_4d, ggml_top_k,
                         ggml_view_1d, ggml_view_2d, ggml_view_3d, ggml_view_4d)
-from .dflash import GraphBase
+from .dflash import GraphBase, kv
+
+
+# head tensors: Model attribute -> GGUF name
+DFLASH2_TENSORS = {
+    "dflash_selector_prev": "selector_predecessor.weight", "dflash_selector_next": "selector_successor.weight",
+    "dflash_selector_hidden": "selector_hidden.weight",
+}
+
+
+def load_hparams_dflash2(hp, path) -> None:
+    """The selector and conv keys a DFlash2 draft cannot run without, and the lattice's room in
+    h_nextn: top_k candidates plus top_k x top_k transitions per row."""
+    if not (hp.selector_rank > 0 and hp.selector_top_k > 0 and hp.conv_kernel_size > 0 and hp.conv_group_size > 0):
+        raise GGUFModelError(f"{path}: DFlash2 model is missing conv/selector metadata "
+                             f"(keys '{kv('selector_rank')}', '{kv('selector_top_k')}', "
+                             f"'{kv('conv_kernel_size')}', '{kv('conv_group_size')}')")
+    if hp.block_size <= 0:
+        raise GGUFModelError(f"{path}: DFlash2 model is missing conv/selector metadata (key '{kv('block_size')}')")
+    if hp.n_embd < hp.selector_top_k * (hp.selector_top_k + 1):
+        raise GGUFModelError(f"{path}: DFlash2 hidden size is too small for the selector lattice "
+                             f"(key '{kv('selector_top_k')}' = {hp.selector_top_k})")
+
+
+def load_tensors_dflash2_conv(hp) -> dict:
+    """Per layer, for attention and FFN: base taps {n_embd, kernel, 2} and the tap projection.
+    Only when the conv keys are set; the names are required then."""
+    if not (hp.conv_kernel_size > 0 and hp.conv_group_size > 0):
+        return {}
+    e, kernel = hp.n_embd, hp.conv_kernel_size
+    projected = 2 * kernel * (e // hp.conv_group_size)
+    shapes = {}
+    for il in range(hp.n_layer):
+        for part in ("attn", "ffn"):
+            shapes[f"blk.{il}.{part}_conv_base"] = (e, kernel, 2)
+            shapes[f"blk.{il}.{part}_conv_proj.weight"] = (e, projected)
+    return shapes
+
+
+def load_tensors_dflash2(hp) -> tuple[dict, list]:
+    """The selector's token tables and hidden projection, then the conv tensors."""
+    rank, n_vocab = hp.selector_rank, hp.n_vocab or None
+    shapes = {"selector_predecessor.weight": (rank, n_vocab), "selector_successor.weight": (rank, n_vocab),
+              "selector_hidden.weight": (hp.n_embd, rank)}
+    conv = load_tensors_dflash2_conv(hp)
+    shapes.update(conv)
+    return shapes, list(DFLASH2_TENSORS.values()) + list(conv)
 
 
 def n_seqs_unq(ubatch) -> int:

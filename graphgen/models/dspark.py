@@ -3,6 +3,10 @@
 graph_dspark runs the head on the DFlash backbone; graph_dsv4 (DeepSeek-V4, in b11739),
 graph_dsv41 (DeepSeek-V4.1) and graph_mistral_large4 (both seed only) run it on their own
 backbones, with the DeepSeek-V4 machinery of deepseek4.py.
+
+The loaders of the head and of both backbone families sit here as in the seed:
+load_hparams_dsv4, load_hparams_mistral_large4, load_tensors_dspark, load_tensors_layers_dsv4
+and load_tensors_layers_mistral_large4.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import math
 
 import numpy as np
 
+from ..errors import GGUFModelError
 from ..graph import GraphContext, GraphParams
 from ..ops import ggml as G
 from ..ops.ggml import (ggml_add, ggml_argmax, ggml_build_forward_expand, ggml_cast, ggml_concat, ggml_cont,
@@ -19,7 +24,168 @@ from ..ops.ggml import (ggml_add, ggml_argmax, ggml_build_forward_expand, ggml_c
                         ggml_repeat_4d, ggml_reshape_2d, ggml_reshape_3d, ggml_rope_ext, ggml_scale,
                         ggml_set_input, ggml_set_rows, ggml_sigmoid, ggml_sub, ggml_tanh, ggml_view_2d,
                         ggml_view_3d)
-from .dflash import GraphBase, build_inject_inp, get_lm_head, get_tok_embd
+from .dflash import GraphBase, build_inject_inp, get_lm_head, get_tok_embd, kv
+
+
+
+# --- loader ------------------------------------------------------------------------------------
+
+# head tensors: Model attribute -> GGUF name
+DSPARK_TENSORS = {
+    "dspark_markov_w1": "markov_w1.weight", "dspark_markov_w2": "markov_w2.weight",
+    "dspark_markov_w2_s": "markov_w2.scale", "dspark_conf_proj": "conf_proj.weight",
+    "dspark_conf_proj_b": "conf_proj.bias", "dspark_joint_proj": "joint_proj.weight",
+    "dspark_joint_proj_b": "joint_proj.bias",
+}
+
+
+def load_hparams_dspark(hp, path) -> None:
+    """The Markov head drafts a whole block: it cannot run without the trained block size."""
+    if hp.block_size <= 0:
+        raise GGUFModelError(f"{path}: DSpark draft requires '{kv('block_size')}' in GGUF metadata")
+
+
+def load_hparams_dsv4(m, hp, path) -> None:
+    """The seed's load_hparams_dsv4: stages are full DSV4 blocks with a uniform sliding window."""
+    if hp.hc_mult != 4:
+        # upstream asserts hc == 4 in build_hc_pre (and its fused HC kernels), killing the process
+        raise GGUFModelError(f"{path}: key '{kv('hyper_connection.count')}' = {hp.hc_mult}: "
+                             "the DeepSeek-V4 hyper-connections need exactly 4 streams")
+    hp.n_lora_q = m.get(kv("attention.q_lora_rank"), required=True, kind="int")
+    n_swa = m.get(kv("attention.sliding_window"), required=True, kind="int")
+    hp.n_ff_exp = m.get_key_or_arr(kv("expert_feed_forward_length"), hp.n_layer, kind="int")[0]
+    hp.n_expert_shared = m.get(kv("expert_shared_count"), required=True, kind="int")
+    hp.expert_weights_scale = m.get(kv("expert_weights_scale"), required=True, kind="float")
+    hp.expert_weights_norm = bool(m.get(kv("expert_weights_norm"), required=True))
+    hp.expert_gating_func = m.get(kv("expert_gating_func"), required=True, kind="int")
+    hp.swiglu_clamp_exp = m.get_key_or_arr(kv("swiglu_clamp_exp"), hp.n_layer)
+    if m.has(kv("swiglu_clamp_shexp")):
+        hp.swiglu_clamp_shexp = m.get_key_or_arr(kv("swiglu_clamp_shexp"), hp.n_layer)
+    else:
+        hp.swiglu_clamp_shexp = list(hp.swiglu_clamp_exp)
+    hp.dsv4_o_group_count = m.get(kv("attention.output_group_count"), required=True, kind="int")
+    hp.dsv4_o_lora_rank = m.get(kv("attention.output_lora_rank"), required=True, kind="int")
+    hp.dsv4_hc_sinkhorn_iters = m.get(kv("hyper_connection.sinkhorn_iterations"), required=True, kind="int")
+    hp.dsv4_hc_eps = m.get(kv("hyper_connection.epsilon"), required=True, kind="float")
+    ratios = m.get(kv("attention.compress_ratios"), None, kind="array")
+    hp.dsv4_compress_ratios = list(ratios) if ratios is not None else [0] * hp.n_layer
+    hp.dsv4_hc_single_pass = bool(m.get(kv("hyper_connection.single_pass"), False))
+    hp.n_expert = m.get(kv("expert_count"), 0, kind="int")
+    hp.n_expert_used = m.get(kv("expert_used_count"), 0, kind="int")
+
+    if hp.dsv4_o_group_count <= 0:  # upstream: GGML_ASSERT (a division by zero otherwise)
+        raise GGUFModelError(f"{path}: key '{kv('attention.output_group_count')}' must be positive")
+    if hp.expert_gating_func != 4:
+        raise GGUFModelError(f"{path}: DSpark DSV4 draft expects sqrtsoftplus MoE scoring "
+                             f"(key '{kv('expert_gating_func')}' = {hp.expert_gating_func})")
+    if any(int(r) != 0 for r in (hp.dsv4_compress_ratios + [0] * hp.n_layer)[:hp.n_layer]):
+        raise GGUFModelError(f"{path}: DSpark DSV4 draft expects uncompressed attention on all stages "
+                             f"(key '{kv('attention.compress_ratios')}')")
+    if n_swa <= 0:  # upstream: GGML_ASSERT(hparams.n_swa > 0)
+        raise GGUFModelError(f"{path}: key '{kv('attention.sliding_window')}' must be positive for a DSV4 draft")
+    for key, val in ((kv("expert_count"), hp.n_expert), (kv("expert_used_count"), hp.n_expert_used),
+                     (kv("attention.q_lora_rank"), hp.n_lora_q), (kv("expert_feed_forward_length"), hp.n_ff_exp),
+                     (kv("expert_shared_count"), hp.n_expert_shared),
+                     (kv("attention.output_lora_rank"), hp.dsv4_o_lora_rank),
+                     (kv("hyper_connection.sinkhorn_iterations"), hp.dsv4_hc_sinkhorn_iters)):
+        if val <= 0:
+            raise GGUFModelError(f"{path}: key '{key}' must be positive for a DSV4 draft, got {val}")
+    if hp.n_expert_used > hp.n_expert:
+        raise GGUFModelError(f"{path}: key '{kv('expert_used_count')}' = {hp.n_expert_used} exceeds "
+                             f"'{kv('expert_count')}' = {hp.n_expert}")
+    if hp.n_head % hp.dsv4_o_group_count:
+        raise GGUFModelError(f"{path}: key '{kv('attention.head_count')}' = {hp.n_head} is not a multiple of "
+                             f"'{kv('attention.output_group_count')}' = {hp.dsv4_o_group_count}")
+    if hp.n_embd_head_k != hp.n_embd_head_v or hp.n_head_kv != 1:
+        raise GGUFModelError(f"{path}: a DSV4 draft needs key_length == value_length and one KV head "
+                             f"(keys '{kv('attention.key_length')}', '{kv('attention.head_count_kv')}')")
+    if hp.dsv4_hc_single_pass:
+        # DeepSeek-V4.1: the block's window is the anchor's, which must reach window_size positions back
+        n_swa += 1
+    hp.set_swa_uniform(n_swa)
+
+
+def load_hparams_mistral_large4(m, hp, path) -> None:
+    """The seed's load_hparams_mistral_large4: dense MLA stages, one sliding window, plain YaRN."""
+    hp.n_embd_head_k_mla = m.get(kv("attention.key_length_mla"), required=True, kind="int")
+    hp.n_embd_head_v_mla = m.get(kv("attention.value_length_mla"), required=True, kind="int")
+    hp.rope_yarn_log_mul = m.get(kv("rope.scaling.yarn_log_multiplier"), 0.0, kind="float")
+    n_swa = m.get(kv("attention.sliding_window"), 0, kind="int")
+    if n_swa <= 0:
+        raise GGUFModelError(f"{path}: DSpark Mistral Large 4 draft expects a sliding window "
+                             f"(key '{kv('attention.sliding_window')}')")
+    if hp.n_embd_head_k != hp.n_lora_kv + hp.n_rot:
+        raise GGUFModelError(f"{path}: DSpark Mistral Large 4 draft expects key_length == kv_lora_rank + rope dim "
+                             f"({hp.n_embd_head_k} != {hp.n_lora_kv} + {hp.n_rot})")
+    if hp.n_embd_head_k_mla <= hp.n_rot or hp.n_embd_head_v_mla <= 0:
+        raise GGUFModelError(f"{path}: key '{kv('attention.key_length_mla')}' must exceed the rope dim {hp.n_rot}")
+    if hp.n_head_kv != 1:
+        raise GGUFModelError(f"{path}: an MLA draft has one KV head (key '{kv('attention.head_count_kv')}')")
+    hp.rope_scaling_yarn = m.get(kv("rope.scaling.type"), "") == "yarn"
+    hp.n_ctx_orig_yarn = m.get(kv("rope.scaling.original_context_length"), hp.n_ctx_train, kind="int")
+    hp.yarn_beta_fast = m.get(kv("rope.scaling.yarn_beta_fast"), 32.0, kind="float")
+    hp.yarn_beta_slow = m.get(kv("rope.scaling.yarn_beta_slow"), 1.0, kind="float")
+    # the block uses the window of its anchor, as DSV4.1
+    hp.set_swa_uniform(n_swa + 1)
+
+
+def load_tensors_dspark(hp, rank: int, n_vocab_draft: int) -> tuple[dict, list]:
+    """load_tensors_dspark: the Markov head (rank from markov_w1), the optional confidence head and
+    the seed's RNN joint head."""
+    e, n_vocab = hp.n_embd, hp.n_vocab or None
+    shapes = {"markov_w1.weight": (rank, n_vocab), "markov_w2.weight": (rank, n_vocab_draft or None),
+              "markov_w2.scale": (1,), "conf_proj.weight": (e + rank, 1), "conf_proj.bias": (1,),
+              "joint_proj.weight": (e + 2 * rank, 3 * rank), "joint_proj.bias": (3 * rank,)}
+    return shapes, ["markov_w1.weight", "markov_w2.weight"]
+
+
+def load_tensors_layers_dsv4(hp, with_hc_head: bool) -> tuple[dict, list]:
+    """load_tensors_layers_dsv4: DeepSeek-V4 stages (low-rank Q, one shared K=V row, grouped
+    low-rank output, hyper-connection mixes, sqrt-softplus MoE with shared experts); DSV4 also
+    collapses the streams with its own hc_head weights, DSV4.1 with the last pre-mix."""
+    e, hd, H = hp.n_embd, hp.n_embd_head_k, hp.n_head
+    hc = hp.hc_mult
+    hc_dim, mix = hc * e, (2 + hc) * hc
+    G_, R = hp.dsv4_o_group_count, hp.dsv4_o_lora_rank
+    ff, nx, sh = hp.n_ff_exp, hp.n_expert, hp.n_expert_shared
+    shapes = {}
+    if with_hc_head:
+        shapes.update({"output_hc_fn.weight": (hc_dim, hc), "output_hc_base.weight": (hc,),
+                       "output_hc_scale.weight": (1,)})
+    for il in range(hp.n_layer):
+        b = f"blk.{il}."
+        shapes.update({
+            b + "attn_norm.weight": (e,), b + "attn_sinks.weight": (H,),
+            b + "attn_q_a.weight": (e, hp.n_lora_q), b + "attn_q_a_norm.weight": (hp.n_lora_q,),
+            b + "attn_q_b.weight": (hp.n_lora_q, H * hd), b + "attn_kv.weight": (e, hd),
+            b + "attn_kv_a_norm.weight": (hd,), b + "attn_output_b.weight": (G_ * R, e),
+            b + "hc_attn_fn.weight": (hc_dim, mix), b + "hc_attn_base.weight": (mix,),
+            b + "hc_attn_scale.weight": (3,), b + "hc_ffn_fn.weight": (hc_dim, mix),
+            b + "hc_ffn_base.weight": (mix,), b + "hc_ffn_scale.weight": (3,),
+            b + "ffn_gate_inp.weight": (e, nx), b + "exp_probs_b.bias": (nx,), b + "ffn_norm.weight": (e,),
+            b + "ffn_gate_exps.weight": (e, ff, nx), b + "ffn_down_exps.weight": (ff, e, nx),
+            b + "ffn_up_exps.weight": (e, ff, nx), b + "ffn_gate_shexp.weight": (e, ff * sh),
+            b + "ffn_down_shexp.weight": (ff * sh, e), b + "ffn_up_shexp.weight": (e, ff * sh),
+        })
+    return shapes, [n for n in shapes if not n.endswith(".scale")]
+
+
+def load_tensors_layers_mistral_large4(hp) -> tuple[dict, list]:
+    """load_tensors_layers_mistral_large4: dense MLA stages and the block's mask embeddings."""
+    e, H = hp.n_embd, hp.n_head
+    r, k_mla, v_mla = hp.n_lora_kv, hp.n_embd_head_k_mla, hp.n_embd_head_v_mla
+    shapes = {"mask_embd.weight": (e, max(hp.block_size - 1, 1))}
+    for il in range(hp.n_layer):
+        b = f"blk.{il}."
+        shapes.update({
+            b + "attn_norm.weight": (e,), b + "attn_q.weight": (e, H * k_mla),
+            b + "attn_kv_a_mqa.weight": (e, r + hp.n_rot), b + "attn_kv_a_norm.weight": (r,),
+            b + "attn_k_b.weight": (k_mla - hp.n_rot, r, H), b + "attn_v_b.weight": (r, v_mla, H),
+            b + "attn_output.weight": (H * v_mla, e), b + "attn_output.scale": (1,),
+            b + "ffn_norm.weight": (e,), b + "ffn_gate.weight": (e, hp.n_ff),
+            b + "ffn_down.weight": (hp.n_ff, e), b + "ffn_up.weight": (e, hp.n_ff),
+        })
+    return shapes, [n for n in shapes if not n.endswith(".scale")]
 
 
 def build_dspark_markov_head(g, model, tokens, hidden=None):

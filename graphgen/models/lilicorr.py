@@ -4,12 +4,18 @@ The scorer runs a small transformer over the (slot, candidate) nodes of each blo
 candidates and their anchor/transition scores into h_nextn for the CPU-side lattice walk. The
 injection graph exposes the fused context features as h_nextn; the driver feeds the anchor's row
 back as the block's embd_state.
+
+The head's loader sits here as in the seed: load_hparams_lilicorr (its keys carry no arch
+prefix) and load_tensors_lilicorr, which also takes the DFlash2 conv tensors when their keys are set.
 """
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
+from ..errors import GGUFModelError
 from ..graph import GraphParams
 from ..ops import ggml as G
 from ..ops.ggml import (ggml_add, ggml_arange, ggml_argsort, ggml_build_forward_expand, ggml_cast, ggml_concat,
@@ -20,7 +26,126 @@ from ..ops.ggml import (ggml_add, ggml_arange, ggml_argsort, ggml_build_forward_
                         ggml_soft_max, ggml_soft_max_ext, ggml_step, ggml_sub, ggml_top_k, ggml_transpose,
                         ggml_view_3d, ggml_view_4d)
 from .dflash import GraphBase, get_tok_embd
-from .dflash2 import n_seqs_unq
+from .dflash2 import load_tensors_dflash2_conv, n_seqs_unq
+
+
+# --- loader ------------------------------------------------------------------------------------
+
+# head tensors: Model attribute -> GGUF name
+LILICORR_TENSORS = {
+    "lilicorr_token_proj": "lilicorr.token_proj.weight", "lilicorr_token_proj_b": "lilicorr.token_proj.bias",
+    "lilicorr_token_proj_s": "lilicorr.token_proj.scale",
+    "lilicorr_pass_hidden_proj": "lilicorr.pass_hidden_proj.weight",
+    "lilicorr_pass_hidden_proj_b": "lilicorr.pass_hidden_proj.bias",
+    "lilicorr_pass_hidden_proj_s": "lilicorr.pass_hidden_proj.scale",
+    "lilicorr_slot_embedding": "lilicorr.slot_embedding.weight",
+    "lilicorr_rank_embedding": "lilicorr.rank_embedding.weight",
+    "lilicorr_attention_bias": "lilicorr.attention_bias.bias",
+    "lilicorr_context_proj": "lilicorr.context_proj.weight", "lilicorr_context_proj_b": "lilicorr.context_proj.bias",
+    "lilicorr_context_proj_s": "lilicorr.context_proj.scale",
+    "lilicorr_output_norm": "lilicorr.output_norm.weight", "lilicorr_anchor_norm": "lilicorr.anchor_norm.weight",
+    "lilicorr_factor_input_proj": "lilicorr.factor_input_proj.weight",
+    "lilicorr_factor_input_proj_b": "lilicorr.factor_input_proj.bias",
+    "lilicorr_out_head": "lilicorr.out_head.weight", "lilicorr_out_head_b": "lilicorr.out_head.bias",
+    "lilicorr_in_head": "lilicorr.in_head.weight", "lilicorr_in_head_b": "lilicorr.in_head.bias",
+    "lilicorr_anchor_out_head": "lilicorr.anchor_out_head.weight",
+    "lilicorr_anchor_out_head_b": "lilicorr.anchor_out_head.bias",
+}
+# per head layer i (block id n_layer + i); the in-projection is named by i itself
+LILICORR_LAYER_TENSORS = {
+    "lilicorr_attn_norm": "blk.{bid}.attn_norm.weight", "lilicorr_mlp_norm": "blk.{bid}.ffn_norm.weight",
+    "lilicorr_attn_in_proj": "lilicorr.layers.{i}.attn.in_proj.weight",
+    "lilicorr_attn_in_proj_b": "lilicorr.layers.{i}.attn.in_proj.bias",
+    "lilicorr_attn_out_proj": "blk.{bid}.attn_output.weight", "lilicorr_attn_out_proj_b": "blk.{bid}.attn_output.bias",
+    "lilicorr_attn_out_proj_s": "blk.{bid}.attn_output.scale",
+    "lilicorr_mlp_0": "blk.{bid}.ffn_up.weight", "lilicorr_mlp_0_b": "blk.{bid}.ffn_up.bias",
+    "lilicorr_mlp_0_s": "blk.{bid}.ffn_up.scale",
+    "lilicorr_mlp_2": "blk.{bid}.ffn_down.weight", "lilicorr_mlp_2_b": "blk.{bid}.ffn_down.bias",
+    "lilicorr_mlp_2_s": "blk.{bid}.ffn_down.scale",
+}
+# the 5 per-candidate scalar features sit on block id n_layer + num_layers
+LILICORR_FEATURE_TENSORS = {
+    "lilicorr_feature_norm": "blk.{fb}.ffn_norm.weight", "lilicorr_feature_norm_b": "blk.{fb}.ffn_norm.bias",
+    "lilicorr_feature_mlp_1": "blk.{fb}.ffn_up.weight", "lilicorr_feature_mlp_1_b": "blk.{fb}.ffn_up.bias",
+    "lilicorr_feature_mlp_3": "blk.{fb}.ffn_down.weight", "lilicorr_feature_mlp_3_b": "blk.{fb}.ffn_down.bias",
+}
+
+
+def load_hparams_lilicorr(m, hp, path) -> None:
+    """load_hparams_lilicorr + the head dimensions of load_tensors_lilicorr (keys carry no arch prefix)."""
+    hp.lilicorr_hidden_size = m.get("lilicorr.hidden_size", 0, kind="int")
+    hp.lilicorr_candidate_topk = m.get("lilicorr.candidate_topk", required=True, kind="int")
+    hp.lilicorr_num_heads = m.get("lilicorr.num_heads", required=True, kind="int")
+    hp.lilicorr_layers = m.get("lilicorr.num_layers", required=True, kind="int")
+    hp.lilicorr_vector_eps = m.get("lilicorr.vector_eps", required=True, kind="float")
+    if not (math.isfinite(hp.lilicorr_vector_eps) and hp.lilicorr_vector_eps >= 0.0):
+        # ggml's l2_norm asserts eps >= 0
+        raise GGUFModelError(f"{path}: key 'lilicorr.vector_eps' = {hp.lilicorr_vector_eps} must be a finite number >= 0")
+    hp.lilicorr_logit_scale = m.get("lilicorr.logit_scale", required=True, kind="float")
+    hp.lilicorr_factor_dim = m.get("lilicorr.factor_dim", required=True, kind="int")
+    hp.lilicorr_mlp_hidden_size = m.get("lilicorr.mlp_hidden_size", required=True, kind="int")
+    top_k = hp.lilicorr_candidate_topk
+    if (hp.block_size < 2 or hp.lilicorr_hidden_size <= 0 or hp.lilicorr_num_heads <= 0
+            or hp.lilicorr_hidden_size % hp.lilicorr_num_heads or top_k <= 0 or hp.lilicorr_layers <= 0
+            or hp.selector_top_k > 0 or top_k * (top_k + 1) > hp.n_embd):
+        raise GGUFModelError(f"{path}: invalid LiLiCorr DFlash metadata (keys 'dflash.block_size', "
+                             "'lilicorr.hidden_size', 'lilicorr.num_heads', 'lilicorr.candidate_topk', "
+                             "'lilicorr.num_layers', 'dflash.selector_top_k')")
+    if hp.lilicorr_factor_dim <= 0 or hp.lilicorr_mlp_hidden_size <= 0 or hp.lilicorr_layers > hp.n_layer:
+        raise GGUFModelError(f"{path}: invalid LiLiCorr head dimensions (keys 'lilicorr.factor_dim', "
+                             "'lilicorr.mlp_hidden_size', 'lilicorr.num_layers')")
+
+
+def load_tensors_lilicorr(hp) -> tuple[dict, list]:
+    """load_tensors_lilicorr: the scorer's projections, embeddings and heads, its transformer
+    layers (block ids n_layer..), the feature MLP (the block id after them), and the conv tensors."""
+    e = hp.n_embd
+    hidden, top_k, heads = hp.lilicorr_hidden_size, hp.lilicorr_candidate_topk, hp.lilicorr_num_heads
+    factor, mlp = hp.lilicorr_factor_dim, hp.lilicorr_mlp_hidden_size
+    slots = hp.block_size - 1
+    fb = hp.n_layer + hp.lilicorr_layers
+    shapes = {
+        "lilicorr.token_proj.weight": (e, hidden), "lilicorr.token_proj.bias": (hidden,),
+        "lilicorr.token_proj.scale": (1,),
+        "lilicorr.pass_hidden_proj.weight": (e, hidden), "lilicorr.pass_hidden_proj.bias": (hidden,),
+        "lilicorr.pass_hidden_proj.scale": (1,),
+        f"blk.{fb}.ffn_norm.weight": (5,), f"blk.{fb}.ffn_norm.bias": (5,),
+        f"blk.{fb}.ffn_up.weight": (5, hidden), f"blk.{fb}.ffn_up.bias": (hidden,),
+        f"blk.{fb}.ffn_down.weight": (hidden, hidden), f"blk.{fb}.ffn_down.bias": (hidden,),
+        "lilicorr.slot_embedding.weight": (hidden, slots), "lilicorr.rank_embedding.weight": (hidden, top_k),
+        "lilicorr.attention_bias.bias": (slots * top_k, slots * top_k, heads),
+        "lilicorr.context_proj.weight": (e, hidden), "lilicorr.context_proj.bias": (hidden,),
+        "lilicorr.context_proj.scale": (1,),
+        "lilicorr.output_norm.weight": (hidden,), "lilicorr.anchor_norm.weight": (hidden,),
+        "lilicorr.factor_input_proj.weight": (3 * hidden, hidden),
+        "lilicorr.factor_input_proj.bias": (hidden,),
+    }
+    for head in ("out_head", "in_head", "anchor_out_head"):
+        shapes[f"lilicorr.{head}.weight"] = (hidden, factor)
+        shapes[f"lilicorr.{head}.bias"] = (factor,)
+    for i in range(hp.lilicorr_layers):
+        bid = hp.n_layer + i
+        shapes.update({
+            f"blk.{bid}.attn_norm.weight": (hidden,), f"blk.{bid}.ffn_norm.weight": (hidden,),
+            f"lilicorr.layers.{i}.attn.in_proj.weight": (hidden, 3 * hidden),
+            f"lilicorr.layers.{i}.attn.in_proj.bias": (3 * hidden,),
+            f"blk.{bid}.attn_output.weight": (hidden, hidden), f"blk.{bid}.attn_output.bias": (hidden,),
+            f"blk.{bid}.attn_output.scale": (1,),
+            f"blk.{bid}.ffn_up.weight": (hidden, mlp), f"blk.{bid}.ffn_up.bias": (mlp,),
+            f"blk.{bid}.ffn_up.scale": (1,),
+            f"blk.{bid}.ffn_down.weight": (mlp, hidden), f"blk.{bid}.ffn_down.bias": (hidden,),
+            f"blk.{bid}.ffn_down.scale": (1,),
+        })
+    # a scorer as wide as the draft may do without the token projection
+    optional = {"lilicorr.token_proj.weight", "lilicorr.token_proj.bias"} if hidden == e else set()
+    required = [n for n in LILICORR_TENSORS.values() if not n.endswith(".scale") and n not in optional]
+    required += [n.format(fb=fb) for n in LILICORR_FEATURE_TENSORS.values()]
+    for i in range(hp.lilicorr_layers):
+        required += [n.format(bid=hp.n_layer + i, i=i) for n in LILICORR_LAYER_TENSORS.values()
+                     if not n.endswith(".scale")]
+    conv = load_tensors_dflash2_conv(hp)
+    shapes.update(conv)
+    return shapes, required + list(conv)
 
 
 def build_lilicorr_scores(g, model, tok_embd, anchors):

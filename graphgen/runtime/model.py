@@ -1,8 +1,11 @@
-"""GGUF -> hparams + weights on a backend, as llama_model_dflash's loaders read them.
+"""GGUF -> hparams + weights on a backend: the loading every draft shares.
 
-`load(path)` reads the metadata with gguf-py (memory-mapped), detects the head (variant) and
-the backbone exactly as the seed's load_arch_hparams does, validates every key and tensor shape
-before ggml sees them, and uploads the weights into one backend buffer.
+`load(path)` reads the metadata with gguf-py (memory-mapped), checks key types, reads the keys
+every draft has, detects the head (variant, from tensors) and the backbone (from keys) as the
+seed's load_arch_hparams does, and leaves the rest to the model files through
+graphgen/models/arch.py: each head's and backbone's hparams, tensor shapes and checks sit beside
+its graph (load_hparams_dsv4 in models/dspark.py, load_tensors_lilicorr in models/lilicorr.py...).
+Every key and shape is validated before ggml sees it; the weights go into one backend buffer.
 """
 
 from __future__ import annotations
@@ -16,13 +19,12 @@ import numpy as np
 
 from .. import validate as V
 from ..errors import GGUFModelError
-from ..validate import check_memory, check_tensor_data, check_tensor_types
+from ..models import arch, dflash2, dspark, lilicorr
+from ..models.arch import (BACKBONE_BASE, BACKBONE_DSV4, BACKBONE_DSV41, BACKBONE_MISTRAL_LARGE4, VARIANT_DFLASH,
+                           VARIANT_DFLASH2, VARIANT_DSPARK, VARIANT_LILICORR)
+from ..models.dflash import LLM_ARCH as ARCH
 from ..ops import ggml as G
-
-ARCH = "dflash"
-
-VARIANT_DFLASH, VARIANT_DFLASH2, VARIANT_DSPARK, VARIANT_LILICORR = "dflash", "dflash2", "dspark", "lilicorr"
-BACKBONE_BASE, BACKBONE_DSV4, BACKBONE_DSV41, BACKBONE_MISTRAL_LARGE4 = "base", "dsv4", "dsv41", "mistral-large4"
+from ..validate import check_memory, check_tensor_data, check_tensor_types
 
 # gguf-py GGMLQuantizationType values graphgen can hold as weights
 SUPPORTED_WEIGHT_TYPES = {0: "f32", 1: "f16", 8: "q8_0", 30: "bf16", 26: "i32", 27: "i64"}
@@ -129,6 +131,11 @@ class HParams:
     def n_pos_per_embd(self) -> int:
         return 4 if self.rope_type == G.GGML_ROPE_TYPE_MROPE else 1
 
+    def set_swa_uniform(self, n_swa: int) -> None:
+        """One sliding window on every stage (upstream: set_swa_pattern(0), every layer is_swa)."""
+        self.n_swa = n_swa
+        self.swa_layers = [True] * self.n_layer
+
 
 class Layer:
     """The per-layer tensors, under upstream's llama_layer field names (None when absent)."""
@@ -200,8 +207,8 @@ def expected_types(key: str):
     return TOKENIZER_TYPES.get(key)
 
 
-class _Meta:
-    """Typed access to GGUF metadata with errors that name the key."""
+class GGUFMeta:
+    """Typed access to GGUF metadata with errors that name the key (llama_model_loader's get_key)."""
 
     def check_types(self):
         """Every known key has the GGUF type llama.cpp's loader insists on."""
@@ -256,13 +263,24 @@ class _Meta:
                 out = [out]
         return out
 
+    def get_key_or_arr(self, key, n_layer, kind="float", default=None) -> list:
+        """One value for every layer, or an array of n_layer values (upstream's get_key_or_arr)."""
+        v = self.get(key, default, required=default is None)
+        vals = v if isinstance(v, list) else [v] * n_layer
+        if len(vals) != n_layer:
+            raise GGUFModelError(f"{self.path}: key '{key}' has {len(vals)} entries for {n_layer} layers")
+        try:
+            return [float(x) if kind == "float" else int(x) for x in vals]
+        except (TypeError, ValueError):
+            raise GGUFModelError(f"{self.path}: key '{key}' must hold numbers") from None
+
 
 def read_hparams(reader, path) -> tuple[HParams, str, str]:
-    m = _Meta(reader, path)
+    m = GGUFMeta(reader, path)
     m.check_types()
-    arch = m.get("general.architecture", required=True)
-    if arch != ARCH:
-        raise GGUFModelError(f"{path}: general.architecture is '{arch}', graphgen drafts are '{ARCH}'")
+    arch_name = m.get("general.architecture", required=True)
+    if arch_name != ARCH:
+        raise GGUFModelError(f"{path}: general.architecture is '{arch_name}', graphgen drafts are '{ARCH}'")
     k = lambda s: f"{ARCH}.{s}"  # noqa: E731
     hp = HParams()
     hp.n_embd = m.get(k("embedding_length"), required=True, kind="int")
@@ -347,232 +365,16 @@ def read_hparams(reader, path) -> tuple[HParams, str, str]:
         variant = VARIANT_LILICORR
     else:
         variant = VARIANT_DFLASH
-    if variant == VARIANT_DFLASH2:
-        if not (hp.selector_rank > 0 and hp.selector_top_k > 0 and hp.conv_kernel_size > 0 and hp.conv_group_size > 0):
-            raise GGUFModelError(f"{path}: DFlash2 model is missing conv/selector metadata "
-                                 f"(keys '{k('selector_rank')}', '{k('selector_top_k')}', "
-                                 f"'{k('conv_kernel_size')}', '{k('conv_group_size')}')")
-    if variant == VARIANT_DFLASH2:
-        if hp.block_size <= 0:
-            raise GGUFModelError(f"{path}: DFlash2 model is missing conv/selector metadata (key '{k('block_size')}')")
-        if hp.n_embd < hp.selector_top_k * (hp.selector_top_k + 1):
-            raise GGUFModelError(f"{path}: DFlash2 hidden size is too small for the selector lattice "
-                                 f"(key '{k('selector_top_k')}' = {hp.selector_top_k})")
-    if variant == VARIANT_DSPARK and hp.block_size <= 0:
-        raise GGUFModelError(f"{path}: DSpark draft requires '{k('block_size')}' in GGUF metadata")
-    if variant == VARIANT_LILICORR:
-        _read_lilicorr(m, hp, path)
-    if hp.conv_group_size > 0 and hp.n_embd % hp.conv_group_size:
-        raise GGUFModelError(f"{path}: DFlash hidden size must be divisible by conv_group_size "
-                             f"({hp.n_embd} % {hp.conv_group_size}, key '{k('conv_group_size')}')")
-
-    # backbone
+    # backbone: read from keys, as the seed does
     if hp.hc_mult > 0:
-        _load_hparams_dsv4(m, hp, path)
-        backbone = BACKBONE_DSV41 if hp.dsv4_hc_single_pass else BACKBONE_DSV4
+        single_pass = bool(m.get(k("hyper_connection.single_pass"), False))
+        backbone = BACKBONE_DSV41 if single_pass else BACKBONE_DSV4
     elif hp.n_lora_kv > 0:
-        _load_hparams_mistral_large4(m, hp, path)
         backbone = BACKBONE_MISTRAL_LARGE4
     else:
         backbone = BACKBONE_BASE
-        n_swa = m.get(k("attention.sliding_window"), 0, kind="int")
-        if n_swa < 0:
-            raise GGUFModelError(f"{path}: key '{k('attention.sliding_window')}' must be >= 0")
-        if n_swa > 0:
-            pattern = m.get(k("attention.sliding_window_pattern"), None, kind="array")
-            if pattern is None:
-                raise GGUFModelError(f"{path}: missing key '{k('attention.sliding_window_pattern')}' "
-                                     "(required with a sliding window)")
-            if len(pattern) != hp.n_layer:
-                raise GGUFModelError(f"{path}: key '{k('attention.sliding_window_pattern')}' has "
-                                     f"{len(pattern)} entries for {hp.n_layer} layers")
-            if not any(pattern):
-                raise GGUFModelError(f"{path}: key '{k('attention.sliding_window_pattern')}' marks no "
-                                     "layer as sliding-window although a window is set")
-            hp.n_swa = n_swa
-            hp.swa_layers = [bool(p) for p in pattern]
-    if backbone != BACKBONE_BASE and variant not in (VARIANT_DFLASH, VARIANT_DSPARK):
-        raise GGUFModelError(f"{path}: the {backbone} backbone runs the DFlash or DSpark head, not {variant}")
+    arch.load_hparams(m, hp, variant, backbone, path)
     return hp, variant, backbone
-
-
-def _per_layer(m, key, n_layer, path, kind="float", default=None):
-    """get_key_or_arr: one value for every layer, or an array of n_layer values."""
-    v = m.get(key, default, required=default is None, kind=None)
-    vals = v if isinstance(v, list) else [v] * n_layer
-    if len(vals) != n_layer:
-        raise GGUFModelError(f"{path}: key '{key}' has {len(vals)} entries for {n_layer} layers")
-    try:
-        return [float(x) if kind == "float" else int(x) for x in vals]
-    except (TypeError, ValueError):
-        raise GGUFModelError(f"{path}: key '{key}' must hold numbers") from None
-
-
-def _uniform_swa(hp: HParams, n_swa: int) -> None:
-    """STANDARD sliding window on every stage (set_swa_pattern(0) + is_swa on all layers)."""
-    hp.n_swa = n_swa
-    hp.swa_layers = [True] * hp.n_layer
-
-
-def _load_hparams_dsv4(m, hp: HParams, path) -> None:
-    """The seed's load_hparams_dsv4: stages are full DSV4 blocks with a uniform sliding window."""
-    k = lambda s: f"{ARCH}.{s}"  # noqa: E731
-    if hp.hc_mult != 4:
-        # upstream asserts hc == 4 in build_hc_pre (and its fused HC kernels), killing the process
-        raise GGUFModelError(f"{path}: key '{k('hyper_connection.count')}' = {hp.hc_mult}: "
-                             "the DeepSeek-V4 hyper-connections need exactly 4 streams")
-    hp.n_lora_q = m.get(k("attention.q_lora_rank"), required=True, kind="int")
-    n_swa = m.get(k("attention.sliding_window"), required=True, kind="int")
-    hp.n_ff_exp = _per_layer(m, k("expert_feed_forward_length"), hp.n_layer, path, kind="int")[0]
-    hp.n_expert_shared = m.get(k("expert_shared_count"), required=True, kind="int")
-    hp.expert_weights_scale = m.get(k("expert_weights_scale"), required=True, kind="float")
-    hp.expert_weights_norm = bool(m.get(k("expert_weights_norm"), required=True))
-    hp.expert_gating_func = m.get(k("expert_gating_func"), required=True, kind="int")
-    hp.swiglu_clamp_exp = _per_layer(m, k("swiglu_clamp_exp"), hp.n_layer, path)
-    if m.has(k("swiglu_clamp_shexp")):
-        hp.swiglu_clamp_shexp = _per_layer(m, k("swiglu_clamp_shexp"), hp.n_layer, path)
-    else:
-        hp.swiglu_clamp_shexp = list(hp.swiglu_clamp_exp)
-    hp.dsv4_o_group_count = m.get(k("attention.output_group_count"), required=True, kind="int")
-    hp.dsv4_o_lora_rank = m.get(k("attention.output_lora_rank"), required=True, kind="int")
-    hp.dsv4_hc_sinkhorn_iters = m.get(k("hyper_connection.sinkhorn_iterations"), required=True, kind="int")
-    hp.dsv4_hc_eps = m.get(k("hyper_connection.epsilon"), required=True, kind="float")
-    ratios = m.get(k("attention.compress_ratios"), None, kind="array")
-    hp.dsv4_compress_ratios = list(ratios) if ratios is not None else [0] * hp.n_layer
-    hp.dsv4_hc_single_pass = bool(m.get(k("hyper_connection.single_pass"), False))
-    hp.n_expert = m.get(k("expert_count"), 0, kind="int")
-    hp.n_expert_used = m.get(k("expert_used_count"), 0, kind="int")
-
-    if hp.dsv4_o_group_count <= 0:  # upstream: GGML_ASSERT (a division by zero otherwise)
-        raise GGUFModelError(f"{path}: key '{k('attention.output_group_count')}' must be positive")
-    if hp.expert_gating_func != 4:
-        raise GGUFModelError(f"{path}: DSpark DSV4 draft expects sqrtsoftplus MoE scoring "
-                             f"(key '{k('expert_gating_func')}' = {hp.expert_gating_func})")
-    if any(int(r) != 0 for r in (hp.dsv4_compress_ratios + [0] * hp.n_layer)[:hp.n_layer]):
-        raise GGUFModelError(f"{path}: DSpark DSV4 draft expects uncompressed attention on all stages "
-                             f"(key '{k('attention.compress_ratios')}')")
-    if n_swa <= 0:  # upstream: GGML_ASSERT(hparams.n_swa > 0)
-        raise GGUFModelError(f"{path}: key '{k('attention.sliding_window')}' must be positive for a DSV4 draft")
-    for key, val in ((k("expert_count"), hp.n_expert), (k("expert_used_count"), hp.n_expert_used),
-                     (k("attention.q_lora_rank"), hp.n_lora_q), (k("expert_feed_forward_length"), hp.n_ff_exp),
-                     (k("expert_shared_count"), hp.n_expert_shared),
-                     (k("attention.output_lora_rank"), hp.dsv4_o_lora_rank),
-                     (k("hyper_connection.sinkhorn_iterations"), hp.dsv4_hc_sinkhorn_iters)):
-        if val <= 0:
-            raise GGUFModelError(f"{path}: key '{key}' must be positive for a DSV4 draft, got {val}")
-    if hp.n_expert_used > hp.n_expert:
-        raise GGUFModelError(f"{path}: key '{k('expert_used_count')}' = {hp.n_expert_used} exceeds "
-                             f"'{k('expert_count')}' = {hp.n_expert}")
-    if hp.n_head % hp.dsv4_o_group_count:
-        raise GGUFModelError(f"{path}: key '{k('attention.head_count')}' = {hp.n_head} is not a multiple of "
-                             f"'{k('attention.output_group_count')}' = {hp.dsv4_o_group_count}")
-    if hp.n_embd_head_k != hp.n_embd_head_v or hp.n_head_kv != 1:
-        raise GGUFModelError(f"{path}: a DSV4 draft needs key_length == value_length and one KV head "
-                             f"(keys '{k('attention.key_length')}', '{k('attention.head_count_kv')}')")
-    if hp.dsv4_hc_single_pass:
-        # DeepSeek-V4.1: the block's window is the anchor's, which must reach window_size positions back
-        n_swa += 1
-    _uniform_swa(hp, n_swa)
-
-
-def _load_hparams_mistral_large4(m, hp: HParams, path) -> None:
-    """The seed's load_hparams_mistral_large4: dense MLA stages, one sliding window, plain YaRN."""
-    k = lambda s: f"{ARCH}.{s}"  # noqa: E731
-    hp.n_embd_head_k_mla = m.get(k("attention.key_length_mla"), required=True, kind="int")
-    hp.n_embd_head_v_mla = m.get(k("attention.value_length_mla"), required=True, kind="int")
-    hp.rope_yarn_log_mul = m.get(k("rope.scaling.yarn_log_multiplier"), 0.0, kind="float")
-    n_swa = m.get(k("attention.sliding_window"), 0, kind="int")
-    if n_swa <= 0:
-        raise GGUFModelError(f"{path}: DSpark Mistral Large 4 draft expects a sliding window "
-                             f"(key '{k('attention.sliding_window')}')")
-    if hp.n_embd_head_k != hp.n_lora_kv + hp.n_rot:
-        raise GGUFModelError(f"{path}: DSpark Mistral Large 4 draft expects key_length == kv_lora_rank + rope dim "
-                             f"({hp.n_embd_head_k} != {hp.n_lora_kv} + {hp.n_rot})")
-    if hp.n_embd_head_k_mla <= hp.n_rot or hp.n_embd_head_v_mla <= 0:
-        raise GGUFModelError(f"{path}: key '{k('attention.key_length_mla')}' must exceed the rope dim {hp.n_rot}")
-    if hp.n_head_kv != 1:
-        raise GGUFModelError(f"{path}: an MLA draft has one KV head (key '{k('attention.head_count_kv')}')")
-    hp.rope_scaling_yarn = m.get(k("rope.scaling.type"), "") == "yarn"
-    hp.n_ctx_orig_yarn = m.get(k("rope.scaling.original_context_length"), hp.n_ctx_train, kind="int")
-    hp.yarn_beta_fast = m.get(k("rope.scaling.yarn_beta_fast"), 32.0, kind="float")
-    hp.yarn_beta_slow = m.get(k("rope.scaling.yarn_beta_slow"), 1.0, kind="float")
-    # the block uses the window of its anchor, as DSV4.1
-    _uniform_swa(hp, n_swa + 1)
-
-
-def _read_lilicorr(m, hp: HParams, path) -> None:
-    """load_hparams_lilicorr + the head dimensions of load_tensors_lilicorr (keys carry no arch prefix)."""
-    hp.lilicorr_hidden_size = m.get("lilicorr.hidden_size", 0, kind="int")
-    hp.lilicorr_candidate_topk = m.get("lilicorr.candidate_topk", required=True, kind="int")
-    hp.lilicorr_num_heads = m.get("lilicorr.num_heads", required=True, kind="int")
-    hp.lilicorr_layers = m.get("lilicorr.num_layers", required=True, kind="int")
-    hp.lilicorr_vector_eps = m.get("lilicorr.vector_eps", required=True, kind="float")
-    if not (math.isfinite(hp.lilicorr_vector_eps) and hp.lilicorr_vector_eps >= 0.0):
-        # ggml's l2_norm asserts eps >= 0
-        raise GGUFModelError(f"{path}: key 'lilicorr.vector_eps' = {hp.lilicorr_vector_eps} must be a finite number >= 0")
-    hp.lilicorr_logit_scale = m.get("lilicorr.logit_scale", required=True, kind="float")
-    hp.lilicorr_factor_dim = m.get("lilicorr.factor_dim", required=True, kind="int")
-    hp.lilicorr_mlp_hidden_size = m.get("lilicorr.mlp_hidden_size", required=True, kind="int")
-    top_k = hp.lilicorr_candidate_topk
-    if (hp.block_size < 2 or hp.lilicorr_hidden_size <= 0 or hp.lilicorr_num_heads <= 0
-            or hp.lilicorr_hidden_size % hp.lilicorr_num_heads or top_k <= 0 or hp.lilicorr_layers <= 0
-            or hp.selector_top_k > 0 or top_k * (top_k + 1) > hp.n_embd):
-        raise GGUFModelError(f"{path}: invalid LiLiCorr DFlash metadata (keys 'dflash.block_size', "
-                             "'lilicorr.hidden_size', 'lilicorr.num_heads', 'lilicorr.candidate_topk', "
-                             "'lilicorr.num_layers', 'dflash.selector_top_k')")
-    if hp.lilicorr_factor_dim <= 0 or hp.lilicorr_mlp_hidden_size <= 0 or hp.lilicorr_layers > hp.n_layer:
-        raise GGUFModelError(f"{path}: invalid LiLiCorr head dimensions (keys 'lilicorr.factor_dim', "
-                             "'lilicorr.mlp_hidden_size', 'lilicorr.num_layers')")
-
-
-# head tensors: Model attribute -> GGUF name, per variant (upstream's load_tensors_<head>)
-DSPARK_TENSORS = {
-    "dspark_markov_w1": "markov_w1.weight", "dspark_markov_w2": "markov_w2.weight",
-    "dspark_markov_w2_s": "markov_w2.scale", "dspark_conf_proj": "conf_proj.weight",
-    "dspark_conf_proj_b": "conf_proj.bias", "dspark_joint_proj": "joint_proj.weight",
-    "dspark_joint_proj_b": "joint_proj.bias",
-}
-DFLASH2_TENSORS = {
-    "dflash_selector_prev": "selector_predecessor.weight", "dflash_selector_next": "selector_successor.weight",
-    "dflash_selector_hidden": "selector_hidden.weight",
-}
-LILICORR_TENSORS = {
-    "lilicorr_token_proj": "lilicorr.token_proj.weight", "lilicorr_token_proj_b": "lilicorr.token_proj.bias",
-    "lilicorr_token_proj_s": "lilicorr.token_proj.scale",
-    "lilicorr_pass_hidden_proj": "lilicorr.pass_hidden_proj.weight",
-    "lilicorr_pass_hidden_proj_b": "lilicorr.pass_hidden_proj.bias",
-    "lilicorr_pass_hidden_proj_s": "lilicorr.pass_hidden_proj.scale",
-    "lilicorr_slot_embedding": "lilicorr.slot_embedding.weight",
-    "lilicorr_rank_embedding": "lilicorr.rank_embedding.weight",
-    "lilicorr_attention_bias": "lilicorr.attention_bias.bias",
-    "lilicorr_context_proj": "lilicorr.context_proj.weight", "lilicorr_context_proj_b": "lilicorr.context_proj.bias",
-    "lilicorr_context_proj_s": "lilicorr.context_proj.scale",
-    "lilicorr_output_norm": "lilicorr.output_norm.weight", "lilicorr_anchor_norm": "lilicorr.anchor_norm.weight",
-    "lilicorr_factor_input_proj": "lilicorr.factor_input_proj.weight",
-    "lilicorr_factor_input_proj_b": "lilicorr.factor_input_proj.bias",
-    "lilicorr_out_head": "lilicorr.out_head.weight", "lilicorr_out_head_b": "lilicorr.out_head.bias",
-    "lilicorr_in_head": "lilicorr.in_head.weight", "lilicorr_in_head_b": "lilicorr.in_head.bias",
-    "lilicorr_anchor_out_head": "lilicorr.anchor_out_head.weight",
-    "lilicorr_anchor_out_head_b": "lilicorr.anchor_out_head.bias",
-}
-# per head layer i (block id n_layer + i); the in-projection is named by i itself
-LILICORR_LAYER_TENSORS = {
-    "lilicorr_attn_norm": "blk.{bid}.attn_norm.weight", "lilicorr_mlp_norm": "blk.{bid}.ffn_norm.weight",
-    "lilicorr_attn_in_proj": "lilicorr.layers.{i}.attn.in_proj.weight",
-    "lilicorr_attn_in_proj_b": "lilicorr.layers.{i}.attn.in_proj.bias",
-    "lilicorr_attn_out_proj": "blk.{bid}.attn_output.weight", "lilicorr_attn_out_proj_b": "blk.{bid}.attn_output.bias",
-    "lilicorr_attn_out_proj_s": "blk.{bid}.attn_output.scale",
-    "lilicorr_mlp_0": "blk.{bid}.ffn_up.weight", "lilicorr_mlp_0_b": "blk.{bid}.ffn_up.bias",
-    "lilicorr_mlp_0_s": "blk.{bid}.ffn_up.scale",
-    "lilicorr_mlp_2": "blk.{bid}.ffn_down.weight", "lilicorr_mlp_2_b": "blk.{bid}.ffn_down.bias",
-    "lilicorr_mlp_2_s": "blk.{bid}.ffn_down.scale",
-}
-# the 5 per-candidate scalar features sit on block id n_layer + num_layers
-LILICORR_FEATURE_TENSORS = {
-    "lilicorr_feature_norm": "blk.{fb}.ffn_norm.weight", "lilicorr_feature_norm_b": "blk.{fb}.ffn_norm.bias",
-    "lilicorr_feature_mlp_1": "blk.{fb}.ffn_up.weight", "lilicorr_feature_mlp_1_b": "blk.{fb}.ffn_up.bias",
-    "lilicorr_feature_mlp_3": "blk.{fb}.ffn_down.weight", "lilicorr_feature_mlp_3_b": "blk.{fb}.ffn_down.bias",
-}
 
 
 class Model:
@@ -602,178 +404,6 @@ class Model:
             self.upload(backend)
 
     # -- validation -------------------------------------------------------------------------
-    def _expected_shapes(self) -> dict:
-        hp = self.hparams
-        e, hk = hp.n_embd, hp.n_embd_head_k
-        n_vocab_out = self._n_vocab_draft
-        want = {
-            "fc.weight": (hp.n_embd_inp_enc, e), "enc.output_norm.weight": (e,),
-            "output_norm.weight": (e,), "token_embd.weight": (e, hp.n_vocab or None),
-            "output.weight": (e, n_vocab_out), "fc.scale": (1,), "output.scale": (1,),
-        }
-        if self.backbone != BACKBONE_BASE:
-            want.update(self._backbone_shapes())
-            want.update(self._head_shapes())
-            return want
-        for il in range(hp.n_layer):
-            b = f"blk.{il}."
-            want.update({
-                b + "attn_norm.weight": (e,), b + "attn_q.weight": (e, hk * hp.n_head),
-                b + "attn_k.weight": (e, hp.n_embd_k_gqa), b + "attn_v.weight": (e, hp.n_embd_v_gqa),
-                b + "attn_output.weight": (hk * hp.n_head, e), b + "attn_q_norm.weight": (hk,),
-                b + "attn_k_norm.weight": (hk,), b + "post_attention_norm.weight": (e,),
-                b + "post_ffw_norm.weight": (e,), b + "layer_output_scale.weight": (1,),
-                b + "rope_freqs.weight": (hk // 2,), b + "attn_sinks.weight": (hp.n_head,),
-                b + "ffn_norm.weight": (e,), b + "ffn_gate.weight": (e, hp.n_ff),
-                b + "ffn_down.weight": (hp.n_ff, e), b + "ffn_up.weight": (e, hp.n_ff),
-            })
-            for s in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_down", "ffn_up"):
-                want[b + s + ".scale"] = (1,)
-        want.update(self._head_shapes())
-        return want
-
-    def _backbone_shapes(self) -> dict:
-        """load_tensors_layers_dsv4 / load_tensors_layers_mistral_large4 (+ DSV4's hc_head)."""
-        hp = self.hparams
-        e, hd, H = hp.n_embd, hp.n_embd_head_k, hp.n_head
-        want = {}
-        if self.backbone in (BACKBONE_DSV4, BACKBONE_DSV41):
-            hc = hp.hc_mult
-            hc_dim, mix = hc * e, (2 + hc) * hc
-            G_, R = hp.dsv4_o_group_count, hp.dsv4_o_lora_rank
-            ff, nx, sh = hp.n_ff_exp, hp.n_expert, hp.n_expert_shared
-            if self.backbone == BACKBONE_DSV4:
-                want.update({"output_hc_fn.weight": (hc_dim, hc), "output_hc_base.weight": (hc,),
-                             "output_hc_scale.weight": (1,)})
-            for il in range(hp.n_layer):
-                b = f"blk.{il}."
-                want.update({
-                    b + "attn_norm.weight": (e,), b + "attn_sinks.weight": (H,),
-                    b + "attn_q_a.weight": (e, hp.n_lora_q), b + "attn_q_a_norm.weight": (hp.n_lora_q,),
-                    b + "attn_q_b.weight": (hp.n_lora_q, H * hd), b + "attn_kv.weight": (e, hd),
-                    b + "attn_kv_a_norm.weight": (hd,), b + "attn_output_b.weight": (G_ * R, e),
-                    b + "hc_attn_fn.weight": (hc_dim, mix), b + "hc_attn_base.weight": (mix,),
-                    b + "hc_attn_scale.weight": (3,), b + "hc_ffn_fn.weight": (hc_dim, mix),
-                    b + "hc_ffn_base.weight": (mix,), b + "hc_ffn_scale.weight": (3,),
-                    b + "ffn_gate_inp.weight": (e, nx), b + "exp_probs_b.bias": (nx,), b + "ffn_norm.weight": (e,),
-                    b + "ffn_gate_exps.weight": (e, ff, nx), b + "ffn_down_exps.weight": (ff, e, nx),
-                    b + "ffn_up_exps.weight": (e, ff, nx), b + "ffn_gate_shexp.weight": (e, ff * sh),
-                    b + "ffn_down_shexp.weight": (ff * sh, e), b + "ffn_up_shexp.weight": (e, ff * sh),
-                })
-        else:
-            r, k_mla, v_mla = hp.n_lora_kv, hp.n_embd_head_k_mla, hp.n_embd_head_v_mla
-            want["mask_embd.weight"] = (e, max(hp.block_size - 1, 1))
-            for il in range(hp.n_layer):
-                b = f"blk.{il}."
-                want.update({
-                    b + "attn_norm.weight": (e,), b + "attn_q.weight": (e, H * k_mla),
-                    b + "attn_kv_a_mqa.weight": (e, r + hp.n_rot), b + "attn_kv_a_norm.weight": (r,),
-                    b + "attn_k_b.weight": (k_mla - hp.n_rot, r, H), b + "attn_v_b.weight": (r, v_mla, H),
-                    b + "attn_output.weight": (H * v_mla, e), b + "attn_output.scale": (1,),
-                    b + "ffn_norm.weight": (e,), b + "ffn_gate.weight": (e, hp.n_ff),
-                    b + "ffn_down.weight": (hp.n_ff, e), b + "ffn_up.weight": (e, hp.n_ff),
-                })
-        return want
-
-    def _conv_shapes(self) -> dict:
-        """load_tensors_dflash2_conv: per layer base taps {n_embd, kernel, 2} and the projection."""
-        hp = self.hparams
-        if not (hp.conv_kernel_size > 0 and hp.conv_group_size > 0):
-            return {}
-        e, kernel = hp.n_embd, hp.conv_kernel_size
-        projected = 2 * kernel * (e // hp.conv_group_size)
-        want = {}
-        for il in range(hp.n_layer):
-            for part in ("attn", "ffn"):
-                want[f"blk.{il}.{part}_conv_base"] = (e, kernel, 2)
-                want[f"blk.{il}.{part}_conv_proj.weight"] = (e, projected)
-        return want
-
-    def _head_shapes(self) -> dict:
-        hp, v = self.hparams, self.variant
-        e, n_vocab = hp.n_embd, hp.n_vocab or None
-        if v == VARIANT_DSPARK:
-            rank = self._dspark_rank
-            return {"markov_w1.weight": (rank, n_vocab), "markov_w2.weight": (rank, self._n_vocab_draft or None),
-                    "markov_w2.scale": (1,), "conf_proj.weight": (e + rank, 1), "conf_proj.bias": (1,),
-                    "joint_proj.weight": (e + 2 * rank, 3 * rank), "joint_proj.bias": (3 * rank,)}
-        if v == VARIANT_DFLASH2:
-            rank = hp.selector_rank
-            want = {"selector_predecessor.weight": (rank, n_vocab), "selector_successor.weight": (rank, n_vocab),
-                    "selector_hidden.weight": (e, rank)}
-            want.update(self._conv_shapes())
-            return want
-        if v == VARIANT_LILICORR:
-            hidden, top_k, heads = hp.lilicorr_hidden_size, hp.lilicorr_candidate_topk, hp.lilicorr_num_heads
-            factor, mlp = hp.lilicorr_factor_dim, hp.lilicorr_mlp_hidden_size
-            slots = hp.block_size - 1
-            fb = hp.n_layer + hp.lilicorr_layers
-            want = {
-                "lilicorr.token_proj.weight": (e, hidden), "lilicorr.token_proj.bias": (hidden,),
-                "lilicorr.token_proj.scale": (1,),
-                "lilicorr.pass_hidden_proj.weight": (e, hidden), "lilicorr.pass_hidden_proj.bias": (hidden,),
-                "lilicorr.pass_hidden_proj.scale": (1,),
-                f"blk.{fb}.ffn_norm.weight": (5,), f"blk.{fb}.ffn_norm.bias": (5,),
-                f"blk.{fb}.ffn_up.weight": (5, hidden), f"blk.{fb}.ffn_up.bias": (hidden,),
-                f"blk.{fb}.ffn_down.weight": (hidden, hidden), f"blk.{fb}.ffn_down.bias": (hidden,),
-                "lilicorr.slot_embedding.weight": (hidden, slots), "lilicorr.rank_embedding.weight": (hidden, top_k),
-                "lilicorr.attention_bias.bias": (slots * top_k, slots * top_k, heads),
-                "lilicorr.context_proj.weight": (e, hidden), "lilicorr.context_proj.bias": (hidden,),
-                "lilicorr.context_proj.scale": (1,),
-                "lilicorr.output_norm.weight": (hidden,), "lilicorr.anchor_norm.weight": (hidden,),
-                "lilicorr.factor_input_proj.weight": (3 * hidden, hidden),
-                "lilicorr.factor_input_proj.bias": (hidden,),
-            }
-            for head in ("out_head", "in_head", "anchor_out_head"):
-                want[f"lilicorr.{head}.weight"] = (hidden, factor)
-                want[f"lilicorr.{head}.bias"] = (factor,)
-            for i in range(hp.lilicorr_layers):
-                bid = hp.n_layer + i
-                want.update({
-                    f"blk.{bid}.attn_norm.weight": (hidden,), f"blk.{bid}.ffn_norm.weight": (hidden,),
-                    f"lilicorr.layers.{i}.attn.in_proj.weight": (hidden, 3 * hidden),
-                    f"lilicorr.layers.{i}.attn.in_proj.bias": (3 * hidden,),
-                    f"blk.{bid}.attn_output.weight": (hidden, hidden), f"blk.{bid}.attn_output.bias": (hidden,),
-                    f"blk.{bid}.attn_output.scale": (1,),
-                    f"blk.{bid}.ffn_up.weight": (hidden, mlp), f"blk.{bid}.ffn_up.bias": (mlp,),
-                    f"blk.{bid}.ffn_up.scale": (1,),
-                    f"blk.{bid}.ffn_down.weight": (mlp, hidden), f"blk.{bid}.ffn_down.bias": (hidden,),
-                    f"blk.{bid}.ffn_down.scale": (1,),
-                })
-            want.update(self._conv_shapes())
-            return want
-        return {}
-
-    def _required(self) -> list:
-        hp = self.hparams
-        req = ["fc.weight", "enc.output_norm.weight", "output_norm.weight"]
-        if self.backbone != BACKBONE_BASE:
-            req += [n for n in self._backbone_shapes() if not n.endswith(".scale")]
-            if self.variant == VARIANT_DSPARK:
-                req += ["markov_w1.weight", "markov_w2.weight"]
-            return req
-        for il in range(hp.n_layer):
-            req += [f"blk.{il}.{s}.weight" for s in ("attn_norm", "attn_q", "attn_k", "attn_output",
-                                                      "attn_q_norm", "attn_k_norm", "ffn_norm",
-                                                      "ffn_gate", "ffn_down", "ffn_up")]
-        v = self.variant
-        if v == VARIANT_DSPARK:
-            req += ["markov_w1.weight", "markov_w2.weight"]
-        elif v == VARIANT_DFLASH2:
-            req += list(DFLASH2_TENSORS.values())
-        elif v == VARIANT_LILICORR:
-            fb = hp.n_layer + hp.lilicorr_layers
-            optional = {"lilicorr.token_proj.weight", "lilicorr.token_proj.bias"} \
-                if hp.lilicorr_hidden_size == hp.n_embd else set()
-            req += [n for n in LILICORR_TENSORS.values() if not n.endswith(".scale") and n not in optional]
-            req += [n.format(fb=fb) for n in LILICORR_FEATURE_TENSORS.values()]
-            for i in range(hp.lilicorr_layers):
-                req += [n.format(bid=hp.n_layer + i, i=i) for n in LILICORR_LAYER_TENSORS.values()
-                        if not n.endswith(".scale")]
-        if v in (VARIANT_DFLASH2, VARIANT_LILICORR) and hp.conv_kernel_size > 0 and hp.conv_group_size > 0:
-            req += list(self._conv_shapes())
-        return req
-
     def _check_tensors(self, reader):
         hp = self.hparams
         seen = {}
@@ -790,10 +420,10 @@ class Model:
         self._n_vocab_draft = int(d2t.shape[0]) if d2t is not None else hp.n_vocab
         if d2t is not None and int(d2t.tensor_type) != 27:
             raise GGUFModelError(f"{self.path}: tensor 'd2t' must be i64")
-        for name in self._required():
+        want, required = arch.load_tensors(hp, self.variant, self.backbone, self._dspark_rank, self._n_vocab_draft)
+        for name in required:
             if name not in seen:
                 raise GGUFModelError(f"{self.path}: missing tensor '{name}'")
-        want = self._expected_shapes()
         for name, t in seen.items():
             shape = tuple(int(x) for x in t.shape)
             if name.endswith(".attn_output_a.weight") and self.backbone in (BACKBONE_DSV4, BACKBONE_DSV41):
@@ -875,13 +505,14 @@ class Model:
         self.layers = [Layer(il, t) for il in range(self.hparams.n_layer)]
         # the heads' tensors; those of another head stay None
         hp, v = self.hparams, self.variant
-        for heads, variant in ((DSPARK_TENSORS, VARIANT_DSPARK), (DFLASH2_TENSORS, VARIANT_DFLASH2),
-                               (LILICORR_TENSORS, VARIANT_LILICORR), (LILICORR_FEATURE_TENSORS, VARIANT_LILICORR)):
+        for heads, variant in ((dspark.DSPARK_TENSORS, VARIANT_DSPARK), (dflash2.DFLASH2_TENSORS, VARIANT_DFLASH2),
+                               (lilicorr.LILICORR_TENSORS, VARIANT_LILICORR),
+                               (lilicorr.LILICORR_FEATURE_TENSORS, VARIANT_LILICORR)):
             fb = hp.n_layer + hp.lilicorr_layers
             for attr, name in heads.items():
                 setattr(self, attr, t.get(name.format(fb=fb)) if v == variant else None)
         for i, layer in enumerate(self.layers):
-            for attr, name in LILICORR_LAYER_TENSORS.items():
+            for attr, name in lilicorr.LILICORR_LAYER_TENSORS.items():
                 use = v == VARIANT_LILICORR and i < hp.lilicorr_layers
                 setattr(layer, attr, t.get(name.format(bid=hp.n_layer + i, i=i)) if use else None)
 

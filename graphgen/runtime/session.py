@@ -15,7 +15,7 @@ import numpy as np
 
 from .. import validate as V
 from ..graph import GRAPH_MAX_NODES, GraphParams, MemSlot
-from ..models.dflash import build_arch_graph
+from ..models.arch import build_arch_graph
 from ..ops import ggml as G
 from .backends import open_backend
 from .kvcache import KVCache, UBatch
