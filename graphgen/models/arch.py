@@ -1,0 +1,81 @@
+"""The seed's dispatch: the head and the backbone are detected once, then hparams, tensors and
+the graph dispatch on the backbone, then on the head (llama_model_dflash's load_arch_hparams,
+load_arch_tensors and build_arch_graph in dflash.cpp).
+
+The seed keeps this in dflash.cpp; here it has a module of its own because the heads build on
+dflash.py's GraphBase, and dflash.py importing them back would make the model files a circle.
+This module imports every model file and none of them imports it.
+"""
+
+from __future__ import annotations
+
+from ..errors import GGUFModelError
+from ..graph import GraphContext, GraphParams
+from . import dflash, dflash2, dspark, lilicorr
+
+VARIANT_DFLASH, VARIANT_DFLASH2, VARIANT_DSPARK, VARIANT_LILICORR = "dflash", "dflash2", "dspark", "lilicorr"
+BACKBONE_BASE, BACKBONE_DSV4, BACKBONE_DSV41, BACKBONE_MISTRAL_LARGE4 = "base", "dsv4", "dsv41", "mistral-large4"
+
+
+def load_hparams(m, hp, variant: str, backbone: str, path) -> None:
+    """The head's keys and checks, then the backbone's; `m` reads the GGUF's metadata."""
+    if variant == VARIANT_DFLASH2:
+        dflash2.load_hparams_dflash2(hp, path)
+    elif variant == VARIANT_DSPARK:
+        dspark.load_hparams_dspark(hp, path)
+    elif variant == VARIANT_LILICORR:
+        lilicorr.load_hparams_lilicorr(m, hp, path)
+    # the conv keys are read for every head: their groups must tile the hidden size
+    if hp.conv_group_size > 0 and hp.n_embd % hp.conv_group_size:
+        raise GGUFModelError(f"{path}: DFlash hidden size must be divisible by conv_group_size "
+                             f"({hp.n_embd} % {hp.conv_group_size}, key '{dflash.kv('conv_group_size')}')")
+    if backbone in (BACKBONE_DSV4, BACKBONE_DSV41):
+        dspark.load_hparams_dsv4(m, hp, path)
+    elif backbone == BACKBONE_MISTRAL_LARGE4:
+        dspark.load_hparams_mistral_large4(m, hp, path)
+    else:
+        dflash.load_hparams_base(m, hp, path)
+    if backbone != BACKBONE_BASE and variant not in (VARIANT_DFLASH, VARIANT_DSPARK):
+        raise GGUFModelError(f"{path}: the {backbone} backbone runs the DFlash or DSpark head, not {variant}")
+
+
+def load_tensors(hp, variant: str, backbone: str, dspark_rank: int, n_vocab_draft: int) -> tuple[dict, list]:
+    """Every tensor a draft may hold with its shape (ggml order, None = any), and those it must hold."""
+    parts = [dflash.load_tensors_common(hp, n_vocab_draft)]
+    if backbone in (BACKBONE_DSV4, BACKBONE_DSV41):
+        parts.append(dspark.load_tensors_layers_dsv4(hp, with_hc_head=backbone == BACKBONE_DSV4))
+    elif backbone == BACKBONE_MISTRAL_LARGE4:
+        parts.append(dspark.load_tensors_layers_mistral_large4(hp))
+    else:
+        parts.append(dflash.load_tensors_layers_base(hp))
+    if variant == VARIANT_DSPARK:
+        parts.append(dspark.load_tensors_dspark(hp, dspark_rank, n_vocab_draft))
+    elif variant == VARIANT_DFLASH2:
+        parts.append(dflash2.load_tensors_dflash2(hp))
+    elif variant == VARIANT_LILICORR:
+        parts.append(lilicorr.load_tensors_lilicorr(hp))
+    shapes, required = {}, []
+    for part_shapes, part_required in parts:
+        shapes.update(part_shapes)
+        required += part_required
+    return shapes, required
+
+
+BACKBONE_GRAPHS = {BACKBONE_DSV4: dspark.GraphDSV4, BACKBONE_DSV41: dspark.GraphDSV41,
+                   BACKBONE_MISTRAL_LARGE4: dspark.GraphMistralLarge4}
+HEAD_GRAPHS = {VARIANT_DFLASH: dflash.GraphDFlash, VARIANT_DFLASH2: dflash2.GraphDFlash2,
+               VARIANT_DSPARK: dspark.GraphDSpark, VARIANT_LILICORR: lilicorr.GraphLiliCorr}
+
+
+def build_arch_graph(params: GraphParams) -> GraphContext:
+    """The encoder, else the backbone's own graph, else the head's graph on the base backbone."""
+    model = params.model
+    if params.graph_type == "encoder":
+        return dflash.GraphEncoder(params)
+    if model.backbone != BACKBONE_BASE:
+        if model.backbone not in BACKBONE_GRAPHS:
+            raise NotImplementedError(f"the {model.backbone} backbone is not supported by this graphgen build")
+        return BACKBONE_GRAPHS[model.backbone](params)
+    if model.variant not in HEAD_GRAPHS:
+        raise NotImplementedError(f"the {model.variant} head is not supported by this graphgen build")
+    return HEAD_GRAPHS[model.variant](params)
