@@ -1,10 +1,10 @@
 """The DFlash family drivers of the seed's common/speculative.cpp, on a graphgen Session.
 
 `DFlashDrafter` is common_speculative_impl_draft_dflash: it injects target features into the
-draft's KV cache in chunks of n_ubatch (`process`), decodes every drafting sequence's noise block
-[id_last, <mask> x n_max] in one batch (`draft`), reads the draft greedily and removes the block
-from the KV cache again. `DSparkDrafter`, `DFlash2Drafter` and `LiliCorrDrafter` derive from it
-and override what the seed's classes override: the init options, `begin`,
+draft's KV cache in chunks of n_ubatch (`process`), runs a single decode over the noise blocks
+[id_last, <mask> x n_max] of all sequences that draft (`draft`), takes the draft greedily and then
+drops the blocks from the KV cache. `DSparkDrafter`, `DFlash2Drafter` and `LiliCorrDrafter`
+derive from it and override what the seed's classes override: the init options, `begin`,
 `store_context_features` and `draft`. `create_drafter` applies the spec-type rules of
 common_speculative_init.
 
@@ -109,11 +109,11 @@ class DraftRequest:
 
 @dataclass
 class DFlashOptions:
-    """dflash_options: what init() sets up, per draft type."""
-    n_draft_max: int          # longest draft a block yields, n_max and n_min are clamped to it
-    backend_sampling: bool    # the block logits can be sampled on the backend
-    dev_features: bool        # the target features can come from the target's device buffer
-    nextn_masked: bool        # h_nextn is only read at the output rows
+    """dflash_options: the per-head settings each driver's constructor hands to init()."""
+    n_draft_max: int          # prediction slots in one block: the cap init() puts on n_max and n_min
+    backend_sampling: bool    # the head emits plain logits, so the top-k/dist chain may run on the backend
+    dev_features: bool        # injection may take the features straight from the target's GPU memory
+    nextn_masked: bool        # h_nextn is needed at output rows only (lattice heads read every row)
 
 
 def _meta_value(model, key: str):
@@ -175,8 +175,8 @@ class DFlashDrafter:
         log.info("- block_size=%d, mask_token_id=%d, n_extract=%d", self.block_size, self.mask_token_id,
                  len(self.target_layer_ids))
         if not _subclass:
-            # DFlash input is [id_last, <mask> * (block_size-1)]: in-place denoising yields at most
-            # block_size-1 draft tokens
+            # slot 0 carries id_last and only the block_size-1 masks behind it are predictions, which
+            # caps the draft (common_speculative_impl_draft_dflash's public constructor)
             self.init(DFlashOptions(self.block_size - 1, True, True, True))
 
     # init(): clamp n_max / n_min to what a block yields, with upstream's warning
@@ -193,7 +193,8 @@ class DFlashDrafter:
         self.n_max = p.n_max
         self.options = opt
 
-    # only LiliCorr keeps context features; called after each injected chunk with its h_nextn
+    # hook for a head that needs more than the KV cache to draft: process_multi() passes it the
+    # h_nextn of every injected chunk (LiliCorrDrafter overrides it)
     def store_context_features(self, seq: int, pos: np.ndarray, h_nextn) -> None:
         pass
 
@@ -272,8 +273,8 @@ class DFlashDrafter:
         return None
 
     def _decode(self, reqs: dict) -> tuple[dict, dict] | None:
-        """Decode every drafting sequence's noise block in one batch (split by whole blocks where the
-        batch is larger than n_ubatch); return {seq: (logits, h_nextn)} rows of each block.
+        """Run one decode over the noise blocks of all drafting sequences (cut between blocks where
+        they exceed n_ubatch); return the {seq: (logits, h_nextn)} rows of each block.
         The blocks are removed from the KV cache afterwards."""
         blocks, states = [], []
         for seq, dp in reqs.items():
@@ -326,7 +327,8 @@ class DFlashDrafter:
         return {seq: list(dp.result) for seq, dp in reqs.items()}
 
     def read_draft(self, seq: int, dp: DraftRequest, logits, h_nextn) -> None:
-        # greedily read the predicted block at this sequence's noise positions 1..n_block_tokens-1
+        # rows 1.. are the mask slots: keep each row's top token until one falls below p_min
+        # (the read of common_speculative_impl_draft_dflash::draft)
         p = self.params
         for i in range(1, logits.shape[0]):
             ids, _lg, probs = top10(logits[i])
@@ -338,13 +340,14 @@ class DFlashDrafter:
 
 
 class DSparkDrafter(DFlashDrafter):
-    """common_speculative_impl_draft_dspark: the Markov (+ confidence) head, anchor-first layout."""
+    """common_speculative_impl_draft_dspark: a block with a Markov head, optionally a confidence
+    head, whose predictions normally start at the anchor slot."""
 
     type = "draft-dspark"
 
     def __init__(self, session, params: DraftParams | None = None):
         super().__init__(session, params, _subclass=True)
-        # bonus anchor (SpecForge exports) when false: slot 0 is a bonus token, not a prediction slot
+        # false on SpecForge exports, whose slot 0 holds a bonus token and predicts nothing
         sfa = _meta_value(self.model, "dflash.sample_from_anchor")
         self.sample_from_anchor = True if sfa is None else sfa == "true"
         if self.params.p_min > 0.0:
@@ -352,7 +355,7 @@ class DSparkDrafter(DFlashDrafter):
             if not (hc is None or hc == "true"):
                 raise SpecTypeError("DSpark draft has no confidence head: please set --spec-draft-p-min 0")
         log.info("- sample_from_anchor=%s", "true" if self.sample_from_anchor else "false")
-        # anchor-first DSpark yields a full block_size draft tokens
+        # when the anchor slot predicts too, every one of the block_size slots is a draft token
         self.init(DFlashOptions(self.block_size if self.sample_from_anchor else self.block_size - 1,
                                 True, True, True))
 
@@ -361,9 +364,9 @@ class DSparkDrafter(DFlashDrafter):
 
     def read_draft(self, seq, dp, logits, h_nextn):
         p = self.params
-        # DSpark: read from the first draft slot, truncate below the confidence threshold
+        # with p_min set, column 0 of h_nextn (the confidence head) ends the draft early
         conf = h_nextn if p.p_min > 0.0 else None
-        # bonus-anchor drafts read the mask positions only, like DFlash
+        # a SpecForge export's slot 0 predicts nothing, so it starts at row 1 as plain DFlash does
         i_beg = 0 if self.sample_from_anchor else 1
         for i in range(i_beg, logits.shape[0]):
             if conf is not None and conf[i, 0] < F32(p.p_min):
@@ -375,23 +378,27 @@ class DSparkDrafter(DFlashDrafter):
 
 
 class DFlash2Drafter(DFlashDrafter):
-    """common_speculative_impl_draft_dflash2: walks the selector's lattice (dflash2_lattice in h_nextn),
-    greedily, or sampled at the target's temperature with q kept for the verifier."""
+    """common_speculative_impl_draft_dflash2: follows the selector's lattice (dflash2_lattice in
+    h_nextn) through the block, greedily, or sampled at the target's temperature with q kept for
+    the verifier."""
 
     type = "draft-dflash2"
 
     def __init__(self, session, params: DraftParams | None = None):
         super().__init__(session, params, _subclass=True)
         self.selector_top_k = session.hparams.selector_top_k
-        # probabilistic drafting: one generator per sequence and the seed it was last seeded with (-1: reseed)
+        # sampled walks draw from a per-sequence MT19937; rng_seed remembers what each one got, -1 forcing
+        # a reseed at the next sampled draft
         self.rng = [MT19937() for _ in range(self.n_seq)]
         self.rng_seed = [-1] * self.n_seq
-        # DFlash2 reads its selector lattice from h_nextn and never consumes raw logits
+        # the walk reads the lattice from h_nextn at every block row: nothing to sample on the backend,
+        # and h_nextn must not be masked
         self.init(DFlashOptions(self.block_size - 1, False, True, False))
 
     def begin(self, seq, prompt):
         if 0 <= seq < self.n_seq:
-            # reseed per request rather than per round, or two identical requests differ
+            # a new request restarts its generator, so its draft depends on its seed alone and not on
+            # the rounds that came before it
             self.rng_seed[seq] = -1
         super().begin(seq, prompt)
 
@@ -405,7 +412,8 @@ class DFlash2Drafter(DFlashDrafter):
             raise GraphgenError(f"probabilistic DFlash2 drafting needs a temperature > 0, got {dp.temp}")
         if sample and self.rng_seed[seq] != dp.seed:
             self.rng_seed[seq] = dp.seed
-            # the default seed means random; mixed so it differs from the target's, as in spec_retune
+            # LLAMA_DEFAULT_SEED asks for fresh entropy; any other seed is xor-mixed so the draft's stream
+            # does not replay the target's (spec_retune does the same)
             s = random.SystemRandom().getrandbits(32) if dp.seed == LLAMA_DEFAULT_SEED \
                 else (dp.seed ^ DFLASH2_SEED_MIX) & 0xFFFFFFFF
             self.rng[seq].seed(s)
@@ -417,7 +425,7 @@ class DFlash2Drafter(DFlashDrafter):
             pred = int(np.argmax(scores))
             probs = None
             if p.p_min > 0.0 or sample:
-                # softmax(scores / temp) at the argmax, i.e. 1 / sum(exp((s_k - s_max) / temp))
+                # q of the best candidate under the tempered softmax is 1 / sum_k exp((s_k - s_max) / temp)
                 ex = [expf(F32(F32(scores[k] - scores[pred]) / temp)) for k in range(top_k)]
                 s = F32(0.0)
                 for e in ex:
@@ -426,9 +434,10 @@ class DFlash2Drafter(DFlashDrafter):
                     break
                 probs = [F32(e / s) for e in ex]
             if sample:
-                # ggml_top_k leaves candidates unordered, so walk them by token id to keep a seed's draft stable
+                # ggml_top_k returns the candidates in no fixed order; visiting them by ascending token id
+                # lets one seed reproduce one draft
                 order = sorted(range(top_k), key=lambda k: row[k])
-                # a round-off overshoot keeps the argmax, which has q > 0
+                # should rounding leave u >= 0 after the last candidate, pred stays the argmax (q > 0 there)
                 u = uniform_real(self.rng[seq], 0.0, 1.0)
                 for k in order:
                     u -= float(probs[k])
@@ -444,8 +453,9 @@ class DFlash2Drafter(DFlashDrafter):
 
 
 class LiliCorrDrafter(DFlashDrafter):
-    """common_speculative_impl_draft_lilicorr: walks the scorer's lattice (lilicorr_lattice); the scorer
-    reads the anchor's context features, kept per sequence in a ring of block_size + 1 positions."""
+    """common_speculative_impl_draft_lilicorr: follows the scorer's lattice (lilicorr_lattice). The
+    scorer is conditioned on the anchor's context features; injection fills them into a ring of
+    block_size + 1 rows per sequence."""
 
     type = "draft-lilicorr"
 
@@ -457,7 +467,8 @@ class LiliCorrDrafter(DFlashDrafter):
         slots = self.n_seq * self.rows
         self.ring = np.zeros((slots, self.n_embd_dec), dtype=np.float32)
         self.ring_pos = np.full(slots, -1, dtype=np.int64)
-        # the context features are read back from h_nextn after a host copy injection
+        # the ring is filled from h_nextn after a host-copy injection, at every injected row: hence no
+        # device features and no output mask
         self.init(DFlashOptions(self.block_size - 1, False, False, False))
 
     def store_context_features(self, seq, pos, projected):
@@ -488,7 +499,7 @@ class LiliCorrDrafter(DFlashDrafter):
         return {int(ps): self.ring[sl][i] for i, ps in enumerate(self.ring_pos[sl]) if ps >= 0}
 
     def block_tokens(self, dp):
-        return self.block_size  # the scorer reads a full block
+        return self.block_size  # the scorer looks at every slot of the block, whatever n_max is
 
     def embd_state(self, seq, dp, n):
         slot = seq * self.rows + _c_slot(dp.pos0 - 1, self.rows)
@@ -507,7 +518,7 @@ class LiliCorrDrafter(DFlashDrafter):
             scores = row[top_k + pred * top_k: top_k + pred * top_k + top_k]
             pred = int(np.argmax(scores))
             if p.p_min > 0.0:
-                # softmax(scores) at the argmax, i.e. 1 / sum(exp(s_k - s_max))
+                # q of the best candidate at temperature 1 is 1 / sum_k exp(s_k - s_max)
                 s = F32(0.0)
                 for k in range(top_k):
                     s = F32(s + expf(F32(scores[k] - scores[pred])))
@@ -582,7 +593,8 @@ def _field_str(reader, key):
 
 
 def check_types(types) -> str | None:
-    """The DFlash family types share the draft context: at most one of them per run. Returns it."""
+    """Return the single DFlash family type in `types` (or None): they all drive the one draft
+    context, so enabling two is an error, as in common_speculative_init."""
     fam = {t for t in types if t in DFLASH_FAMILY}
     if len(fam) > 1:
         raise SpecTypeError("draft-dflash, draft-dflash2, draft-dspark and draft-lilicorr cannot be combined")
@@ -594,7 +606,8 @@ def resolve_type(spec_type: str, variant: str | None) -> str:
     type_model = VARIANT_SPEC_TYPE.get(variant) if variant else None
     if type_model is None:
         raise SpecTypeError(f"--spec-type {spec_type} requires a DFlash draft model")
-    # draft-dflash runs every DFlash family draft, the other types must match the head of the draft
+    # draft-dflash is the generic choice and takes any head; a head-specific type must name the
+    # head the draft really has
     if spec_type != "draft-dflash" and spec_type != type_model:
         raise SpecTypeError(f"--spec-type {spec_type} does not match the draft model: use {type_model}")
     return type_model
