@@ -89,7 +89,7 @@ def build_dflash2_conv(g, hidden, dynamic, base, side: int):
 
     block_size = n_tokens // n_blocks
     ctx0 = g.ctx0
-    # ggml_cont copies even when the tensor is already contiguous
+    # ggml_cont would add a copy node even for a fitting layout, so it only runs where needed
     if not ggml_is_contiguous(hidden) or G.ne(hidden, 1) != n_tokens:
         hidden = ggml_cont_2d(ctx0, hidden, hidden_size, n_tokens)
     if not ggml_is_contiguous(dynamic) or G.ne(dynamic, 1) != n_tokens:
@@ -109,7 +109,7 @@ def build_dflash2_conv(g, hidden, dynamic, base, side: int):
 
     weight_all = ggml_add(ctx0, coeff_all, base_side)
 
-    # taps at or past block_size only read the left padding and add nothing
+    # a tap that reaches back a whole block or more sees only zero padding, so it is dropped
     n_taps = min(kernel_size, block_size)
 
     result = None
@@ -133,8 +133,8 @@ def build_dflash2_conv(g, hidden, dynamic, base, side: int):
 
 
 def build_dflash2_selector(g, model, tokens):
-    """Top-k candidates per block position plus the pairwise transition scores, packed into the
-    nextn output slot for the CPU-side walk."""
+    """The selector (build_dflash2_selector): for each block position its top-k candidate ids and
+    the candidate-to-candidate transition scores, laid out in h_nextn rows for the driver's lattice walk."""
     ctx0 = g.ctx0
     res = g.res
 
@@ -161,14 +161,14 @@ def build_dflash2_selector(g, model, tokens):
     unary = ggml_reshape_2d(ctx0, ggml_get_rows(ctx0, logits_rows, candidates), top_k, n_tokens)
     gate = g.build_lora_mm(model.dflash_selector_hidden, res.t_embd)
 
-    # Everything below indexes [.., tokens_per_block, n_blocks]: the block
-    # position varies fastest, sequences are the outer dimension.
+    # shapes below are [.., tokens_per_block, n_blocks]: positions inside a block are the inner
+    # axis, one block (one sequence) per outer index
     cand_blk = ggml_reshape_3d(ctx0, candidates, top_k, tokens_per_block, n_blocks)
     unary_blk = ggml_reshape_3d(ctx0, unary, top_k, tokens_per_block, n_blocks)
     gate_blk = ggml_reshape_3d(ctx0, gate, rank, tokens_per_block, n_blocks)
 
-    # a position's score reads only the candidate sets at pos-1 and pos, so a run
-    # of positions has no internal dependency and scores in one batched matmul
+    # scoring position p needs the candidates of p-1 and p only, so every position of a run
+    # is scored by the same batched matmul
     def score_run(beg_pos, n_pos, pred_ids):
         cand_run = ggml_cont(ctx0, ggml_view_3d(ctx0, cand_blk, top_k, n_pos, n_blocks,
                                                 G.nb(cand_blk, 1), G.nb(cand_blk, 2), beg_pos * G.nb(cand_blk, 1)))
@@ -202,8 +202,8 @@ def build_dflash2_selector(g, model, tokens):
     packed = ggml_fill(ctx0, ggml_new_tensor_3d(ctx0, G.GGML_TYPE_F32, n_embd, 1, n_blocks), 0.0)
 
     if block_size > 1:
-        # Position 1 alone: its predecessor is the anchor token, one id per
-        # sequence rather than a candidate set.
+        # position 1 is scored apart: what precedes it is the block's anchor, a single known
+        # token per sequence, not a set of candidates
         anchor_ids = ggml_cont_1d(ctx0,
                                   ggml_view_2d(ctx0, tokens, 1, n_blocks, tokens_per_block * G.nb(tokens, 0), 0),
                                   n_blocks)

@@ -201,7 +201,7 @@ def build_dspark_markov_head(g, model, tokens, hidden=None):
     # confidence head is optional
     has_conf = model.dspark_conf_proj is not None
 
-    # rnn head: gated state carried across block positions
+    # the RNN joint head: a gated state runs along the block's positions
     is_rnn = model.dspark_joint_proj is not None
     if is_rnn and hidden is None:
         raise ValueError("the DSpark RNN head (joint_proj) needs the backbone hidden state")
@@ -214,19 +214,19 @@ def build_dspark_markov_head(g, model, tokens, hidden=None):
     if block_size <= 0:
         raise ValueError("DSpark draft requires 'dflash.block_size' in GGUF metadata")
 
-    # bonus anchor (SpecForge exports): slot 0 is a bonus token, not a prediction slot
+    # sample_from_anchor false: slot 0 holds a bonus token the verifier already has, nothing to predict
     sample_from_anchor = g.hparams.sample_from_anchor
     i_draft_beg = 0 if sample_from_anchor else 1
 
     n_blocks = len(np.unique(g.ubatch.seq))
     if not (n_blocks > 0 and n_tok % n_blocks == 0):
         raise ValueError("DSpark markov head requires equal-size blocks")
-    # runtime tokens per block in this ubatch (anchor + drafted positions), bounded by training block_size
+    # block length of this batch (the anchor and its drafted slots); never more than the trained block_size
     block_drafts = n_tok // n_blocks
     if block_drafts > block_size:
         return
 
-    # anchor (committed last) token of every block: token 0 of each block, i.e. a strided view
+    # each block's anchor (the last accepted token) is its first token: a view with a block-size stride
     token_stride = block_drafts * G.nb(tokens, 0)
     base_stride = block_drafts * G.nb(base, 1)
 
@@ -237,15 +237,15 @@ def build_dspark_markov_head(g, model, tokens, hidden=None):
     cat_conf = None
 
     if not sample_from_anchor:
-        # bonus anchor slot: pass the logits through unbiased, pad the (unread) confidence column
+        # slot 0 of a bonus-anchor draft: logits as they are, a filler confidence the driver never reads
         cat = ggml_cont(ctx0, ggml_view_2d(ctx0, base, n_vocab, n_blocks, base_stride, 0))
         if has_conf:
             cat_conf = ggml_sigmoid(ctx0, ggml_view_2d(ctx0, base, 1, n_blocks, base_stride, 0))
 
     state = None  # [R, n_blocks]
 
-    # the in-graph chain is greedy (argmax); sampling params affect only the final
-    # token pick, not the Markov conditioning path
+    # the Markov chain conditions on argmax tokens whatever the sampler does later: sampling
+    # changes the token the driver picks, never the bias the next slot gets
     for i in range(i_draft_beg, block_drafts):
         w1_prev = ggml_get_rows(ctx0, w1, prev)  # [R, n_blocks]
         markov = w1_prev
@@ -267,13 +267,13 @@ def build_dspark_markov_head(g, model, tokens, hidden=None):
             gate = ggml_sigmoid(ctx0, chunk(0))
             cand = ggml_tanh(ctx0, chunk(1))
 
-            # state = gate * state + (1 - gate) * cand
+            # convex mix: keep gate of the old state, take the rest from the candidate
             state = ggml_add(ctx0, cand, ggml_mul(ctx0, gate, ggml_sub(ctx0, state, cand)))
             markov = ggml_tanh(ctx0, chunk(2))
 
         bias = g.build_lora_mm(w2, markov, model.dspark_markov_w2_s)  # [n_vocab_draft, n_blocks]
         if model.d2t is not None:
-            # reduced draft vocab: scatter the bias to the target rows (base is -inf on the others)
+            # with d2t the draft vocabulary is smaller: the bias lands on the mapped target rows, the rest stay -inf
             n_draft_vocab = G.ne(bias, 0)
             full = ggml_fill(ctx0, ggml_new_tensor_3d(ctx0, G.GGML_TYPE_F32, 1, n_vocab, n_blocks), 0.0)
             bias = ggml_set_rows(ctx0, full,
@@ -281,16 +281,16 @@ def build_dspark_markov_head(g, model, tokens, hidden=None):
                                  ggml_reshape_3d(ctx0, model.d2t, n_draft_vocab, 1, 1))
             bias = ggml_reshape_2d(ctx0, bias, n_vocab, n_blocks)
 
-        # position i of every block: strided view [n_vocab, n_blocks]
+        # slot i of all blocks at once: [n_vocab, n_blocks] through a strided view
         base_i = ggml_view_2d(ctx0, base, n_vocab, n_blocks, base_stride, i * G.nb(base, 1))
         col = ggml_add(ctx0, base_i, bias)
 
         cat = ggml_concat(ctx0, cat, col, 1) if cat is not None else col
 
         if has_conf:
-            # confidence head input: predicts per-position acceptance
+            # the confidence head estimates, per slot, whether the verifier will accept it
             conf_inp = res.t_embd  # [n_embd, n_tok]
-            # conf(i) = sigmoid(conf_proj . [conf_inp(i); markov_w1[prev(i)]] + b) -- [1, n_blocks]
+            # one logit per block: conf_proj over the hidden row and the previous token's Markov row, then sigmoid
             conf_inp_i = ggml_view_2d(ctx0, conf_inp, G.ne(conf_inp, 0), n_blocks,
                                       block_drafts * G.nb(conf_inp, 1), i * G.nb(conf_inp, 1))
             feat = ggml_concat(ctx0, ggml_cont(ctx0, conf_inp_i), markov, 0)
@@ -304,9 +304,9 @@ def build_dspark_markov_head(g, model, tokens, hidden=None):
         if i + 1 < block_drafts:
             prev = ggml_argmax(ctx0, col)
 
-    # cat is position-major; restore ubatch block-major order
+    # the slots were concatenated slot by slot; the batch orders tokens block by block
     out = ggml_reshape_3d(ctx0, cat, n_vocab, n_blocks, block_drafts)
-    out = ggml_cont(ctx0, ggml_permute(ctx0, out, 0, 2, 1, 3))  # [n_vocab, block_drafts, n_blocks]
+    out = ggml_cont(ctx0, ggml_permute(ctx0, out, 0, 2, 1, 3))  # -> n_vocab x slots x blocks
     out = ggml_reshape_2d(ctx0, out, n_vocab, n_tok)
 
     if has_conf:
@@ -337,7 +337,7 @@ class GraphDSpark(GraphBase):
 
         self.build_logits(cur)
 
-        # bias the draft logits with the Markov head
+        # the Markov head adds its bias to the backbone's logits
         build_dspark_markov_head(self, self.model, inp_tokens)
 
 
@@ -458,7 +458,7 @@ class GraphDSV4(_GraphBackbone):
 
         cur = build_hc_head(self, inpL, model.hc_head_fn, model.hc_head_scale, model.hc_head_base)
         self.cb(cur, "hc_head", -1)
-        # confidence head input: the reference scores the pre-norm collapsed hidden state
+        # the confidence head reads the collapsed streams before the output norm, as the trained head did
         self.res.t_embd = cur
         self.build_output(cur, inp_tokens)
 
@@ -483,7 +483,7 @@ class GraphDSV41(_GraphBackbone):
         ctx, model = self.ctx0, self.model
         inp_tokens = self.build_inp_tokens()
         inpL = self.build_hc_init(inp_tokens)
-        # the whole block shares the mask row of its first query (the anchor)
+        # every query of a block attends like its anchor does (block-uniform mask)
         self.inp_attn.block_uniform = True
         pre_prev = None
         for il in range(self.n_layer):
@@ -491,14 +491,14 @@ class GraphDSV41(_GraphBackbone):
             residual = inpL
             attn_mix = build_hc_mixes(self, inpL, layer.hc_attn_fn, layer.hc_attn_scale, layer.hc_attn_base, il)
             if pre_prev is None:
-                # identity pre-mix of the first stage: copy 0
+                # before any mix exists, the first stage reads stream 0 as it is
                 cur = ggml_cont(ctx, ggml_view_2d(ctx, inpL, self.n_embd, self.n_tokens, G.nb(inpL, 2), 0))
             else:
                 cur = build_hc_pre_weighted(self, inpL, pre_prev, il)
             self.cb(cur, "hc_attn_pre", il)
             cur = self.build_norm(cur, layer.attn_norm, None, il)
             self.cb(cur, "attn_norm", il)
-            # non-causal draft context: block queries see the main-KV ring plus every block key
+            # non-causal: a block's queries read the window of injected context and all keys of their block
             cur = build_attention(self, self.inp_attn, cur, self.inp_pos, il, q_norm=False, name_qr=False)
             inpL = build_hc_post(self, cur, residual, attn_mix.post, attn_mix.comb, il)
             self.cb(inpL, "hc_attn_post", il)
@@ -516,10 +516,10 @@ class GraphDSV41(_GraphBackbone):
             self.cb(l_out, "l_out", il)
             ggml_build_forward_expand(self.gf, l_out)
 
-        # no hc_head: collapse with the last FFN's pre-mix
+        # DSV4.1 has no hc_head weights: the streams collapse through the last FFN stage's pre-mix
         cur = build_hc_pre_weighted(self, inpL, pre_prev, -1)
         self.cb(cur, "hc_out", -1)
-        # confidence head takes the un-normed collapsed state
+        # the confidence head reads the collapsed state before the output norm
         self.res.t_embd = cur
         self.build_output(cur, inp_tokens)
 
@@ -612,7 +612,7 @@ class GraphMistralLarge4(_GraphBackbone):
                 inpL = ggml_concat(ctx, inpL, masks, 1)
             inpL = ggml_reshape_2d(ctx, inpL, n_embd, n_tokens)
         else:
-            # not a draft block (e.g. graph reserve)
+            # a batch that is not a draft block gets no mask embeddings
             inpL = ggml_get_rows(ctx, tok_embd, inp_tokens)
         self.cb(inpL, "inp_noise_embd", -1)
         return inpL
@@ -625,7 +625,7 @@ class GraphMistralLarge4(_GraphBackbone):
         kq_scale = 1.0 / math.sqrt(float(k_mla))
         inp_tokens = self.build_inp_tokens()
         inpL = self.build_inp_noise(inp_tokens)
-        # the whole block shares the mask row of its first query (the anchor)
+        # every query of a block attends like its anchor does (block-uniform mask)
         self.inp_attn.block_uniform = True
         for il in range(self.n_layer):
             layer = model.layers[il]
@@ -635,10 +635,10 @@ class GraphMistralLarge4(_GraphBackbone):
             q = ggml_mul_mat(ctx, layer.wq, cur)
             self.cb(q, "q", il)
             rs = G.ggml_row_size(G.ttype(q), k_mla)
-            # {n_embd_head_nope, n_tokens, n_head}
+            # shape: nope dims x tokens x heads
             q_nope = ggml_view_3d(ctx, q, nope, n_head, n_tokens, rs, rs * n_head, 0)
             q_nope = ggml_permute(ctx, q_nope, 0, 2, 1, 3)
-            # {kv_lora_rank, n_head, n_tokens}
+            # shape: latent rank x heads x tokens
             q_nope_absorbed = ggml_mul_mat(ctx, layer.wk_b, q_nope)
             q_nope_absorbed = ggml_permute(ctx, q_nope_absorbed, 0, 2, 1, 3)
             self.cb(q_nope_absorbed, "q_nope_absorbed", il)
@@ -655,7 +655,7 @@ class GraphMistralLarge4(_GraphBackbone):
             # apply wv_b after attention, so the K rotation is already undone
             out = self.build_attn_k(self.inp_attn, None, None, None, Qcur, Kcur, Vcur, None, kq_scale, il)
             self.cb(out, "attn_latent", il)
-            # {kv_lora_rank, n_tokens, n_head} -> {n_embd_head_v_mla, n_tokens, n_head}
+            # latent rank x tokens x heads, decompressed to v dims x tokens x heads
             out = ggml_reshape_3d(ctx, out, rank, n_head, n_tokens)
             out = ggml_mul_mat(ctx, layer.wv_b, ggml_permute(ctx, out, 0, 2, 1, 3))
             out = ggml_cont_2d(ctx, ggml_permute(ctx, out, 0, 2, 1, 3), v_mla * n_head, n_tokens)
@@ -676,7 +676,7 @@ class GraphMistralLarge4(_GraphBackbone):
         self.res.t_embd = cur
         output, output_s = get_lm_head(self, model)
         logits = self.build_lora_mm(output, cur, output_s)
-        # softcap does not apply to the Markov bias
+        # the Markov bias is added after the softcap, not squashed by it
         cap = hp.f_final_logit_softcapping
         if cap:
             logits = ggml_scale(ctx, logits, 1.0 / cap)

@@ -179,7 +179,7 @@ def build_lilicorr_scores(g, model, tok_embd, anchors):
     candidates = ggml_top_k(ctx0, res.t_logits, top_k)
     logits_rows = ggml_reshape_3d(ctx0, res.t_logits, 1, G.ne(res.t_logits, 0), n_tokens)
     candidate_logits = ggml_reshape_2d(ctx0, ggml_get_rows(ctx0, logits_rows, candidates), top_k, n_tokens)
-    # Rank features and embeddings require candidates in descending logit order.
+    # the rank embedding and features assume the candidates are sorted, best logit first
     order = ggml_argsort(ctx0, candidate_logits, G.GGML_SORT_ORDER_DESC)
     candidate_rows = ggml_reshape_3d(ctx0, candidates, 1, top_k, n_tokens)
     candidates = ggml_reshape_2d(ctx0, ggml_get_rows(ctx0, candidate_rows, order), top_k, n_tokens)
@@ -338,7 +338,7 @@ class GraphLiliCorr(GraphBase):
             self.res.t_h_nextn = self.build_inject()
             return
 
-        # only a full block per sequence has the anchors the scorer needs
+        # the scorer needs one complete block per sequence; anything else is a plain DFlash batch
         is_block = ub.embd_state is not None and self.n_tokens == self.hparams.block_size * n_seqs_unq(ub)
 
         inp_anchor = None
@@ -346,7 +346,7 @@ class GraphLiliCorr(GraphBase):
             inp_tokens = self.inp_tokens
             self.add_input(inp_tokens, lambda p: p.ubatch.tokens)
 
-            # inp_anchor passes the context features to the lattice scorer
+            # the embd_state rows (context features) reach the scorer through inp_anchor
             inp_anchor = ggml_new_tensor_2d(self.ctx0, G.GGML_TYPE_F32, self.n_embd, self.n_tokens)
             ggml_set_input(inp_anchor)
             self.add_input(inp_anchor, lambda p: p.ubatch.embd_state)
