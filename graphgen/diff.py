@@ -16,13 +16,11 @@ test-backend-ops, sum((a-b)^2) / sum(a^2) with a = ref; NaN and Inf positions mu
 
 from __future__ import annotations
 
-import argparse
 import difflib
 import json
 import math
 import os
 import re
-import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -710,45 +708,3 @@ def diff_paths(ref_path: str | os.PathLike, ours_path: str | os.PathLike,
 def _diff_files(ref_path: Path, ours_path: Path, nmse, rules: Sequence[Rule]) -> DiffResult:
     with load_dump(ref_path) as ref, load_dump(ours_path) as ours:
         return diff_dumps(ref, ours, nmse, rules)
-
-
-# ---- command line -----------------------------------------------------------------------------
-
-def _nmse_arg(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not v >= 0:
-        raise argparse.ArgumentTypeError(f"must be a non-negative number, got {text}")
-    return v
-
-
-def add_diff_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    parser.add_argument("ref", help="reference dump file or folder (usually llama.cpp's)")
-    parser.add_argument("ours", help="dump file or folder to check (usually graphgen's)")
-    parser.add_argument("--nmse", type=_nmse_arg, default=None,
-                        help="NMSE threshold for float nodes (default: per type, f32 1e-7); "
-                             "integer nodes always compare exactly")
-    parser.add_argument("--rules", metavar="FILE", default=None,
-                        help="equivalence rules (JSON) that explain known structural differences")
-    parser.add_argument("--json", action="store_true", help="print the result as JSON")
-    return parser
-
-
-def run_diff(args: argparse.Namespace) -> int:
-    """Print the report; 0 identical, 1 diverged, 2 bad input (one line on stderr)."""
-    try:
-        results = diff_paths(args.ref, args.ours, nmse=args.nmse, rules_path=args.rules)
-    except (DumpError, RulesError) as e:
-        print(f"graphgen: error: {' '.join(str(e).split())}", file=sys.stderr)
-        return 2
-    code = exit_code(results)
-    if args.json:
-        print(json.dumps({"identical": code == 0, "results": [r.to_dict() for r in results]}, indent=1))
-    else:
-        print("\n\n".join(r.format_text() for r in results))
-        if len(results) > 1:
-            n_bad = sum(not r.identical for r in results)
-            print(f"\n{len(results)} graphs compared, {n_bad} diverged")
-    return code

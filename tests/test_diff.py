@@ -6,8 +6,9 @@ import re
 import numpy as np
 import pytest
 
-from graphgen.diff import (RulesError, add_diff_args, compare_values, diff_dumps, diff_paths,
-                           exit_code, load_rules, normalize_name, run_diff)
+from graphgen.cli.dump import add_diff_args, run_diff
+from graphgen.diff import (RulesError, compare_values, diff_dumps, diff_paths, exit_code, load_rules,
+                           normalize_name)
 from graphgen.dump import Node, load_dump, write_dump
 
 HEADER = {

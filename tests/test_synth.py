@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from gguf import GGUFReader, GGUFValueType
 
-from graphgen.synth import add_make_model_args, make_model, make_model_from_args
+from graphgen.cli.model import add_make_model_args, make_model_from_args
+from graphgen.synth import make_model
 
 
 def read(path):

@@ -1,18 +1,18 @@
-"""The `view`, `trace` and `import` commands; `diff` also takes eval-callback text, ggml dot files
-and GGML_SCHED_DEBUG logs (structure only) on either side."""
+"""`graphgen view`, `graphgen trace` and `graphgen import`, and the loading of eval-callback text,
+ggml dot files and GGML_SCHED_DEBUG logs (structure only) that `view` and `diff` share."""
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
-from .dump import Dump, DumpError, load_dump, load_dump_dir
+from ..dump import Dump, DumpError, load_dump, load_dump_dir
 
 VIEW_FORMATS = ("dot", "svg", "html", "explorer")
 
 
-def _is_dump_file(path: Path) -> bool:
+def is_dump_file(path: Path) -> bool:
+    """A graphgen dump, told from other JSON by its "format" key near the top (no full parse)."""
     if path.suffix != ".json":
         return False
     try:
@@ -25,13 +25,13 @@ def _is_dump_file(path: Path) -> bool:
 
 def load_any(path: str | Path) -> list[Dump]:
     """Dumps from a dump file, a dump folder, or an importable log / dot file."""
-    from .view.importers import import_file
+    from ..view.importers import import_file
     path = Path(path)
     if not path.exists():
         raise DumpError(f"{path}: no such file or folder")
     if path.is_dir():
         return load_dump_dir(path)
-    if _is_dump_file(path):
+    if is_dump_file(path):
         return [load_dump(path)]
     return import_file(path)
 
@@ -50,15 +50,15 @@ def _pick(dumps: list[Dump], graph: str | None) -> list[Dump]:
 
 def _render_one(args, ref: Dump, ours: Dump | None) -> tuple[str, str | bytes | None]:
     """(extension, content) for dot/svg/html; explorer writes files itself and returns None."""
-    from .view import dot as D
-    from .view import graph as V
+    from ..view import dot as D
+    from ..view import graph as V
     fmt = args.format
     res = None
     if ours is not None:
-        from .diff import diff_dumps
+        from ..diff import diff_dumps
         res = diff_dumps(ref, ours)
     if fmt == "html":
-        from .view.html import to_html
+        from ..view.html import to_html
         return "html", to_html(ref, ours, res)
     if fmt in ("dot", "svg"):
         title = ref.path.stem if ours is None else f"{ref.path.stem} vs {ours.path.stem}"
@@ -69,7 +69,7 @@ def _render_one(args, ref: Dump, ours: Dump | None) -> tuple[str, str | bytes | 
             g = V.from_dump(ref, leaves=not args.no_leaves)
             status, first = None, None
             if res is not None:
-                from .view.diffmap import diff_map
+                from ..view.diffmap import diff_map
                 dm = diff_map(res, ref, ours)
                 status = {i: (r.status, r.nmse) for i, r in dm.ref_status.items()}
                 first = dm.first.ref if dm.first is not None else None
@@ -98,13 +98,13 @@ def _cmd_view(args) -> int:
     refs = _pick(load_any(args.dump), args.graph)
     ours_list = _pick(load_any(args.ours), args.graph) if args.ours else None
     if ours_list is not None:
-        refs, ours_list = _align_imports(refs, ours_list)
+        refs, ours_list = align_imports(refs, ours_list)
         if len(ours_list) != len(refs):
             raise DumpError(f"{args.dump} has {len(refs)} graphs, {args.ours} has {len(ours_list)}; "
                             "pick one with --graph")
     pairs = list(zip(refs, ours_list or [None] * len(refs)))
     if args.format == "explorer":
-        from .view.explorer import export
+        from ..view.explorer import export
         out = Path(args.out or "model-explorer")
         written = [p for r, o in pairs for p in export(out, r, o)]
         for p in written:
@@ -128,9 +128,9 @@ def _cmd_view(args) -> int:
     return 0
 
 
-def _align_imports(refs: list[Dump], ours: list[Dump]) -> tuple[list[Dump], list[Dump]]:
+def align_imports(refs: list[Dump], ours: list[Dump]) -> tuple[list[Dump], list[Dump]]:
     """Project a full side onto what an imported side knows, so the two compare like for like."""
-    from .view.importers import import_format, project
+    from ..view.importers import import_format, project
     fr = import_format(refs[0]) if refs else None
     fo = import_format(ours[0]) if ours else None
     if fo and not fr:
@@ -142,40 +142,13 @@ def _align_imports(refs: list[Dump], ours: list[Dump]) -> tuple[list[Dump], list
     return refs, ours
 
 
-# ---- diff with imports ------------------------------------------------------------------------
-
-def _cmd_diff(args) -> int:
-    """graph-diff; an importable file on either side is compared on the fields it shows."""
-    from .diff import RulesError, diff_dumps, exit_code, load_rules, run_diff
-    from .view.importers import ImportFormatError
-    paths = [Path(args.ref), Path(args.ours)]
-    if all(p.is_dir() or _is_dump_file(p) or not p.exists() for p in paths):
-        return run_diff(args)
-    try:
-        refs, ours = _align_imports(load_any(args.ref), load_any(args.ours))
-        rules = load_rules(args.rules) if args.rules else []
-    except (DumpError, RulesError, ImportFormatError) as e:
-        print(f"graphgen: error: {' '.join(str(e).split())}", file=sys.stderr)
-        return 2
-    results = [diff_dumps(r, o, args.nmse, rules) for r, o in zip(refs, ours)]
-    if len(refs) != len(ours):
-        print(f"note: ref has {len(refs)} graphs, ours has {len(ours)}; compared the first {len(results)}",
-              file=sys.stderr)
-    code = exit_code(results) if len(refs) == len(ours) else 1
-    if args.json:
-        print(json.dumps({"identical": code == 0, "results": [r.to_dict() for r in results]}, indent=1))
-    else:
-        print("\n\n".join(r.format_text() for r in results))
-    return code
-
-
 # ---- trace / import ---------------------------------------------------------------------------
 
 def _cmd_trace(args) -> int:
     import re
 
-    from .scenario import load_scenario
-    from .view.trace import run_trace
+    from ..scenario import load_scenario
+    from ..view.trace import run_trace
     for p in args.filter or []:
         try:
             re.compile(p)
@@ -188,7 +161,7 @@ def _cmd_trace(args) -> int:
 
 
 def _cmd_import(args) -> int:
-    from .view.importers import import_file, write_imported
+    from ..view.importers import import_file, write_imported
     dumps = import_file(args.file, args.format, args.graph)
     for p, d in zip(write_imported(dumps, args.out), dumps):
         print(f"{p}: {d.graph}, {len(d.nodes)} nodes ({d.source['import']['format']}, structure only)")
@@ -196,7 +169,7 @@ def _cmd_import(args) -> int:
 
 
 def register(sub) -> None:
-    from .view.importers import FORMATS
+    from ..view.importers import FORMATS
     p = sub.add_parser("view", help="draw a dump (DOT, SVG, HTML, Model Explorer); two dumps: their diff")
     p.add_argument("dump", help="dump file or folder (or an eval-callback / dot / sched-debug file)")
     p.add_argument("ours", nargs="?", help="a second dump: show the diff of DUMP (ref) and this")
@@ -228,7 +201,3 @@ def register(sub) -> None:
     p.add_argument("--graph", choices=("inject", "block", "encoder"),
                    help="graph kind when the file does not say (default: guessed from node names)")
     p.set_defaults(fn=_cmd_import)
-
-    # `diff` is registered before the command modules: let it take imports too
-    if "diff" in sub.choices:
-        sub.choices["diff"].set_defaults(fn=_cmd_diff)

@@ -8,9 +8,9 @@ from pathlib import Path
 
 
 def _cmd_bench(args) -> int:
-    from .bench import machine_description, multi_seq_scenario, run_bench
-    from .scenario import default_scenario, load_scenario
-    from .runtime.model import load
+    from ..bench import machine_description, multi_seq_scenario, run_bench
+    from ..scenario import default_scenario, load_scenario
+    from ..runtime.model import load
 
     if args.scenario:
         base = load_scenario(args.scenario)
@@ -35,10 +35,31 @@ def _cmd_bench(args) -> int:
         Path(args.json).write_text(json.dumps({"machine": machine_description(),
                                                "runs": [dict(r.to_dict(), n_seq=n) for n, r in results]}, indent=1))
     if args.markdown:
-        from .bench import markdown_section
         with open(args.markdown, "a") as f:
             f.write(markdown_section(args, results))
     return 0
+
+
+def markdown_section(args, results) -> str:
+    """A BENCHMARKS.md section for one draft: the command, then one table per n_seq."""
+    out = [f"### {Path(args.model).name}", "",
+           f"`graphgen bench {Path(args.model).name} --repeat {args.repeat} --n-seq {args.n_seq}"
+           + (f" --threads {args.threads}" if args.threads else "") + "`", ""]
+    for n_seq, res in results:
+        out += [f"n_seq {n_seq}:", "",
+                "| step | graphgen ms (median ± IQR) | llama.cpp ms (median ± IQR) | ratio (medians) | ratio (minimums) | fresh build ms |",
+                "|---|---|---|---|---|---|"]
+        for st, g, l_, r in res.rows():
+            gs = f"{g * 1e3:.3f} ± {st.spread('graphgen') * 1e3:.3f}" if g else "-"
+            ls = f"{l_ * 1e3:.3f} ± {st.spread('llama.cpp') * 1e3:.3f}" if l_ else "-"
+            b = res.build_ms.get(st.label)
+            mg, ml = st.best("graphgen"), st.best("llama.cpp")
+            mr = f"{mg / ml:.3f}" if mg and ml else "-"
+            out.append(f"| {st.label} | {gs} | {ls} | {f'{r:.3f}' if r else '-'} | {mr} | {f'{b:.2f}' if b is not None else '-'} |")
+        cb, rss = res.compute_buffer_mib, res.peak_rss_mib
+        out += ["", "compute buffer MiB: " + ", ".join(f"{e} {v:.2f}" for e, v in cb.items() if v is not None)
+                + "; peak RSS MiB: " + ", ".join(f"{e} {v:.0f}" for e, v in rss.items() if v is not None), ""]
+    return "\n".join(out) + "\n"
 
 
 def register(sub) -> None:

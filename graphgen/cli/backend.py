@@ -6,8 +6,8 @@ import sys
 
 
 def _cmd_devices(args) -> int:
-    from .ops.runtime import activate
-    from .runtime.backends import BUILD_HINT, devices, has_backend
+    from ..ops.runtime import activate
+    from ..runtime.backends import BUILD_HINT, devices, has_backend
     rt = activate()
     print(f"ggml {rt.version} from {rt.lib_dir} ({rt.origin})")
     print("backends in this ggml build:")
@@ -21,8 +21,8 @@ def _cmd_devices(args) -> int:
 
 
 def _cmd_xdiff(args) -> int:
-    from .scenario import load_scenario
-    from .xdiff import xdiff
+    from ..scenario import load_scenario
+    from ..xdiff import xdiff
     sc = load_scenario(args.scenario)
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
 
@@ -35,7 +35,7 @@ def _cmd_xdiff(args) -> int:
 
 
 def _cmd_rpc_server(args) -> int:
-    from .runtime.backends import start_rpc_server
+    from ..runtime.backends import start_rpc_server
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"graphgen: warning: serving on {args.host}; the RPC protocol has no authentication", file=sys.stderr)
     print(f"ggml RPC server on {args.host}:{args.port} ({args.backend}), Ctrl-C to stop", file=sys.stderr, flush=True)

@@ -7,7 +7,7 @@ import logging
 import sys
 from pathlib import Path
 
-from .errors import GraphgenError
+from ..errors import GraphgenError
 
 
 def _int_list(text: str) -> list[int]:
@@ -50,7 +50,7 @@ def _features(args, n_rows: int, width: int):
 
 
 def _cmd_draft(args) -> int:
-    from .runtime.drafters import (
+    from ..runtime.drafters import (
         LLAMA_DEFAULT_SEED,
         DraftParams,
         SimulatedVerifier,

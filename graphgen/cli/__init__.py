@@ -1,0 +1,76 @@
+"""The `graphgen` command line.
+
+Each module here adds one group of verbs with register(subparsers); the library modules know
+nothing of argparse, so they stay usable from Python without dragging the parser along.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from pathlib import Path
+
+from .. import __version__
+
+# the modules that add subcommands, in the order `graphgen --help` lists them
+COMMAND_MODULES: tuple[str, ...] = (
+    "graphgen.cli.model",    # make-model, info
+    "graphgen.cli.dump",     # dump, diff
+    "graphgen.cli.draft",    # draft
+    "graphgen.cli.backend",  # devices, xdiff, rpc-server
+    "graphgen.cli.view",     # view, trace, import
+    "graphgen.cli.bench",    # bench
+    "graphgen.cli.demo",     # demo
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="graphgen", description="DFlash-family draft graphs, node for node with llama.cpp")
+    ap.add_argument("--version", action="version", version=f"graphgen {__version__}")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    for modname in COMMAND_MODULES:
+        importlib.import_module(modname).register(sub)
+
+    # accepted before or after the command name
+    for parser, default in [(ap, None)] + [(p, argparse.SUPPRESS) for p in sub.choices.values()]:
+        parser.add_argument("--ggml", metavar="DIR", default=default,
+                            help="compute on the libggml*.so in DIR (any llama.cpp build) instead of the "
+                                 "reference's ggml; also $GRAPHGEN_GGML_DIR")
+        parser.add_argument("--llama", metavar="DIR", default=default,
+                            help="run the reference engine on the libllama.so in DIR (a build with b11739's "
+                                 "C API); also $GRAPHGEN_LLAMA_DIR. Alone, graphgen also computes on its ggml")
+    return ap
+
+
+def apply_library_options(args) -> None:
+    """--ggml / --llama: chosen before anything loads ggml, and passed on to child processes."""
+    import os
+
+    from ..ops.runtime import ENV_GGML_DIR, choose
+    from ..reference.libload import ENV_LLAMA_DIR
+    if args.llama:
+        os.environ[ENV_LLAMA_DIR] = str(Path(args.llama).expanduser().resolve())
+    if args.ggml:
+        choose(args.ggml)
+        os.environ[ENV_GGML_DIR] = str(Path(args.ggml).expanduser().resolve())
+
+
+def main(argv=None) -> int:
+    from ..dump import DumpError
+    from ..errors import GraphgenError
+    from ..scenario import ScenarioError
+
+    args = build_parser().parse_args(argv)
+    try:
+        apply_library_options(args)
+        return args.fn(args)
+    except KeyboardInterrupt:
+        print("graphgen: interrupted", file=sys.stderr)
+        return 130
+    except (GraphgenError, ScenarioError, DumpError, FileNotFoundError, ValueError, NotImplementedError,
+            OSError, RuntimeError) as e:
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        print(f"graphgen: error: {msg}", file=sys.stderr)
+        return 2

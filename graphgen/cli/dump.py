@@ -1,0 +1,127 @@
+"""`graphgen dump` and `graphgen diff`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from ..diff import RulesError, diff_dumps, diff_paths, exit_code, load_rules
+from ..dump import DumpError
+
+
+def _cmd_dump(args) -> int:
+    from ..scenario import load_scenario
+    sc = load_scenario(args.scenario)
+    if not Path(args.model).is_file():
+        raise FileNotFoundError(f"{args.model}: no such model file")
+    out = Path(args.out)
+    if args.engine == "llama.cpp":
+        from ..reference.runner import run_reference
+        if args.backend != "cpu":
+            raise ValueError("the llama.cpp reference runs on the CPU; drop --backend or use --engine graphgen")
+        paths = run_reference(args.model, args.scenario, out, args.max_data)
+    else:
+        from ..engine import run_scenario
+        out.mkdir(parents=True, exist_ok=True)
+        for old in out.glob("[0-9][0-9]-*.json"):
+            old.unlink()
+            old.with_suffix(".npz").unlink(missing_ok=True)
+        n = len([s for s in sc.steps if s.kind != "seq_rm"])
+        done = [0]
+
+        def progress(step):
+            if step.kind != "seq_rm":
+                done[0] += 1
+                print(f"[{done[0]}/{n}] {step.kind} (step {step.index})", file=sys.stderr)
+        paths = [p for _, _, p in run_scenario(args.model, sc, out, args.max_data, progress, backend=args.backend)]
+    for p in paths:
+        with open(p) as f:
+            doc = json.load(f)
+        print(f"{p}: {doc['graph']}, {len(doc['nodes'])} nodes")
+    return 0
+
+
+# ---- diff -------------------------------------------------------------------------------------
+
+def _nmse_arg(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not v >= 0:
+        raise argparse.ArgumentTypeError(f"must be a non-negative number, got {text}")
+    return v
+
+
+def add_diff_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument("ref", help="reference dump file or folder (usually llama.cpp's)")
+    parser.add_argument("ours", help="dump file or folder to check (usually graphgen's)")
+    parser.add_argument("--nmse", type=_nmse_arg, default=None,
+                        help="NMSE threshold for float nodes (default: per type, f32 1e-7); "
+                             "integer nodes always compare exactly")
+    parser.add_argument("--rules", metavar="FILE", default=None,
+                        help="equivalence rules (JSON) that explain known structural differences")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    return parser
+
+
+def run_diff(args: argparse.Namespace) -> int:
+    """Diff two dump files or folders and print the report; 0 identical, 1 diverged, 2 bad input
+    (one line on stderr)."""
+    try:
+        results = diff_paths(args.ref, args.ours, nmse=args.nmse, rules_path=args.rules)
+    except (DumpError, RulesError) as e:
+        print(f"graphgen: error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
+    code = exit_code(results)
+    if args.json:
+        print(json.dumps({"identical": code == 0, "results": [r.to_dict() for r in results]}, indent=1))
+    else:
+        print("\n\n".join(r.format_text() for r in results))
+        if len(results) > 1:
+            n_bad = sum(not r.identical for r in results)
+            print(f"\n{len(results)} graphs compared, {n_bad} diverged")
+    return code
+
+
+def _cmd_diff(args) -> int:
+    """run_diff, except that an importable file (eval-callback text, ggml dot, GGML_SCHED_DEBUG log)
+    on either side is compared on the fields it shows."""
+    from ..view.importers import ImportFormatError
+    from .view import align_imports, is_dump_file, load_any
+    paths = [Path(args.ref), Path(args.ours)]
+    if all(p.is_dir() or is_dump_file(p) or not p.exists() for p in paths):
+        return run_diff(args)
+    try:
+        refs, ours = align_imports(load_any(args.ref), load_any(args.ours))
+        rules = load_rules(args.rules) if args.rules else []
+    except (DumpError, RulesError, ImportFormatError) as e:
+        print(f"graphgen: error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
+    results = [diff_dumps(r, o, args.nmse, rules) for r, o in zip(refs, ours)]
+    if len(refs) != len(ours):
+        print(f"note: ref has {len(refs)} graphs, ours has {len(ours)}; compared the first {len(results)}",
+              file=sys.stderr)
+    code = exit_code(results) if len(refs) == len(ours) else 1
+    if args.json:
+        print(json.dumps({"identical": code == 0, "results": [r.to_dict() for r in results]}, indent=1))
+    else:
+        print("\n\n".join(r.format_text() for r in results))
+    return code
+
+
+def register(sub) -> None:
+    p = sub.add_parser("dump", help="run a scenario and dump every graph evaluation")
+    p.add_argument("model")
+    p.add_argument("--scenario", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--engine", choices=("graphgen", "llama.cpp"), default="graphgen")
+    p.add_argument("--max-data", type=int, default=262144, help="store values of nodes up to this many elements")
+    p.add_argument("--backend", default="cpu", help="cpu, vulkan[:N], cuda[:N], metal, rpc://HOST:PORT or auto")
+    p.set_defaults(fn=_cmd_dump)
+
+    p = sub.add_parser("diff", help="graph-diff two dumps (files or folders)")
+    add_diff_args(p)
+    p.set_defaults(fn=_cmd_diff)

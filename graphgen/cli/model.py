@@ -1,0 +1,154 @@
+"""`graphgen make-model` and `graphgen info`."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..synth import BACKBONES, HIDDEN_ACTS, PRESETS, VARIANTS, WTYPES, make_model
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def add_make_model_args(parser: argparse.ArgumentParser) -> None:
+    """Arguments of `make_model`; read them back with `make_model_from_args`."""
+    parser.add_argument("out", metavar="OUT", help="GGUF file to write")
+    parser.add_argument("--variant", choices=VARIANTS, default="dflash")
+    parser.add_argument("--backbone", choices=BACKBONES, default="base")
+    parser.add_argument("--conf", action="store_true", help="DSpark confidence head")
+    parser.add_argument("--n-embd", type=int, default=64)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--heads-kv", type=int, default=None)
+    parser.add_argument("--head-dim", type=int, default=None)
+    parser.add_argument("--n-rot", type=int, default=None, help="rope.dimension_count")
+    parser.add_argument("--n-ff", type=int, default=128)
+    parser.add_argument("--vocab", type=int, default=256)
+    parser.add_argument("--block-size", type=int, default=4)
+    parser.add_argument("--target-layers", type=_int_list, default=[1, 2], metavar="1,2")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--wtype", choices=WTYPES, default="f32", help="type of the matmul weights")
+    parser.add_argument("--preset", choices=tuple(PRESETS), default=None,
+                        help="realistic: n_embd 2048, 5 layers, 32/8 heads of 64, n_ff 6144, vocab 32000, block 16")
+    parser.add_argument("--context-length", type=int, default=4096)
+    parser.add_argument("--rope-freq-base", type=float, default=10000.0)
+    parser.add_argument("--rms-eps", type=float, default=1e-6)
+    g = parser.add_argument_group("layer options")
+    g.add_argument("--swa-window", type=int)
+    g.add_argument("--swa-pattern", type=_int_list, metavar="1,0,1", help="1 = sliding layer")
+    g.add_argument("--mrope-sections", type=_int_list, metavar="8,0,0,0")
+    g.add_argument("--shared-kv", action="store_true", help="no attn_v: V is the RMS-normed K")
+    g.add_argument("--sinks", action="store_true", help="per-head attention sinks")
+    g.add_argument("--weight-scales", action="store_true", help="per-tensor *.scale tensors")
+    g.add_argument("--post-norms", action="store_true")
+    g.add_argument("--out-scale", action="store_true", help="blk.N.layer_output_scale")
+    g.add_argument("--rope-freqs", action="store_true", help="rope_freqs.weight")
+    g.add_argument("--attention-scale", type=float)
+    g.add_argument("--value-scale", type=float)
+    g.add_argument("--embedding-scale", type=float)
+    g.add_argument("--logit-scale", type=float)
+    g.add_argument("--final-softcap", type=float)
+    g.add_argument("--causal", action="store_true", help="dflash.attention.causal = true")
+    g.add_argument("--hidden-act", choices=HIDDEN_ACTS)
+    g.add_argument("--d2t-vocab", type=int, help="reduced draft vocab with a d2t map")
+    g = parser.add_argument_group("DFlash2 (conv also for LiliCorr with --lilicorr-conv)")
+    g.add_argument("--selector-rank", type=int)
+    g.add_argument("--selector-top-k", type=int)
+    g.add_argument("--conv-kernel", type=int)
+    g.add_argument("--conv-group", type=int)
+    g = parser.add_argument_group("DSpark")
+    g.add_argument("--markov-rank", type=int)
+    g.add_argument("--joint", action="store_true", help="RNN joint head (seed only)")
+    g.add_argument("--sample-from-anchor", choices=("true", "false"),
+                   help="dflash.sample_from_anchor (absent means true)")
+    g = parser.add_argument_group("LiliCorr")
+    g.add_argument("--lilicorr-hidden", type=int)
+    g.add_argument("--lilicorr-top-k", type=int)
+    g.add_argument("--lilicorr-heads", type=int)
+    g.add_argument("--lilicorr-layers", type=int)
+    g.add_argument("--lilicorr-eps", type=float)
+    g.add_argument("--lilicorr-logit-scale", type=float)
+    g.add_argument("--lilicorr-factor", type=int)
+    g.add_argument("--lilicorr-mlp", type=int)
+    g.add_argument("--lilicorr-conv", action="store_true")
+
+
+# argparse dest -> make_model option, for the options passed only when given
+_ARG_OPTIONS = {
+    "head_dim": "head_dim", "n_rot": "n_rot", "swa_window": "swa_window", "swa_pattern": "swa_pattern",
+    "mrope_sections": "mrope_sections", "shared_kv": "shared_kv", "sinks": "sinks",
+    "weight_scales": "weight_scales", "post_norms": "post_norms", "out_scale": "out_scale",
+    "rope_freqs": "rope_freqs", "attention_scale": "attention_scale", "value_scale": "value_scale",
+    "embedding_scale": "embedding_scale", "logit_scale": "logit_scale", "final_softcap": "final_softcap",
+    "causal": "causal", "hidden_act": "hidden_act", "d2t_vocab": "d2t_vocab",
+    "selector_rank": "selector_rank", "selector_top_k": "selector_top_k",
+    "conv_kernel": "conv_kernel_size", "conv_group": "conv_group_size",
+    "markov_rank": "markov_rank", "joint": "joint", "sample_from_anchor": "sample_from_anchor",
+    "lilicorr_hidden": "lilicorr_hidden", "lilicorr_top_k": "lilicorr_top_k",
+    "lilicorr_heads": "lilicorr_heads", "lilicorr_layers": "lilicorr_layers",
+    "lilicorr_eps": "lilicorr_eps", "lilicorr_logit_scale": "lilicorr_logit_scale",
+    "lilicorr_factor": "lilicorr_factor", "lilicorr_mlp": "lilicorr_mlp", "lilicorr_conv": "lilicorr_conv",
+}
+
+
+def make_model_from_args(args: argparse.Namespace) -> dict:
+    options = {}
+    for dest, opt in _ARG_OPTIONS.items():
+        value = getattr(args, dest, None)
+        if value is None or value is False:  # not given: keep make_model's default
+            continue
+        if opt == "swa_pattern":
+            value = [bool(v) for v in value]
+        elif opt == "sample_from_anchor":
+            value = value == "true"
+        options[opt] = value
+    dims = dict(n_embd=args.n_embd, n_layer=args.layers, n_head=args.heads, n_head_kv=args.heads_kv,
+                n_ff=args.n_ff, n_vocab=args.vocab, block_size=args.block_size, target_layers=args.target_layers)
+    if args.preset:
+        dims.update(PRESETS[args.preset])
+    return make_model(
+        args.out, args.variant, args.backbone, wtype=args.wtype, seed=args.seed,
+        context_length=args.context_length, rope_freq_base=args.rope_freq_base, rms_eps=args.rms_eps,
+        conf=args.conf, **dims, **options)
+
+
+def _cmd_make_model(args) -> int:
+    info = make_model_from_args(args)
+    print(f"wrote {info.get('path', args.out)}: variant {info.get('variant')}, backbone {info.get('backbone')}, "
+          f"{info.get('n_tensors', '?')} tensors")
+    return 0
+
+
+def _cmd_info(args) -> int:
+    from ..ops.runtime import activate
+    from ..runtime.model import load
+    m = load(args.model)
+    hp = m.hparams
+    rt = activate()
+    print(f"model     {m.path}")
+    print(f"ggml      {rt.version} ({rt.lib_dir}, {rt.origin})")
+    print(f"variant   {m.variant}")
+    print(f"backbone  {m.backbone}")
+    print("hparams")
+    for k, v in vars(hp).items():
+        if v not in (0, 0.0, [], {}, None) or k in ("causal_attn",):
+            print(f"  {k:26s} {v}")
+    print(f"  {'rope_type':26s} {'mrope' if hp.rope_type == 8 else 'neox'}")
+    print(f"tensors ({len(m.tensor_table())}, {m.weight_bytes / 1e6:.2f} MB)")
+    for name, typ, shape in m.tensor_table():
+        print(f"  {name:40s} {typ:5s} {shape}")
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("make-model", help="write a tiny random-weight draft GGUF")
+    add_make_model_args(p)
+    p.set_defaults(fn=_cmd_make_model)
+
+    p = sub.add_parser("info", help="print variant, backbone, hparams and tensors of a draft")
+    p.add_argument("model")
+    p.set_defaults(fn=_cmd_info)
