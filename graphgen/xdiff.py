@@ -65,10 +65,15 @@ def xdiff(model, scenario, backends, out=None, progress=None) -> XDiffResult:
             old.unlink()
         run_scenario(model, scenario, d, backend=b, progress=progress)
         dirs.append(d)
+    return compare_dirs(dirs[0], dirs[1], backends)
+
+
+def compare_dirs(dir_a, dir_b, backends) -> XDiffResult:
+    """The comparison half of xdiff: two dump folders of one scenario, node by node, per-op bounds."""
     res = XDiffResult(list(backends))
     from .diff import compare_values
     from .dump import load_dump
-    for r in diff_paths(dirs[0], dirs[1], nmse=1.0):
+    for r in diff_paths(dir_a, dir_b, nmse=1.0):
         ref, ours = load_dump(r.ref_path), load_dump(r.ours_path)
         nodes = {n.index: n for n in ref.nodes}
         # a top-k's order is the backend's (the CPU kernel's partial sort is one order among many):

@@ -6,13 +6,13 @@ in a child process. tools/setup.sh exports GRAPHGEN_<KIND>_GGML_DIR for the buil
 builds Vulkan (lavapipe) and sets GRAPHGEN_REQUIRE_VULKAN=1, so there a missing build fails.
 """
 
+import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
 import time
-
-import json
 
 import numpy as np
 import pytest
@@ -20,6 +20,7 @@ import pytest
 from conftest import REF_DIR
 from graphgen.ops.runtime import cache_root
 from graphgen.diff import diff_paths
+from graphgen.engine import run_scenario
 from graphgen.runtime.backends import BackendUnavailable, has_backend
 from graphgen.runtime.session import Session
 from graphgen.scenario import load_scenario
@@ -170,3 +171,44 @@ def test_xdiff_cli(tiny, tmp_path):
                         "--backends", "cpu,cpu", "--out", str(tmp_path / "x")], capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
     assert "PASS" in p.stdout and "worst nmse 0" in p.stdout
+
+
+def _perturbed_copy(src, dst, pick, change):
+    """A copy of a dump folder whose block node `pick(nodes)` has its values changed by `change`."""
+    shutil.copytree(src, dst)
+    block = sorted(dst.glob("*-block.json"))[0]
+    nodes = json.loads(block.read_text())["nodes"]
+    idx = pick(nodes)
+    npz = block.with_suffix(".npz")
+    vals = dict(np.load(npz))
+    vals[f"n{idx}"] = change(vals[f"n{idx}"])
+    np.savez(npz, **vals)
+    return nodes[idx]
+
+
+def test_xdiff_bounds_catch_a_value_difference(tmp_path):
+    """The yardstick itself: within a matmul's bound passes, past it fails at that node, and a
+    top-k in another order with the same candidates passes."""
+    from graphgen.xdiff import compare_dirs
+    case = REF_DIR / "dflash2-fa-off"
+    model = build_model(case, tmp_path)
+    cpu = tmp_path / "cpu"
+    run_scenario(model, load_scenario(case / "scenario.json"), cpu)
+    first_matmul = lambda nodes: next(i for i, n in enumerate(nodes) if n["op"] == "MUL_MAT")  # noqa: E731
+    rng = np.random.default_rng(0)
+
+    _perturbed_copy(cpu, tmp_path / "small", first_matmul,
+                    lambda v: v * (1 + 1e-4 * rng.standard_normal(v.shape)).astype(v.dtype))
+    assert compare_dirs(cpu, tmp_path / "small", ["cpu", "small"]).ok
+
+    node = _perturbed_copy(cpu, tmp_path / "large", first_matmul,
+                           lambda v: v * (1 + 1e-1 * rng.standard_normal(v.shape)).astype(v.dtype))
+    res = compare_dirs(cpu, tmp_path / "large", ["cpu", "large"])
+    assert not res.ok
+    bad = [g["first_bad"] for g in res.graphs if g["first_bad"]]
+    assert bad and bad[0]["name"] == node["name"] and bad[0]["op"] == "MUL_MAT"
+
+    top_k = lambda nodes: next(i for i, n in enumerate(nodes) if n["op"] == "TOP_K")  # noqa: E731
+    _perturbed_copy(cpu, tmp_path / "order", top_k, lambda v: v[..., ::-1].copy())
+    res = compare_dirs(cpu, tmp_path / "order", ["cpu", "order"])
+    assert res.ok and any(g["order_dependent"] for g in res.graphs)

@@ -165,6 +165,23 @@ def test_dflash_p_min_truncates(models_dir):
     d.session.close()
 
 
+def test_dflash_p_min_keeps_a_slot_at_exactly_p_min(models_dir):
+    """upstream stops when p < p_min: a slot whose probability equals p_min is kept, one a float32
+    step above it is not. The float32 probability is the driver's own (top10); that it is the
+    sampler's probability is checked against float64 numpy above."""
+    from graphgen.runtime.drafters import top10
+    _, _, nodes, z = ref_case("dflash-fa-off")
+    logits = node_values(nodes, z, lambda n: n["name"] == "result_output")
+    p32 = [top10(logits[i])[2][0] for i in range(1, 4)]
+    k = int(np.argmin(p32))
+    want = [np_top10_p(logits[i])[0] for i in range(1, 4)]
+    # at exactly the smallest probability nothing is cut; one float32 step above, the draft stops there
+    for p_min, expect in ((p32[k], want), (np.nextafter(p32[k], np.float32(1)), want[:k])):
+        d = drafter_for("dflash-fa-off", models_dir, DraftParams(n_max=3, p_min=float(p_min)))
+        assert one_round(d).result == expect, (p_min, p32)
+        d.session.close()
+
+
 def test_dspark_confidence_cutoff(models_dir):
     _, _, nodes, z = ref_case("dspark-conf-fa-off")
     conf = node_values(nodes, z, lambda n: n["op"] == "REPEAT" and n["ne"][:2] == [64, 4])[:, 0]

@@ -17,7 +17,7 @@ from parity_check import assert_parity
 
 pytestmark = [pytest.mark.reference]
 
-N_CONFIGS = 24
+N_CONFIGS = 30
 
 
 def random_config(seed: int):
@@ -59,6 +59,19 @@ def random_config(seed: int):
         kw["weight_scales"] = True
     if rng.random() < 0.2:
         kw["causal"] = True
+    # the remaining options b11739 reads for a DFlash decoder, each drawn on its own
+    if rng.random() < 0.3:
+        kw["value_scale"] = float(rng.uniform(0.5, 2.0))
+    if rng.random() < 0.3:
+        kw["logit_scale"] = float(rng.uniform(0.2, 3.0))
+    if rng.random() < 0.3:
+        kw["final_softcap"] = float(rng.uniform(2.0, 30.0))
+    if rng.random() < 0.3:
+        kw["post_norms"] = True
+    if rng.random() < 0.3:
+        kw["out_scale"] = True
+    if rng.random() < 0.3:
+        kw["hidden_act"] = "gelu"
     n_prompt = int(rng.integers(1, 21))
     mask = kw["n_vocab"] - 1
     steps = [{"inject": {"n_tokens": n_prompt, "pos0": 0}},

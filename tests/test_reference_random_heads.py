@@ -47,6 +47,12 @@ def random_head_config(variant: str, seed: int):
                   lilicorr_factor=int(rng.choice([8, 16])), lilicorr_mlp=int(rng.choice([32, 64])))
         if rng.random() < 0.4:
             kw.update(lilicorr_conv=True, conv_kernel_size=int(rng.integers(1, 3)), conv_group_size=16)
+    # output transforms: the DFlash2 selector reads the scaled, soft-capped logits; the other
+    # heads must leave them alone, as b11739 does
+    if rng.random() < 0.4:
+        kw["logit_scale"] = float(rng.uniform(0.2, 3.0))
+    if rng.random() < 0.4:
+        kw["final_softcap"] = float(rng.uniform(2.0, 30.0))
     n_blocks = int(rng.integers(1, 4))
     mask = kw["n_vocab"] - 1
     bs = kw["block_size"] if full_block else int(rng.integers(2, kw["block_size"] + 1))

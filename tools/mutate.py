@@ -1,0 +1,181 @@
+#!/usr/bin/env python3
+"""Mutation check: plant one plausible one-line bug at a time and see whether the tests notice.
+
+Each mutation names a file, a line of code that must occur exactly once in it, the line that
+replaces it, and the tests that should catch the change. The tree is copied (the files git
+tracks, plus untracked ones it does not ignore) into a temporary folder; each mutation is applied
+there, the tests run against that copy (PYTHONPATH points at it, so the editable install of the
+real tree is not used), and the file is restored. A mutation is
+
+  caught    the tests failed (pytest exit 1),
+  SURVIVED  they passed: the tests do not see this bug,
+  ERROR     its line is not in the file, or pytest could not run (exit 2-5): fix the list.
+
+    python tools/mutate.py              # every mutation; exit 1 if any survived or errored
+    python tools/mutate.py --list       # names and targets
+    python tools/mutate.py -k sinkhorn  # those whose name contains the word
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    path: str
+    old: str
+    new: str
+    tests: tuple[str, ...]
+
+
+PARITY = ("tests/test_parity.py",)
+DSV4 = ("tests/test_backbones.py", "tests/test_reference_dsv4.py")
+SEED_ONLY = ("tests/test_backbones.py", "tests/test_heads.py")
+RANDOM = ("tests/test_reference_random.py",)
+HEADS = ("tests/test_reference_random_heads.py",)
+DIFF = ("tests/test_diff.py",)
+
+MUTATIONS = [
+    # --- the base backbone (graph_base) ---
+    Mutation("kq_scale_sqrt_dropped", "graphgen/models/dflash.py",
+             "1.0 / math.sqrt(float(self.n_embd_head))", "1.0 / float(self.n_embd_head)", PARITY),
+    Mutation("embedding_scale_ignored", "graphgen/models/dflash.py",
+             "inpL = ggml_scale(ctx, inpL, hp.f_embedding_scale)", "inpL = inpL", RANDOM),
+    Mutation("value_scale_inverted", "graphgen/models/dflash.py",
+             "cur = ggml_scale(ctx, cur, hp.f_attn_value_scale)",
+             "cur = ggml_scale(ctx, cur, 1.0 / hp.f_attn_value_scale)", RANDOM + PARITY),
+    Mutation("logit_scale_ignored", "graphgen/models/dflash.py",
+             "cur = ggml_scale(ctx, cur, hp.f_logit_scale)", "cur = cur", HEADS),
+    Mutation("softcap_not_restored", "graphgen/models/dflash.py",
+             "cur = ggml_scale(ctx, cur, hp.f_final_logit_softcapping)", "cur = cur", HEADS),
+    Mutation("rms_eps_dropped", "graphgen/graph.py",
+             "cur = ggml_rms_norm(self.ctx0, cur, self.hparams.f_norm_rms_eps)",
+             "cur = ggml_rms_norm(self.ctx0, cur, 0.0)", PARITY),
+    # --- KV cache and masks ---
+    Mutation("mask_causal_off_by_one", "graphgen/runtime/kvcache.py",
+             "keep &= pos[None, :] <= p1", "keep &= pos[None, :] < p1", RANDOM + ("tests/test_session.py",)),
+    Mutation("mask_swa_window_widened", "graphgen/runtime/kvcache.py",
+             "keep &= (p1 - pos[None, :]) < self.n_swa", "keep &= (p1 - pos[None, :]) <= self.n_swa",
+             PARITY + RANDOM),
+    Mutation("mask_block_uniform_last_row", "graphgen/runtime/kvcache.py",
+             "out[rows] = out[rows[0]]", "out[rows] = out[rows[-1]]", SEED_ONLY),
+    # --- DeepSeek-V4 backbone ---
+    Mutation("sinkhorn_eps_x5", "graphgen/models/deepseek4.py",
+             "comb = ggml_dsv4_hc_comb(ctx, mixes, hc_scale, hc_base, hp.dsv4_hc_eps, hp.dsv4_hc_sinkhorn_iters)",
+             "comb = ggml_dsv4_hc_comb(ctx, mixes, hc_scale, hc_base, hp.dsv4_hc_eps * 5, hp.dsv4_hc_sinkhorn_iters)",
+             DSV4),
+    Mutation("hc_post_scale_2_dropped", "graphgen/models/deepseek4.py",
+             "post = ggml_scale(ctx, post, 2.0)", "post = ggml_scale(ctx, post, 1.0)", DSV4),
+    Mutation("moe_weights_clamp_bound", "graphgen/graph.py",
+             "weights_sum = G.ggml_clamp(ctx, weights_sum, 6.103515625e-5, float(\"inf\"))",
+             "weights_sum = G.ggml_clamp(ctx, weights_sum, 6.103515625e-2, float(\"inf\"))", DSV4),
+    Mutation("swiglu_clamp_limit_halved", "graphgen/graph.py",
+             "cur = G.ggml_swiglu_clamp(ctx, cur, up, limit)", "cur = G.ggml_swiglu_clamp(ctx, cur, up, limit / 2)",
+             DSV4),
+    Mutation("dsv4_rope_offset_zero", "graphgen/models/deepseek4.py",
+             "return ggml_rope_set_offset(t, hp.n_embd_head_k - n_rot)", "return ggml_rope_set_offset(t, 0)", DSV4),
+    # --- drafting drivers ---
+    Mutation("drafter_p_min_inclusive", "graphgen/runtime/drafters.py",
+             "if probs[0] < F32(p.p_min):", "if probs[0] <= F32(p.p_min):", ("tests/test_drafters.py",)),
+    Mutation("drafter_n_min_off_by_one", "graphgen/runtime/drafters.py",
+             "break\n            dp.result.append(int(ids[0]))\n        if len(dp.result) < p.n_min:",
+             "break\n            dp.result.append(int(ids[0]))\n        if len(dp.result) <= p.n_min:",
+             ("tests/test_drafters.py",)),
+    Mutation("drafter_n_max_not_clamped", "graphgen/runtime/drafters.py",
+             "p.n_max = min(p.n_max, n_draft_max)", "p.n_max = p.n_max", ("tests/test_drafters.py",)),
+    # --- graph-diff and xdiff: the yardsticks ---
+    Mutation("diff_ignores_nan_positions", "graphgen/diff.py",
+             "bad = (nan_a != nan_b) | (inf_a != inf_b) | (inf_a & inf_b & (np.signbit(a) != np.signbit(b)))",
+             "bad = (inf_a != inf_b) | (inf_a & inf_b & (np.signbit(a) != np.signbit(b)))", DIFF),
+    Mutation("diff_f32_threshold_loose", "graphgen/diff.py",
+             'DEFAULT_NMSE = {"f32": 1e-7, "f16": 1e-7, "bf16": 1e-7, "i32": 0, "i64": 0}',
+             'DEFAULT_NMSE = {"f32": 1e-1, "f16": 1e-7, "bf16": 1e-7, "i32": 0, "i64": 0}', DIFF),
+    Mutation("dump_max_data_zero", "graphgen/engine.py",
+             "rec = NodeRecorder(G.op_desc, G.type_name, max_data, G.read_tensor_bytes) if out is not None else None",
+             "rec = NodeRecorder(G.op_desc, G.type_name, 0, G.read_tensor_bytes) if out is not None else None",
+             PARITY),
+    Mutation("xdiff_value_check_disabled", "graphgen/xdiff.py",
+             "bad = (reason is not None) or nmse > thr", "bad = reason is not None",
+             ("tests/test_backends.py",)),
+]
+
+
+def _copy_tree(dst: Path) -> None:
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, check=True,
+                           capture_output=True).stdout.decode().split("\0")
+    for f in filter(None, files):
+        src = ROOT / f
+        if src.is_file():
+            (dst / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst / f)
+
+
+def run_one(m: Mutation, tree: Path, timeout: float) -> tuple[str, float, str]:
+    target = tree / m.path
+    text = target.read_text()
+    if text.count(m.old) != 1:
+        return "ERROR", 0.0, f"the line occurs {text.count(m.old)} times in {m.path}"
+    target.write_text(text.replace(m.old, m.new))
+    env = dict(os.environ, PYTHONPATH=str(tree) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    start = time.time()
+    try:
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *m.tests],
+                              cwd=tree, env=env, capture_output=True, text=True, timeout=timeout)
+        code, tail = proc.returncode, (proc.stdout.strip().splitlines() or [""])[-1]
+    except subprocess.TimeoutExpired:
+        code, tail = 1, f"timed out after {timeout:.0f} s (counted as caught: the run did not pass)"
+    finally:
+        target.write_text(text)
+    took = time.time() - start
+    if code == 1:
+        return "caught", took, tail
+    if code == 0:
+        return "SURVIVED", took, tail
+    return "ERROR", took, f"pytest exit {code}: {tail}"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="tools/mutate.py", description="plant one-line bugs, run the tests that should catch each")
+    ap.add_argument("-k", metavar="WORD", help="only mutations whose name contains WORD")
+    ap.add_argument("--list", action="store_true", help="list the mutations and exit")
+    ap.add_argument("--timeout", type=float, default=900, help="seconds per mutation (default 900)")
+    args = ap.parse_args(argv)
+    chosen = [m for m in MUTATIONS if not args.k or args.k in m.name]
+    if not chosen:
+        print(f"no mutation matches {args.k!r}", file=sys.stderr)
+        return 2
+    if args.list:
+        for m in chosen:
+            print(f"{m.name:32s} {m.path:32s} {' '.join(m.tests)}")
+        return 0
+    with tempfile.TemporaryDirectory(prefix="graphgen-mutate-") as tmp:
+        tree = Path(tmp)
+        _copy_tree(tree)
+        results = []
+        for i, m in enumerate(chosen, 1):
+            print(f"[{i}/{len(chosen)}] {m.name} ...", file=sys.stderr, flush=True)
+            verdict, took, detail = run_one(m, tree, args.timeout)
+            results.append((m, verdict))
+            print(f"{verdict:8s} {m.name:32s} {took:6.1f} s  {detail}", flush=True)
+    caught = sum(v == "caught" for _, v in results)
+    print(f"\nmutation score: {caught}/{len(results)} caught")
+    for m, v in results:
+        if v != "caught":
+            print(f"  {v}: {m.name} ({m.path})")
+    return 0 if caught == len(results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
