@@ -9,6 +9,8 @@ ggml's depth-first visit from each ggml_build_forward_expand and auto names (`no
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -84,6 +86,66 @@ class GraphResult:
                 G.ggml_set_output(t)
 
 
+def _libm_logf():
+    """glibc's logf, the one llama_context calls; numpy's float32 log may round differently."""
+    try:
+        libm = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
+        fn = libm.logf
+    except (OSError, AttributeError):
+        return lambda x: np.float32(np.log(np.float32(x)))
+    fn.restype, fn.argtypes = ctypes.c_float, [ctypes.c_float]
+    return lambda x: np.float32(fn(float(x)))
+
+
+_logf = _libm_logf()
+
+
+@dataclass(frozen=True)
+class RopeParams:
+    """The rope parameters a graph passes to every ggml_rope_ext / ggml_rope_multi."""
+    n_ctx_orig: int
+    freq_base: float
+    freq_scale: float
+    ext_factor: float
+    attn_factor: float
+    beta_fast: float
+    beta_slow: float
+
+
+def rope_params(hp) -> RopeParams:
+    """llama_context's rope cparams for a context made with the default context params (what the
+    reference runner and the drivers create), worked in float32 as upstream does.
+
+    The scaling type "none" turns the trained frequency scale off; YaRN sets ext_factor 1 and an
+    attention factor of mscale(factor) (over mscale(factor, yarn_log_multiplier) when that key is
+    read, i.e. on the Mistral Large 4 backbone), which is then divided by 1 + 0.1 ln(factor) again
+    because ggml's YaRN kernel applies that magnitude correction itself; rope.scaling.attn_factor
+    multiplies in last, whatever the type. original_context_length (0: the training context) is the
+    rope's n_ctx_orig."""
+    f32 = np.float32
+    with np.errstate(all="ignore"):
+        freq_scale = f32(1.0) if hp.rope_scaling_type == "none" else f32(hp.rope_freq_scale)
+        yarn = hp.rope_scaling_type == "yarn"
+        attn = f32(1.0)
+        if yarn:
+            factor = f32(1.0) / freq_scale
+
+            def mscale(scale, m):
+                return f32(1.0) if scale <= f32(1.0) else f32(f32(0.1) * f32(m)) * _logf(scale) + f32(1.0)
+            if hp.rope_yarn_log_mul != 0.0:
+                attn = mscale(factor, 1.0) / mscale(factor, hp.rope_yarn_log_mul)
+            else:
+                attn = mscale(factor, 1.0)
+            attn = attn * (f32(1.0) / (f32(1.0) + f32(0.1) * _logf(factor)))
+        attn = f32(attn * f32(hp.rope_attn_factor))
+    n_ctx_orig = hp.n_ctx_orig_yarn if hp.n_ctx_orig_yarn != 0 else hp.n_ctx_train
+    # a C int in the op's parameters: a u32 past 2^31 wraps as it does upstream
+    n_ctx_orig = (int(n_ctx_orig) + (1 << 31)) % (1 << 32) - (1 << 31)
+    return RopeParams(n_ctx_orig=n_ctx_orig, freq_base=hp.rope_freq_base, freq_scale=float(freq_scale),
+                      ext_factor=1.0 if yarn else 0.0, attn_factor=float(attn),
+                      beta_fast=hp.yarn_beta_fast, beta_slow=hp.yarn_beta_slow)
+
+
 class GraphContext:
     def __init__(self, params: GraphParams):
         self.params = params
@@ -97,13 +159,14 @@ class GraphContext:
         self.n_head_kv = hp.n_head_kv
         self.n_rot = hp.n_rot
         self.rope_type = hp.rope_type
-        self.n_ctx_orig = hp.n_ctx_train
-        self.freq_base = hp.rope_freq_base
-        self.freq_scale = hp.rope_freq_scale
-        self.ext_factor = 0.0
-        self.attn_factor = 1.0
-        self.beta_fast = 32.0
-        self.beta_slow = 1.0
+        rope = rope_params(hp)
+        self.n_ctx_orig = rope.n_ctx_orig
+        self.freq_base = rope.freq_base
+        self.freq_scale = rope.freq_scale
+        self.ext_factor = rope.ext_factor
+        self.attn_factor = rope.attn_factor
+        self.beta_fast = rope.beta_fast
+        self.beta_slow = rope.beta_slow
         self.flash_attn = params.flash_attn
         self.res = GraphResult()
         mem_size = G.ggml_tensor_overhead() * GRAPH_MAX_NODES + G.ggml_graph_overhead_custom(GRAPH_MAX_NODES, False)

@@ -14,7 +14,6 @@ stores them reversed. The same seed always gives the same bytes.
 
 from __future__ import annotations
 
-import argparse
 import re
 import logging
 from pathlib import Path
@@ -45,6 +44,11 @@ OPTIONS: dict[str, tuple[object, str | None]] = {
     "post_norms": (False, None),
     "out_scale": (False, None),
     "rope_freqs": (False, None),
+    # rope scaling (llama_model_base::load_hparams): type, factor, original context, attention factor
+    "rope_scaling": (None, None),
+    "rope_scaling_factor": (None, None),
+    "rope_orig_ctx": (None, None),
+    "rope_attn_factor": (None, None),
     "attention_scale": (None, None),
     "value_scale": (None, None),
     "embedding_scale": (None, None),
@@ -249,7 +253,7 @@ def _make_model(path, variant="dflash", backbone="base", *, n_embd=64, n_layer=2
     # the loader throws without target_layers; DSpark asserts block_size, DFlash2/LiliCorr need it
     d.key(_kv("target_layers"), "i32[]", [int(t) for t in target_layers])
     d.key(_kv("block_size"), "u32", block_size)
-    _hparam_options(d, opts, n_layer, head_dim if n_rot is None else n_rot)
+    _hparam_options(d, opts, n_layer, head_dim)
 
     # --- head hparams, then the tokenizer
     if variant == "dflash2":
@@ -290,7 +294,10 @@ def _make_model(path, variant="dflash", backbone="base", *, n_embd=64, n_layer=2
     }
 
 
-def _hparam_options(d: _Draft, opts: dict, n_layer: int, n_rot: int) -> None:
+ROPE_SCALING_TYPES = ("none", "linear", "yarn", "longrope")
+
+
+def _hparam_options(d: _Draft, opts: dict, n_layer: int, head_dim: int) -> None:
     if opts["swa_pattern"] is not None and opts["swa_window"] is None:
         raise ValueError("swa_pattern needs swa_window")
     if opts["swa_window"] is not None:
@@ -305,11 +312,24 @@ def _hparam_options(d: _Draft, opts: dict, n_layer: int, n_rot: int) -> None:
         d.key(_kv("attention.sliding_window_pattern"), "bool[]", pattern)
     if opts["mrope_sections"] is not None:
         sections = [int(s) for s in opts["mrope_sections"]]
-        _check(len(sections) == 4 and all(s >= 0 for s in sections) and sum(sections) > 0,
-               f"mrope_sections must be 4 non-negative ints with a positive sum, got {opts['mrope_sections']!r}")
-        _check(sum(sections) <= n_rot // 2, f"mrope_sections sum to {sum(sections)}, more than n_rot/2 "
-                                            f"({n_rot // 2})")
+        _check(len(sections) == 4 and all(s >= 0 for s in sections) and sum(sections[:3]) > 0,
+               f"mrope_sections must be 4 non-negative ints, one of the first three positive, "
+               f"got {opts['mrope_sections']!r}")
+        # ggml's rope builds its sin/cos cache over the head and rotates the first n_rot dims: the
+        # sections may reach past n_rot/2, not past the head
+        _check(sum(sections) <= head_dim, f"mrope_sections sum to {sum(sections)}, more than the head "
+                                          f"dimension ({head_dim})")
         d.key(_kv("rope.dimension_sections"), "i32[]", sections)
+    if opts["rope_scaling"] is not None:
+        _check(opts["rope_scaling"] in ROPE_SCALING_TYPES,
+               f"rope_scaling must be one of {', '.join(ROPE_SCALING_TYPES)}, got {opts['rope_scaling']!r}")
+        d.key(_kv("rope.scaling.type"), "str", opts["rope_scaling"])
+    if opts["rope_scaling_factor"] is not None:
+        d.key(_kv("rope.scaling.factor"), "f32", float(opts["rope_scaling_factor"]))
+    if opts["rope_orig_ctx"] is not None:
+        d.key(_kv("rope.scaling.original_context_length"), "u32", _positive_int("rope_orig_ctx", opts["rope_orig_ctx"]))
+    if opts["rope_attn_factor"] is not None:
+        d.key(_kv("rope.scaling.attn_factor"), "f32", float(opts["rope_attn_factor"]))
     if opts["final_softcap"] is not None:
         _check(opts["final_softcap"] > 0, f"final_softcap must be positive, got {opts['final_softcap']}")
     for opt, key in (("attention_scale", "attention.scale"), ("value_scale", "attention.value_scale"),
@@ -745,114 +765,3 @@ def _write(path: Path, d: _Draft) -> None:
         w.write_tensors_to_file()
     finally:
         w.close()
-
-
-# --- command line
-
-def _int_list(text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-
-
-def add_make_model_args(parser: argparse.ArgumentParser) -> None:
-    """Arguments of `make_model`; read them back with `make_model_from_args`."""
-    parser.add_argument("out", metavar="OUT", help="GGUF file to write")
-    parser.add_argument("--variant", choices=VARIANTS, default="dflash")
-    parser.add_argument("--backbone", choices=BACKBONES, default="base")
-    parser.add_argument("--conf", action="store_true", help="DSpark confidence head")
-    parser.add_argument("--n-embd", type=int, default=64)
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--heads-kv", type=int, default=None)
-    parser.add_argument("--head-dim", type=int, default=None)
-    parser.add_argument("--n-rot", type=int, default=None, help="rope.dimension_count")
-    parser.add_argument("--n-ff", type=int, default=128)
-    parser.add_argument("--vocab", type=int, default=256)
-    parser.add_argument("--block-size", type=int, default=4)
-    parser.add_argument("--target-layers", type=_int_list, default=[1, 2], metavar="1,2")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--wtype", choices=WTYPES, default="f32", help="type of the matmul weights")
-    parser.add_argument("--preset", choices=tuple(PRESETS), default=None,
-                        help="realistic: n_embd 2048, 5 layers, 32/8 heads of 64, n_ff 6144, vocab 32000, block 16")
-    parser.add_argument("--context-length", type=int, default=4096)
-    parser.add_argument("--rope-freq-base", type=float, default=10000.0)
-    parser.add_argument("--rms-eps", type=float, default=1e-6)
-    g = parser.add_argument_group("layer options")
-    g.add_argument("--swa-window", type=int)
-    g.add_argument("--swa-pattern", type=_int_list, metavar="1,0,1", help="1 = sliding layer")
-    g.add_argument("--mrope-sections", type=_int_list, metavar="8,0,0,0")
-    g.add_argument("--shared-kv", action="store_true", help="no attn_v: V is the RMS-normed K")
-    g.add_argument("--sinks", action="store_true", help="per-head attention sinks")
-    g.add_argument("--weight-scales", action="store_true", help="per-tensor *.scale tensors")
-    g.add_argument("--post-norms", action="store_true")
-    g.add_argument("--out-scale", action="store_true", help="blk.N.layer_output_scale")
-    g.add_argument("--rope-freqs", action="store_true", help="rope_freqs.weight")
-    g.add_argument("--attention-scale", type=float)
-    g.add_argument("--value-scale", type=float)
-    g.add_argument("--embedding-scale", type=float)
-    g.add_argument("--logit-scale", type=float)
-    g.add_argument("--final-softcap", type=float)
-    g.add_argument("--causal", action="store_true", help="dflash.attention.causal = true")
-    g.add_argument("--hidden-act", choices=HIDDEN_ACTS)
-    g.add_argument("--d2t-vocab", type=int, help="reduced draft vocab with a d2t map")
-    g = parser.add_argument_group("DFlash2 (conv also for LiliCorr with --lilicorr-conv)")
-    g.add_argument("--selector-rank", type=int)
-    g.add_argument("--selector-top-k", type=int)
-    g.add_argument("--conv-kernel", type=int)
-    g.add_argument("--conv-group", type=int)
-    g = parser.add_argument_group("DSpark")
-    g.add_argument("--markov-rank", type=int)
-    g.add_argument("--joint", action="store_true", help="RNN joint head (seed only)")
-    g.add_argument("--sample-from-anchor", choices=("true", "false"),
-                   help="dflash.sample_from_anchor (absent means true)")
-    g = parser.add_argument_group("LiliCorr")
-    g.add_argument("--lilicorr-hidden", type=int)
-    g.add_argument("--lilicorr-top-k", type=int)
-    g.add_argument("--lilicorr-heads", type=int)
-    g.add_argument("--lilicorr-layers", type=int)
-    g.add_argument("--lilicorr-eps", type=float)
-    g.add_argument("--lilicorr-logit-scale", type=float)
-    g.add_argument("--lilicorr-factor", type=int)
-    g.add_argument("--lilicorr-mlp", type=int)
-    g.add_argument("--lilicorr-conv", action="store_true")
-
-
-# argparse dest -> make_model option, for the options passed only when given
-_ARG_OPTIONS = {
-    "head_dim": "head_dim", "n_rot": "n_rot", "swa_window": "swa_window", "swa_pattern": "swa_pattern",
-    "mrope_sections": "mrope_sections", "shared_kv": "shared_kv", "sinks": "sinks",
-    "weight_scales": "weight_scales", "post_norms": "post_norms", "out_scale": "out_scale",
-    "rope_freqs": "rope_freqs", "attention_scale": "attention_scale", "value_scale": "value_scale",
-    "embedding_scale": "embedding_scale", "logit_scale": "logit_scale", "final_softcap": "final_softcap",
-    "causal": "causal", "hidden_act": "hidden_act", "d2t_vocab": "d2t_vocab",
-    "selector_rank": "selector_rank", "selector_top_k": "selector_top_k",
-    "conv_kernel": "conv_kernel_size", "conv_group": "conv_group_size",
-    "markov_rank": "markov_rank", "joint": "joint", "sample_from_anchor": "sample_from_anchor",
-    "lilicorr_hidden": "lilicorr_hidden", "lilicorr_top_k": "lilicorr_top_k",
-    "lilicorr_heads": "lilicorr_heads", "lilicorr_layers": "lilicorr_layers",
-    "lilicorr_eps": "lilicorr_eps", "lilicorr_logit_scale": "lilicorr_logit_scale",
-    "lilicorr_factor": "lilicorr_factor", "lilicorr_mlp": "lilicorr_mlp", "lilicorr_conv": "lilicorr_conv",
-}
-
-
-def make_model_from_args(args: argparse.Namespace) -> dict:
-    options = {}
-    for dest, opt in _ARG_OPTIONS.items():
-        value = getattr(args, dest, None)
-        if value is None or value is False:  # not given: keep make_model's default
-            continue
-        if opt == "swa_pattern":
-            value = [bool(v) for v in value]
-        elif opt == "sample_from_anchor":
-            value = value == "true"
-        options[opt] = value
-    dims = dict(n_embd=args.n_embd, n_layer=args.layers, n_head=args.heads, n_head_kv=args.heads_kv,
-                n_ff=args.n_ff, n_vocab=args.vocab, block_size=args.block_size, target_layers=args.target_layers)
-    if args.preset:
-        dims.update(PRESETS[args.preset])
-    return make_model(
-        args.out, args.variant, args.backbone, wtype=args.wtype, seed=args.seed,
-        context_length=args.context_length, rope_freq_base=args.rope_freq_base, rms_eps=args.rms_eps,
-        conf=args.conf, **dims, **options)

@@ -47,6 +47,11 @@ def add_make_model_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--post-norms", action="store_true")
     g.add_argument("--out-scale", action="store_true", help="blk.N.layer_output_scale")
     g.add_argument("--rope-freqs", action="store_true", help="rope_freqs.weight")
+    g.add_argument("--rope-scaling", choices=("none", "linear", "yarn", "longrope"),
+                   help="dflash.rope.scaling.type")
+    g.add_argument("--rope-scaling-factor", type=float, help="dflash.rope.scaling.factor")
+    g.add_argument("--rope-orig-ctx", type=int, help="dflash.rope.scaling.original_context_length")
+    g.add_argument("--rope-attn-factor", type=float, help="dflash.rope.scaling.attn_factor")
     g.add_argument("--attention-scale", type=float)
     g.add_argument("--value-scale", type=float)
     g.add_argument("--embedding-scale", type=float)
@@ -82,7 +87,9 @@ _ARG_OPTIONS = {
     "head_dim": "head_dim", "n_rot": "n_rot", "swa_window": "swa_window", "swa_pattern": "swa_pattern",
     "mrope_sections": "mrope_sections", "shared_kv": "shared_kv", "sinks": "sinks",
     "weight_scales": "weight_scales", "post_norms": "post_norms", "out_scale": "out_scale",
-    "rope_freqs": "rope_freqs", "attention_scale": "attention_scale", "value_scale": "value_scale",
+    "rope_freqs": "rope_freqs", "rope_scaling": "rope_scaling", "rope_scaling_factor": "rope_scaling_factor",
+    "rope_orig_ctx": "rope_orig_ctx", "rope_attn_factor": "rope_attn_factor",
+    "attention_scale": "attention_scale", "value_scale": "value_scale",
     "embedding_scale": "embedding_scale", "logit_scale": "logit_scale", "final_softcap": "final_softcap",
     "causal": "causal", "hidden_act": "hidden_act", "d2t_vocab": "d2t_vocab",
     "selector_rank": "selector_rank", "selector_top_k": "selector_top_k",

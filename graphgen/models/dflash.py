@@ -78,7 +78,7 @@ def load_tensors_layers_base(hp) -> tuple[dict, list]:
             b + "attn_output.weight": (hk * hp.n_head, e), b + "attn_q_norm.weight": (hk,),
             b + "attn_k_norm.weight": (hk,), b + "post_attention_norm.weight": (e,),
             b + "post_ffw_norm.weight": (e,), b + "layer_output_scale.weight": (1,),
-            b + "rope_freqs.weight": (hk // 2,), b + "attn_sinks.weight": (hp.n_head,),
+            b + "attn_sinks.weight": (hp.n_head,),
             b + "ffn_norm.weight": (e,), b + "ffn_gate.weight": (e, hp.n_ff),
             b + "ffn_down.weight": (hp.n_ff, e), b + "ffn_up.weight": (e, hp.n_ff),
         })
@@ -87,6 +87,8 @@ def load_tensors_layers_base(hp) -> tuple[dict, list]:
         # attn_v is optional: without it V is the normed K (shared K/V)
         required += [f"{b}{t}.weight" for t in ("attn_norm", "attn_q", "attn_k", "attn_output", "attn_q_norm",
                                                 "attn_k_norm", "ffn_norm", "ffn_gate", "ffn_down", "ffn_up")]
+    # rope_freqs has no layer index: layer 0 creates it, the others share it (TENSOR_DUPLICATED)
+    shapes["rope_freqs.weight"] = (hk // 2,)
     return shapes, required
 
 

@@ -16,7 +16,7 @@ import math
 import numpy as np
 
 from ..errors import GGUFModelError
-from ..graph import GraphContext, GraphParams
+from ..graph import GraphContext, GraphParams, rope_params
 from ..ops import ggml as G
 from ..ops.ggml import (ggml_add, ggml_argmax, ggml_build_forward_expand, ggml_cast, ggml_concat, ggml_cont,
                         ggml_cont_1d, ggml_cont_2d, ggml_fill, ggml_get_rows, ggml_mul, ggml_mul_mat,
@@ -121,10 +121,6 @@ def load_hparams_mistral_large4(m, hp, path) -> None:
         raise GGUFModelError(f"{path}: key '{kv('attention.key_length_mla')}' must exceed the rope dim {hp.n_rot}")
     if hp.n_head_kv != 1:
         raise GGUFModelError(f"{path}: an MLA draft has one KV head (key '{kv('attention.head_count_kv')}')")
-    hp.rope_scaling_yarn = m.get(kv("rope.scaling.type"), "") == "yarn"
-    hp.n_ctx_orig_yarn = m.get(kv("rope.scaling.original_context_length"), hp.n_ctx_train, kind="int")
-    hp.yarn_beta_fast = m.get(kv("rope.scaling.yarn_beta_fast"), 32.0, kind="float")
-    hp.yarn_beta_slow = m.get(kv("rope.scaling.yarn_beta_slow"), 1.0, kind="float")
     # the block uses the window of its anchor, as DSV4.1
     hp.set_swa_uniform(n_swa + 1)
 
@@ -525,16 +521,8 @@ class GraphDSV41(_GraphBackbone):
 
 
 def _yarn_attn_factor(hp) -> float:
-    """llama_context's yarn_attn_factor for a YaRN draft (rope_attn_factor 1)."""
-    factor = 1.0 / hp.rope_freq_scale
-
-    def mscale(scale, m):
-        return 1.0 if scale <= 1.0 else 0.1 * m * math.log(scale) + 1.0
-    if hp.rope_yarn_log_mul != 0.0:
-        f = mscale(factor, 1.0) / mscale(factor, hp.rope_yarn_log_mul)
-    else:
-        f = mscale(factor, 1.0)
-    return f * (1.0 / (1.0 + 0.1 * math.log(factor)))
+    """llama_context's yarn_attn_factor for this draft (graph.rope_params, which every graph uses)."""
+    return rope_params(hp).attn_factor
 
 
 class GraphMistralLarge4(_GraphBackbone):
@@ -548,12 +536,7 @@ class GraphMistralLarge4(_GraphBackbone):
 
     def __init__(self, params: GraphParams):
         super().__init__(params)
-        hp = self.hparams
-        if hp.rope_scaling_yarn:
-            self.n_ctx_orig = hp.n_ctx_orig_yarn
-            self.ext_factor = 1.0
-            self.attn_factor = _yarn_attn_factor(hp)
-            self.beta_fast, self.beta_slow = hp.yarn_beta_fast, hp.yarn_beta_slow
+        # YaRN's parameters come from the context, as for every graph (graph.rope_params)
         if self.ubatch.is_embd:
             self._inject()
             return

@@ -44,7 +44,12 @@ class HParams:
     n_ctx_train: int = 0
     f_norm_rms_eps: float = 1e-6
     rope_freq_base: float = 10000.0
+    # rope_freq_scale_train (1 / rope.scaling.factor, in float32 as upstream divides it)
     rope_freq_scale: float = 1.0
+    # rope.scaling.type ("none", "linear", "yarn", "longrope"; absent: linear) and the two keys the
+    # context folds into YaRN's parameters (rope.scaling.attn_factor, original_context_length)
+    rope_scaling_type: str = "linear"
+    rope_attn_factor: float = 1.0
     rope_sections: list = field(default_factory=lambda: [0, 0, 0, 0])
     n_swa: int = 0
     swa_layers: list = field(default_factory=list)
@@ -94,8 +99,8 @@ class HParams:
     n_embd_head_k_mla: int = 0
     n_embd_head_v_mla: int = 0
     rope_yarn_log_mul: float = 0.0
-    rope_scaling_yarn: bool = False
     n_ctx_orig_yarn: int = 0
+    # llama_hparams' defaults: no key of a DFlash draft sets them
     yarn_beta_fast: float = 32.0
     yarn_beta_slow: float = 1.0
 
@@ -137,6 +142,9 @@ class HParams:
         self.swa_layers = [True] * self.n_layer
 
 
+ROPE_FREQS = "rope_freqs.weight"
+
+
 class Layer:
     """The per-layer tensors, under upstream's llama_layer field names (None when absent)."""
 
@@ -146,7 +154,7 @@ class Layer:
         "wk_s": "attn_k.scale", "wv_s": "attn_v.scale", "wo_s": "attn_output.scale",
         "attn_q_norm": "attn_q_norm.weight", "attn_k_norm": "attn_k_norm.weight",
         "attn_post_norm": "post_attention_norm.weight", "ffn_post_norm": "post_ffw_norm.weight",
-        "out_scale": "layer_output_scale.weight", "rope_freqs": "rope_freqs.weight",
+        "out_scale": "layer_output_scale.weight",
         "attn_sinks": "attn_sinks.weight", "ffn_norm": "ffn_norm.weight",
         "ffn_gate": "ffn_gate.weight", "ffn_down": "ffn_down.weight", "ffn_up": "ffn_up.weight",
         "ffn_gate_s": "ffn_gate.scale", "ffn_down_s": "ffn_down.scale", "ffn_up_s": "ffn_up.scale",
@@ -171,6 +179,9 @@ class Layer:
         self.il = il
         for attr, suffix in self.FIELDS.items():
             setattr(self, attr, tensors.get(f"blk.{il}.{suffix}"))
+        # the rope frequency factors are one tensor without a layer index; upstream's loader
+        # creates it for layer 0 and shares it with the other layers (TENSOR_DUPLICATED)
+        self.rope_freqs = tensors.get(ROPE_FREQS)
 
 
 # GGUF value types as llama.cpp's loader reads these keys: it requires the exact type (a u16 where
@@ -182,9 +193,13 @@ KEY_TYPES = {
     "attention.head_count_kv": (U32, (ARR, U32), (ARR, I32)), "attention.key_length": (U32,),
     "attention.value_length": (U32,), "rope.dimension_count": (U32,),
     "attention.layer_norm_rms_epsilon": (F32,), "rope.freq_base": (F32,), "rope.scaling.factor": (F32,),
+    # the rope scaling keys llama_model_base::load_hparams reads for every architecture
+    "rope.scale_linear": (F32,), "rope.scaling.type": (STR,), "rope.scaling.attn_factor": (F32,),
+    "rope.scaling.original_context_length": (U32,), "rope.scaling.finetuned": (BOOL,),
+    "rope.scaling.alpha": (F32,),
     "embedding_scale": (F32,), "attention.scale": (F32,), "attention.value_scale": (F32,),
     "logit_scale": (F32,), "final_logit_softcapping": (F32,), "attention.causal": (BOOL,),
-    "hidden_activation": (STR,), "rope.dimension_sections": ((ARR, I32), (ARR, U32)),
+    "hidden_activation": (STR,), "rope.dimension_sections": ((ARR, I32), (ARR, U32), I32),
     "block_size": (U32,), "conv_kernel_size": (U32,), "conv_group_size": (U32,),
     "selector_rank": (U32,), "selector_top_k": (U32,), "target_layers": ((ARR, I32), (ARR, U32)),
     "attention.sliding_window": (U32,), "attention.sliding_window_pattern": ((ARR, BOOL),),
@@ -275,6 +290,68 @@ class GGUFMeta:
             raise GGUFModelError(f"{self.path}: key '{key}' must hold numbers") from None
 
 
+ROPE_SCALING_TYPES = ("none", "linear", "yarn", "longrope")
+
+
+def _int32(v: int) -> int:
+    """A GGUF integer as the C int it is stored in upstream (u32 values past 2^31 wrap)."""
+    return (int(v) + (1 << 31)) % (1 << 32) - (1 << 31)
+
+
+def read_rope_scaling(m, hp, path) -> None:
+    """The rope scaling keys of llama_model_base::load_hparams, read for every backbone.
+
+    The scaling type defaults to linear and must be a name upstream knows (it asserts otherwise,
+    ending the process); the factor falls back to the old `rope.scale_linear` key and is kept as
+    its float32 reciprocal; original_context_length defaults to the training context. The
+    finetuned and alpha keys are read (and type-checked) but change nothing in a DFlash graph."""
+    k = lambda s: f"{ARCH}.{s}"  # noqa: E731
+    scaling = m.get(k("rope.scaling.type"), "linear")
+    if scaling not in ROPE_SCALING_TYPES:
+        raise GGUFModelError(f"{path}: key '{k('rope.scaling.type')}' = {scaling!r} is not a rope scaling type "
+                             f"llama.cpp knows ({', '.join(ROPE_SCALING_TYPES)}); llama.cpp aborts on it")
+    hp.rope_scaling_type = scaling
+    factor = m.get(k("rope.scaling.factor"), None, kind="float")
+    if factor is None:
+        factor = m.get(k("rope.scale_linear"), 0.0, kind="float")
+    with np.errstate(all="ignore"):
+        hp.rope_freq_scale = 1.0 if factor == 0.0 else float(np.float32(1.0) / np.float32(factor))
+    hp.rope_attn_factor = m.get(k("rope.scaling.attn_factor"), 1.0, kind="float")
+    hp.n_ctx_orig_yarn = m.get(k("rope.scaling.original_context_length"), hp.n_ctx_train, kind="int")
+
+
+def read_rope_sections(m, hp, path) -> None:
+    """rope.dimension_sections as upstream's get_key_or_arr reads it: exactly 4 ints, or one int
+    for all four. Any non-zero section makes the rope M-RoPE; graphgen then refuses what would
+    stop ggml's CPU rope kernel (asserts, or a division by zero), which only runs the graph:
+    sections must give the first three a positive one and sum to 1..head dimension (the rows the
+    kernel builds its sin/cos cache over; rotation stops at n_rot, so sections may reach past
+    n_rot/2). Entries are C ints: a u32 past 2^31 reads as negative, as it does upstream."""
+    key = f"{ARCH}.rope.dimension_sections"
+    sections = m.get(key, None)
+    if sections is None:
+        return
+    if not isinstance(sections, list):
+        sections = [sections] * 4
+    if len(sections) != 4:
+        raise GGUFModelError(f"{path}: key '{key}' has wrong array length; expected 4, got {len(sections)}")
+    if any(not isinstance(s, int) or isinstance(s, bool) for s in sections):
+        raise GGUFModelError(f"{path}: key '{key}' must hold 4 integers")
+    sections = [_int32(s) for s in sections]
+    hp.rope_sections = sections
+    if not any(sections):
+        return
+    if not (sections[0] > 0 or sections[1] > 0 or sections[2] > 0):
+        raise GGUFModelError(f"{path}: key '{key}' = {sections} makes the rope M-RoPE but gives none of the first "
+                             "three sections a positive size (ggml's rope asserts on it)")
+    total = _int32(sum(sections))
+    if total == 0:
+        raise GGUFModelError(f"{path}: key '{key}' = {sections} sums to 0 (ggml's rope divides by the sum)")
+    if total > hp.n_embd_head_k:
+        raise GGUFModelError(f"{path}: key '{key}' = {sections} sums to {total}, more than the head dimension "
+                             f"{hp.n_embd_head_k} (ggml's rope asserts on it)")
+
+
 def read_hparams(reader, path) -> tuple[HParams, str, str]:
     m = GGUFMeta(reader, path)
     m.check_types()
@@ -315,8 +392,7 @@ def read_hparams(reader, path) -> tuple[HParams, str, str]:
         raise GGUFModelError(f"{path}: key '{k('attention.layer_norm_rms_epsilon')}' = {hp.f_norm_rms_eps} "
                              "must be a finite number >= 0")
     hp.rope_freq_base = m.get(k("rope.freq_base"), 10000.0, kind="float")
-    factor = m.get(k("rope.scaling.factor"), 0.0, kind="float")
-    hp.rope_freq_scale = 1.0 / factor if factor else 1.0
+    read_rope_scaling(m, hp, path)
     hp.f_embedding_scale = m.get(k("embedding_scale"), 0.0, kind="float")
     hp.f_attention_scale = m.get(k("attention.scale"), 0.0, kind="float")
     hp.f_attn_value_scale = m.get(k("attention.value_scale"), 0.0, kind="float")
@@ -328,13 +404,7 @@ def read_hparams(reader, path) -> tuple[HParams, str, str]:
         hp.ffn_op = "gelu"
     elif act != "silu":
         raise GGUFModelError(f"{path}: unsupported DFlash hidden activation '{act}' (key '{k('hidden_activation')}')")
-    sections = m.get(k("rope.dimension_sections"), None, kind="array")
-    if sections is not None:
-        if len(sections) > 4 or any((not isinstance(s, int)) or s < 0 for s in sections):
-            raise GGUFModelError(f"{path}: key '{k('rope.dimension_sections')}' must hold up to 4 non-negative ints")
-        hp.rope_sections = (list(sections) + [0, 0, 0, 0])[:4]
-        if any(hp.rope_sections) and sum(hp.rope_sections) * 2 > hp.n_rot:
-            raise GGUFModelError(f"{path}: key '{k('rope.dimension_sections')}' covers more than n_rot/2 = {hp.n_rot // 2}")
+    read_rope_sections(m, hp, path)
     hp.block_size = m.get(k("block_size"), 0, kind="int")
     hp.conv_kernel_size = m.get(k("conv_kernel_size"), 0, kind="int")
     hp.conv_group_size = m.get(k("conv_group_size"), 0, kind="int")
