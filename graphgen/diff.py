@@ -174,6 +174,7 @@ class NumericResult:
     threshold: float
     ok: bool
     reason: str | None = None      # NaN/Inf disagreement, when that is why it failed
+    by_digest: bool = False        # compared through the bytes' digests (values not kept)
 
     def describe(self) -> str:
         why = self.reason or f"nmse {self.nmse:.3g} > {self.threshold:g}"
@@ -184,7 +185,7 @@ class NumericResult:
         return {"ref_index": self.ref_index, "ours_index": self.ours_index, "name": self.name,
                 "type": self.type, "n": self.n, "nmse": _json_float(self.nmse),
                 "max_abs": _json_float(self.max_abs), "threshold": self.threshold, "ok": self.ok,
-                "reason": self.reason}
+                "reason": self.reason, "by_digest": self.by_digest}
 
 
 @dataclass
@@ -208,6 +209,27 @@ class DiffResult:
     notes: list[str] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
     builds: dict[str, str] = field(default_factory=dict)
+    not_compared: list[tuple[int, int, str, str]] = field(default_factory=list)
+
+    @property
+    def status(self) -> str:
+        """IDENTICAL, DIVERGED, or NOT COMPARED: structure equal and no value differs, but some
+        nodes had neither values nor a digest on a side, so equality was not shown."""
+        if self.identical:
+            return "IDENTICAL"
+        if self.not_compared and not self.structural and not self.numeric_failures:
+            return "NOT COMPARED"
+        return "DIVERGED"
+
+    def _values_verdict(self) -> str:
+        if not self.numeric:
+            return "none compared"
+        if all(r.ok and r.nmse == 0 for r in self.numeric):
+            return f"bit-exact on all {len(self.numeric)} compared nodes"
+        worst = max(self.numeric, key=lambda r: r.nmse if not math.isnan(r.nmse) else math.inf)
+        where = f"#{worst.ref_index} '{worst.name}'"
+        state = "within thresholds" if all(r.ok for r in self.numeric) else "outside thresholds"
+        return f"{state}, largest nmse {worst.nmse:.3g} at {where}"
 
     @property
     def numeric_failures(self) -> list[NumericResult]:
@@ -221,12 +243,14 @@ class DiffResult:
                 "numeric": [r.to_dict() for r in self.numeric],
                 "first_divergence": self.first_divergence, "rules_fired": dict(self.rules_fired),
                 "explained": [vars(e) for e in self.explained], "notes": list(self.notes),
-                "summary": summary, "builds": dict(self.builds)}
+                "summary": summary, "builds": dict(self.builds), "status": self.status,
+                "not_compared": [{"ref_index": i, "ours_index": j, "name": n, "why": w}
+                                 for i, j, n, w in self.not_compared]}
 
     def format_text(self) -> str:
         s = self.summary
         out = [f"graph-diff [{self.graph}]  ref: {self.ref_path or '-'}  ours: {self.ours_path or '-'}",
-               f"result: {'IDENTICAL' if self.identical else 'DIVERGED'}"]
+               f"result: {self.status}"]
         if self.builds:
             out += [f"  {side:4s} build: {desc}" for side, desc in self.builds.items()]
         fd = self.first_divergence
@@ -239,7 +263,6 @@ class DiffResult:
                     out.append(f"  {mark} {row['index']:>5}  {row['name'][:40]:<40} {row['op']:<14} "
                                f"{row['type']:<5} {row['ne']}")
         if s:
-            max_nmse = s.get("max_nmse")
             out += ["", "summary:",
                     f"  nodes            ref {s['nodes_ref']}, ours {s['nodes_ours']}",
                     f"  matched          {s['matched']}",
@@ -247,8 +270,9 @@ class DiffResult:
                     f"  inserted         {s['inserted']}",
                     f"  deleted          {s['deleted']}",
                     f"  rule-explained   ref {s['explained_ref']}, ours {s['explained_ours']}",
-                    f"  numeric          {s['numeric_compared']} compared, {s['numeric_failed']} failed, "
-                    f"max nmse {'-' if max_nmse is None else f'{max_nmse:.3g}'}"]
+                    f"  numeric          {s['numeric_compared']} compared ({s.get('by_digest', 0)} by digest), "
+                    f"{s['numeric_failed']} failed, {s.get('not_compared', 0)} not compared",
+                    f"  values           {self._values_verdict()}"]
         if self.structural:
             out += ["", "differences:"]
             out += [f"  {d.describe()}" for d in self.structural[:MAX_LISTED]]
@@ -260,6 +284,11 @@ class DiffResult:
             out += [f"  {r.describe()}" for r in fails[:MAX_LISTED]]
             if len(fails) > MAX_LISTED:
                 out.append(f"  ... {len(fails) - MAX_LISTED} more")
+        if self.not_compared:
+            out += ["", "not compared (no values or digest):"]
+            out += [f"  ref #{i} / ours #{j} '{n}': {w}" for i, j, n, w in self.not_compared[:MAX_LISTED]]
+            if len(self.not_compared) > MAX_LISTED:
+                out.append(f"  ... {len(self.not_compared) - MAX_LISTED} more")
         if self.rules_fired:
             out += ["", "rules fired:"]
             out += [f"  {name} x{count}" for name, count in self.rules_fired.items()]
@@ -267,6 +296,16 @@ class DiffResult:
             out += ["", "notes:"]
             out += [f"  - {n}" for n in self.notes]
         return "\n".join(out)
+
+
+def _digest_reason(r: Node, o: Node) -> str:
+    """What the statistics say about two nodes whose bytes differ."""
+    rs, os_ = r.stats or {}, o.stats or {}
+    parts = [f"{k} ref {rs.get(k)} ours {os_.get(k)}" for k in ("nan", "inf") if rs.get(k) != os_.get(k)]
+    if rs.get("sumsq") and os_.get("sumsq") is not None:
+        parts.append(f"sum of squares ref {rs['sumsq']:.6g} ours {os_['sumsq']:.6g}")
+    return "bytes differ (digest; values not kept, raise --max-data to see them)" + (
+        ": " + ", ".join(parts) if parts else "")
 
 
 def exit_code(results: Sequence[DiffResult]) -> int:
@@ -585,22 +624,32 @@ def diff_dumps(ref: Dump, ours: Dump, nmse: float | dict[str, float] | None = No
                 compare.append((i1 - 1, j1 - 1))
 
     numeric: list[NumericResult] = []
+    not_compared: list[tuple[int, int, str, str]] = []  # (ref, ours, name, why)
     notes: list[str] = []
-    if ref.has_values and ours.has_values:
+    structure_only = [side for side, d in (("ref", ref), ("ours", ours)) if (d.source or {}).get("import")]
+    if structure_only:
+        notes.append(f"{' and '.join(structure_only)} is an imported, structure-only dump: values not compared")
+    else:
         for i, j in compare:
             r, o = R[i], O[j]
             if r.ne != o.ne:
                 continue  # already a structural difference; values cannot line up
             a, b = ref.values(i), ours.values(j)
-            if a is None or b is None:
-                continue
-            nm, max_abs, reason = compare_values(a, b)
-            thr = threshold(r.type)
-            ok = reason is None and nm <= thr
-            numeric.append(NumericResult(i, j, r.name, r.type, int(a.size), nm, max_abs, thr, ok, reason))
-    else:
-        missing = [side for side, d in (("ref", ref), ("ours", ours)) if not d.has_values]
-        notes.append(f"no values in {' and '.join(missing)}; numeric comparison skipped")
+            if a is not None and b is not None:
+                nm, max_abs, reason = compare_values(a, b)
+                thr = threshold(r.type)
+                ok = reason is None and nm <= thr
+                numeric.append(NumericResult(i, j, r.name, r.type, int(a.size), nm, max_abs, thr, ok, reason))
+            elif r.digest and o.digest:
+                # values not kept (over --max-data): the bytes' digests still tell bit-exact equality
+                same = r.digest == o.digest
+                numeric.append(NumericResult(i, j, r.name, r.type, r.nelements, 0.0 if same else math.inf,
+                                             0.0 if same else math.inf, threshold(r.type), same,
+                                             None if same else _digest_reason(r, o), by_digest=True))
+            else:
+                why = " and ".join(side for side, n, v in (("ref", r, a), ("ours", o, b))
+                                   if v is None and not n.digest)
+                not_compared.append((i, j, r.name, f"no values or digest in {why}"))
 
     if ref.graph != ours.graph:
         notes.append(f"comparing a '{ref.graph}' graph with a '{ours.graph}' graph")
@@ -644,10 +693,12 @@ def diff_dumps(ref: Dump, ours: Dump, nmse: float | dict[str, float] | None = No
         "explained_ref": sum(len(e.ref_indices) for e in explained),
         "explained_ours": sum(len(e.ours_indices) for e in explained),
         "numeric_compared": len(numeric), "numeric_failed": len(fails),
+        "by_digest": sum(r.by_digest for r in numeric), "not_compared": len(not_compared),
         "max_nmse": max(finite) if finite else None,
     }
     return DiffResult(ref_path=str(ref.path), ours_path=str(ours.path), graph=ref.graph,
-                      identical=not structural and not fails, structural=structural, numeric=numeric,
+                      identical=not structural and not fails and not not_compared, structural=structural,
+                      numeric=numeric, not_compared=not_compared,
                       first_divergence=first, rules_fired=dict(Counter(e.rule for e in explained)),
                       explained=explained, notes=notes, summary=summary,
                       builds={"ref": describe_build(ref), "ours": describe_build(ours)})

@@ -50,6 +50,8 @@ class Node:
     view_offs: int = 0
     op_params: list[int] = field(default_factory=lambda: [0] * N_OP_PARAMS)
     backend: str | None = None  # the ggml backend that computed the node, when recorded
+    digest: str | None = None   # sha256 of the node's bytes, for every node the recorder could read
+    stats: dict | None = None   # count, sum, sumsq, min, max, nan, inf of its values
 
     @property
     def nelements(self) -> int:
@@ -66,6 +68,9 @@ class Node:
                 "view_offs": self.view_offs, "op_params": list(self.op_params)}
         if self.backend is not None:
             d["backend"] = self.backend
+        if self.digest is not None:
+            d["digest"] = self.digest
+            d["stats"] = dict(self.stats or {})
         return d
 
 
@@ -218,7 +223,15 @@ def _parse_node(raw: Any, pos: int, path: Path) -> Node:
     backend = raw.get("backend")
     if backend is not None and not isinstance(backend, str):
         raise _fail(path, fld + ".backend", f"expected a string or null, got {_short(backend)}")
-    return Node(index, name, op, typ, list(ne), list(src), view_src, view_offs, list(op_params), backend)
+    digest = raw.get("digest")
+    if digest is not None and not (isinstance(digest, str) and len(digest) == 64
+                                   and all(c in "0123456789abcdef" for c in digest)):
+        raise _fail(path, fld + ".digest", f"expected a sha256 in hex, got {_short(digest)}")
+    stats = raw.get("stats")
+    if stats is not None and not isinstance(stats, dict):
+        raise _fail(path, fld + ".stats", f"expected an object, got {_short(stats)}")
+    return Node(index, name, op, typ, list(ne), list(src), view_src, view_offs, list(op_params), backend,
+                digest, dict(stats) if stats is not None else None)
 
 
 def _parse_doc(doc: Any, path: Path) -> dict[str, Any]:

@@ -9,6 +9,7 @@ import a second ggml through ggml-python.
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import re
 
 import numpy as np
@@ -81,15 +82,15 @@ def src_names(t: TensorStruct) -> list[str]:
     return names
 
 
-def read_values(t: TensorStruct, max_data: int, read_bytes=None, addr: int = 0) -> np.ndarray | None:
-    """Values of a computed node as float32 in numpy order (ne3, ne2, ne1, ne0), or None.
+GGML_TENSOR_FLAG_OUTPUT = 2
 
-    Views are read through their strides. `read_bytes(addr, nbytes)` fetches device memory
-    when the data pointer is not host memory.
-    """
+
+def read_array(t: TensorStruct, read_bytes=None, addr: int = 0) -> np.ndarray | None:
+    """A computed node's elements in numpy order (ne3, ne2, ne1, ne0) and its own dtype (bf16 as
+    uint16), or None when it has none or is quantized. Views are read through their strides;
+    `read_bytes(addr, nbytes)` fetches device memory when the data pointer is not host memory."""
     ne = [int(x) for x in t.ne]
-    n = ne[0] * ne[1] * ne[2] * ne[3]
-    if n > max_data or n == 0:
+    if ne[0] * ne[1] * ne[2] * ne[3] == 0:
         return None
     if t.type == GGML_TYPE_BF16:
         dt = np.uint16
@@ -105,11 +106,37 @@ def read_values(t: TensorStruct, max_data: int, read_bytes=None, addr: int = 0) 
         if not t.data:
             return None
         raw = (ctypes.c_char * extent).from_address(t.data)
-    arr = np.ndarray(shape=(ne[3], ne[2], ne[1], ne[0]), dtype=dt, buffer=raw,
-                     strides=(nb[3], nb[2], nb[1], nb[0]))
-    if t.type == GGML_TYPE_BF16:
+    return np.ndarray(shape=(ne[3], ne[2], ne[1], ne[0]), dtype=dt, buffer=raw,
+                      strides=(nb[3], nb[2], nb[1], nb[0]))
+
+
+def as_float32(arr: np.ndarray, t_type: int) -> np.ndarray:
+    if t_type == GGML_TYPE_BF16:
         return (arr.astype(np.uint32) << 16).view(np.float32).copy()
     return arr.astype(np.float32)
+
+
+def read_values(t: TensorStruct, max_data: int, read_bytes=None, addr: int = 0) -> np.ndarray | None:
+    """Values of a computed node as float32 in numpy order, or None (too large, quantized, empty)."""
+    ne = [int(x) for x in t.ne]
+    if ne[0] * ne[1] * ne[2] * ne[3] > max_data:
+        return None
+    arr = read_array(t, read_bytes, addr)
+    return None if arr is None else as_float32(arr, t.type)
+
+
+def summarize(arr: np.ndarray, t_type: int) -> tuple[str, dict]:
+    """The sha256 of a node's bytes (contiguous, its own dtype) and summary statistics: enough to
+    tell bit-exact equality of nodes whose values a dump does not keep, and to locate a change."""
+    contiguous = np.ascontiguousarray(arr)
+    digest = hashlib.sha256(contiguous.tobytes()).hexdigest()
+    v = as_float32(contiguous, t_type).astype(np.float64).ravel()
+    finite = v[np.isfinite(v)]
+    stats = {"count": int(v.size), "sum": float(finite.sum()), "sumsq": float(np.dot(finite, finite)),
+             "min": float(finite.min()) if finite.size else None,
+             "max": float(finite.max()) if finite.size else None,
+             "nan": int(np.isnan(v).sum()), "inf": int(np.isinf(v).sum())}
+    return digest, stats
 
 
 class NodeRecorder:
@@ -167,9 +194,14 @@ class NodeRecorder:
         ))
         if backend is not None:
             self.backends[idx] = backend
-        vals = read_values(t, self.max_data, self.read_bytes, addr)
-        if vals is not None:
-            self.values[idx] = vals
+        arr = read_array(t, self.read_bytes, addr)
+        if arr is None:
+            return
+        node = self.nodes[idx]
+        node.digest, node.stats = summarize(arr, t.type)
+        # what a caller reads back (logits, embeddings, lattices) is kept whole at any size
+        if arr.size <= self.max_data or t.flags & GGML_TENSOR_FLAG_OUTPUT:
+            self.values[idx] = as_float32(arr, t.type)
 
 
 def n_kv_from_nodes(nodes) -> int | None:

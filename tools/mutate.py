@@ -45,6 +45,7 @@ DSV4 = ("tests/test_backbones.py", "tests/test_reference_dsv4.py")
 SEED_ONLY = ("tests/test_backbones.py", "tests/test_heads.py")
 RANDOM = ("tests/test_reference_random.py",)
 HEADS = ("tests/test_reference_random_heads.py",)
+ROPE = ("tests/test_reference_rope.py",)
 DIFF = ("tests/test_diff.py",)
 
 MUTATIONS = [
@@ -63,6 +64,28 @@ MUTATIONS = [
     Mutation("rms_eps_dropped", "graphgen/graph.py",
              "cur = ggml_rms_norm(self.ctx0, cur, self.hparams.f_norm_rms_eps)",
              "cur = ggml_rms_norm(self.ctx0, cur, 0.0)", PARITY),
+    # --- rope ---
+    Mutation("rope_attn_factor_ignored", "graphgen/graph.py",
+             "attn = f32(attn * f32(hp.rope_attn_factor))", "attn = f32(attn)", ROPE),
+    Mutation("rope_yarn_ext_factor_off", "graphgen/graph.py",
+             "ext_factor=1.0 if yarn else 0.0, attn_factor=float(attn),",
+             "ext_factor=0.0, attn_factor=float(attn),", ROPE),
+    Mutation("rope_orig_ctx_ignored", "graphgen/graph.py",
+             "n_ctx_orig = hp.n_ctx_orig_yarn if hp.n_ctx_orig_yarn != 0 else hp.n_ctx_train",
+             "n_ctx_orig = hp.n_ctx_train", ROPE),
+    Mutation("rope_none_keeps_freq_scale", "graphgen/graph.py",
+             'freq_scale = f32(1.0) if hp.rope_scaling_type == "none" else f32(hp.rope_freq_scale)',
+             "freq_scale = f32(hp.rope_freq_scale)", ROPE),
+    Mutation("rope_freqs_ignored", "graphgen/runtime/model.py",
+             "self.rope_freqs = tensors.get(ROPE_FREQS)", "self.rope_freqs = None", ROPE),
+    # --- graph outputs and the dump ---
+    Mutation("outputs_not_marked", "graphgen/graph.py",
+             "                G.ggml_set_output(t)", "                pass", ("tests/test_yardstick.py",)),
+    Mutation("digest_ignored_in_diff", "graphgen/diff.py",
+             "same = r.digest == o.digest", "same = True", ("tests/test_yardstick.py",)),
+    Mutation("not_compared_dropped", "graphgen/diff.py",
+             'not_compared.append((i, j, r.name, f"no values or digest in {why}"))', "pass",
+             ("tests/test_yardstick.py",)),
     # --- KV cache and masks ---
     Mutation("mask_causal_off_by_one", "graphgen/runtime/kvcache.py",
              "keep &= pos[None, :] <= p1", "keep &= pos[None, :] < p1", RANDOM + ("tests/test_session.py",)),
@@ -86,6 +109,23 @@ MUTATIONS = [
              DSV4),
     Mutation("dsv4_rope_offset_zero", "graphgen/models/deepseek4.py",
              "return ggml_rope_set_offset(t, hp.n_embd_head_k - n_rot)", "return ggml_rope_set_offset(t, 0)", DSV4),
+    # --- the heads ---
+    Mutation("markov_bias_subtracted", "graphgen/models/dspark.py",
+             "col = ggml_add(ctx0, base_i, bias)", "col = ggml_sub(ctx0, base_i, bias)", PARITY + HEADS),
+    Mutation("rnn_state_gate_flipped", "graphgen/models/dspark.py",
+             "state = ggml_add(ctx0, cand, ggml_mul(ctx0, gate, ggml_sub(ctx0, state, cand)))",
+             "state = ggml_add(ctx0, state, ggml_mul(ctx0, gate, ggml_sub(ctx0, cand, state)))", SEED_ONLY),
+    Mutation("ml4_rnn_head_fed_pre_norm", "graphgen/models/dspark.py",
+             "build_dspark_markov_head(self, model, inp_tokens, cur)",
+             "build_dspark_markov_head(self, model, inp_tokens, inpL)", SEED_ONLY),
+    Mutation("ml4_softcap_wrong", "graphgen/models/dspark.py",
+             "logits = ggml_scale(ctx, logits, 1.0 / cap)", "logits = ggml_scale(ctx, logits, 2.0 / cap)",
+             SEED_ONLY),
+    Mutation("lilicorr_vector_eps_dropped", "graphgen/models/lilicorr.py",
+             "anchor_out = ggml_l2_norm(ctx0, anchor_out, hparams.lilicorr_vector_eps)",
+             "anchor_out = ggml_l2_norm(ctx0, anchor_out, 0.0)", PARITY + HEADS),
+    Mutation("dflash2_conv_base_dropped", "graphgen/models/dflash2.py",
+             "weight_all = ggml_add(ctx0, coeff_all, base_side)", "weight_all = coeff_all", PARITY + HEADS),
     # --- drafting drivers ---
     Mutation("drafter_p_min_inclusive", "graphgen/runtime/drafters.py",
              "if probs[0] < F32(p.p_min):", "if probs[0] <= F32(p.p_min):", ("tests/test_drafters.py",)),
@@ -141,6 +181,8 @@ def run_one(m: Mutation, tree: Path, timeout: float) -> tuple[str, float, str]:
     took = time.time() - start
     if code == 1:
         return "caught", took, tail
+    if code < 0:  # the tests died on a signal (an abort): loud, so caught, but worth a look
+        return "caught", took, f"the test run died on signal {-code}"
     if code == 0:
         return "SURVIVED", took, tail
     return "ERROR", took, f"pytest exit {code}: {tail}"
