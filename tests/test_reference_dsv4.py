@@ -18,7 +18,7 @@ from parity_check import assert_parity
 
 pytestmark = [pytest.mark.reference]
 
-N_CONFIGS = 12
+N_CONFIGS = 30
 
 
 def random_dsv4_config(seed: int):

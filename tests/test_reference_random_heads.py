@@ -13,7 +13,7 @@ from parity_check import assert_parity
 
 pytestmark = [pytest.mark.reference]
 
-N_PER_HEAD = 20
+N_PER_HEAD = 30
 
 
 def random_head_config(variant: str, seed: int):
@@ -70,20 +70,14 @@ def random_head_config(variant: str, seed: int):
 @pytest.mark.parametrize("variant", ["dflash2", "dspark", "lilicorr"])
 @pytest.mark.parametrize("seed", range(N_PER_HEAD))
 def test_random_head_matches_llama_cpp(variant, seed, tmp_path):
-    from graphgen.reference.runner import ReferenceFailed, run_reference
+    from graphgen.reference.runner import run_reference
 
     kw, sc = random_head_config(variant, seed)
     model = tmp_path / "draft.gguf"
-    try:
-        make_model(model, variant, **kw)
-    except ValueError as e:  # a combination upstream's loader rejects too
-        pytest.skip(f"not a valid draft: {e}")
+    make_model(model, variant, **kw)  # the generator draws only drafts b11739 loads
     scen = tmp_path / "scenario.json"
     scen.write_text(json.dumps(sc))
-    try:
-        run_reference(model, scen, tmp_path / "ref")
-    except ReferenceFailed as e:
-        pytest.skip(f"llama.cpp could not run this configuration: {e}")
+    run_reference(model, scen, tmp_path / "ref")  # a failure here is a failed test, not a skip
     run_scenario(model, parse_scenario(sc), tmp_path / "ours")
     results = diff_paths(tmp_path / "ref", tmp_path / "ours")
     assert len(results) == len(sc["steps"])
