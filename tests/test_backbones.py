@@ -404,3 +404,37 @@ def test_two_blocks_in_one_batch(tmp_path, backbone):
             sess.seq_rm(1, 6, -1)
             alone = sess.block([tok, 255, 255, 255], 6, seq=seq).logits
             np.testing.assert_allclose(both[4 * seq:4 * seq + 4], alone, rtol=0, atol=1e-4)
+
+
+def test_ml4_output_and_rnn_head_numpy(tmp_path):
+    """Mistral Large 4's tail in float64 numpy from the last layer's output: the output norm, the
+    soft-capped logits, then the seed's RNN joint head fed the normed hidden state, slot by slot
+    from the anchor, its Markov bias added after the cap."""
+    path = make_model(tmp_path / "m.gguf", "dspark", "mistral-large4", n_layer=1, joint=True)["path"]
+    run_scenario(path, scenario(type_kv="f32"), tmp_path / "out")
+    hp, w = load(path).hparams, _weights(path)
+    blk_path = next((tmp_path / "out").glob("*-block.json"))
+    blk = _values(blk_path)
+    with load_dump(blk_path) as d:
+        final = d.values(len(d.nodes) - 1).astype(np.float64)       # what the driver reads
+
+    l_out = blk["l_out-0"].reshape(4, -1)
+    hidden = _rms(l_out, hp.f_norm_rms_eps) * w["output_norm.weight"]
+    np.testing.assert_allclose(blk["result_norm"].reshape(4, -1), hidden, rtol=1e-4, atol=1e-5)
+    cap = hp.f_final_logit_softcapping
+    assert cap > 0
+    base = cap * np.tanh(hidden @ w["output.weight"].astype(np.float64).T / cap)
+    np.testing.assert_allclose(blk["result_output"].reshape(4, -1), base, rtol=1e-4, atol=1e-4)
+
+    w1, w2 = w["markov_w1.weight"].astype(np.float64), w["markov_w2.weight"].astype(np.float64)
+    wj, bj = w["joint_proj.weight"].astype(np.float64), w["joint_proj.bias"].astype(np.float64)
+    rank = w1.shape[1]
+    sig = lambda x: 1 / (1 + np.exp(-x))  # noqa: E731
+    state, prev, cols = np.zeros(rank), 7, []
+    for i in range(4):
+        joint = wj @ np.concatenate([state, w1[prev], hidden[i]]) + bj
+        gate, cand, mk = sig(joint[:rank]), np.tanh(joint[rank:2 * rank]), np.tanh(joint[2 * rank:])
+        state = cand + gate * (state - cand)
+        cols.append(base[i] + w2 @ mk)
+        prev = int(np.argmax(cols[-1]))
+    np.testing.assert_allclose(final.reshape(4, -1), np.stack(cols), rtol=1e-4, atol=1e-4)

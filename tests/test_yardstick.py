@@ -80,3 +80,19 @@ def test_a_node_without_values_or_digest_is_not_compared(small_dumps, tmp_path):
     assert res.status == "NOT COMPARED" and not res.identical and exit_code([res]) == 1
     assert [n for _, _, n, _ in res.not_compared] == [name]
     assert "result: NOT COMPARED" in res.format_text()
+
+
+def test_values_kept_up_to_max_data(tmp_path, models_dir):
+    """The dump contract: every node of at most --max-data elements keeps its values (a diff then
+    reports NMSE, not only equal or unequal bytes); larger ones keep a digest."""
+    case = REF_DIR / "dflash-fa-off"
+    model = build_model(case, models_dir)
+    for max_data, out in ((262144, tmp_path / "all"), (100, tmp_path / "small")):
+        run_scenario(model, load_scenario(case / "scenario.json"), out, max_data=max_data)
+        with load_dump(sorted(out.glob("*-block.json"))[0]) as d:
+            for i, n in enumerate(d.nodes):
+                assert n.digest is not None, n.name
+                if n.nelements <= max_data:
+                    assert d.values(i) is not None, (max_data, n.name)
+            if max_data == 100:
+                assert any(d.values(i) is None for i, n in enumerate(d.nodes))

@@ -145,7 +145,7 @@ MUTATIONS = [
     Mutation("dump_max_data_zero", "graphgen/engine.py",
              "rec = NodeRecorder(G.op_desc, G.type_name, max_data, G.read_tensor_bytes) if out is not None else None",
              "rec = NodeRecorder(G.op_desc, G.type_name, 0, G.read_tensor_bytes) if out is not None else None",
-             PARITY),
+             PARITY + ("tests/test_yardstick.py",)),
     Mutation("xdiff_value_check_disabled", "graphgen/xdiff.py",
              "bad = (reason is not None) or nmse > thr", "bad = reason is not None",
              ("tests/test_backends.py",)),
