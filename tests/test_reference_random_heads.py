@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from graphgen.diff import diff_paths
+from graphgen.dump import load_dump
 from graphgen.engine import run_scenario
 from graphgen.scenario import parse_scenario
 from graphgen.synth import make_model
@@ -82,3 +83,26 @@ def test_random_head_matches_llama_cpp(variant, seed, tmp_path):
     results = diff_paths(tmp_path / "ref", tmp_path / "ours")
     assert len(results) == len(sc["steps"])
     assert_parity(results, f"{variant} {kw} {sc}")
+
+
+def test_lilicorr_context_row_is_the_injected_feature(tmp_path):
+    """A one-token prompt with shared K/V: the block's embd_state must be the injection's context
+    feature (an output of the inject graph, so its memory is not reused before it is read)."""
+    from graphgen.reference.runner import run_reference
+    kw = {"n_embd": 32, "n_layer": 2, "n_head": 1, "n_head_kv": 1, "n_ff": 64, "n_vocab": 128,
+          "block_size": 4, "target_layers": [0], "seed": 3, "shared_kv": True}
+    model = tmp_path / "draft.gguf"
+    make_model(model, "lilicorr", **kw)
+    sc = {"n_ctx": 256, "n_ubatch": 64, "flash_attn": "off", "type_kv": "f32", "seed": 3,
+          "steps": [{"inject": {"n_tokens": 1, "pos0": 0}}, {"block": {"tokens": [5, 127, 127, 127], "pos0": 1}}]}
+    scen = tmp_path / "scenario.json"
+    scen.write_text(json.dumps(sc))
+    run_reference(model, scen, tmp_path / "ref")
+    results = run_scenario(model, parse_scenario(sc), tmp_path / "ours")
+    assert_parity(diff_paths(tmp_path / "ref", tmp_path / "ours"), "lilicorr one-token prompt")
+    # the row the block was fed is the inject's context feature, bit for bit
+    inject, block = results[0][1], results[1]
+    with load_dump(results[1][2]) as d:
+        state = next(d.values(i) for i, n in enumerate(d.nodes) if n.op == "RESHAPE" and n.src[:1]
+                     and n.src[0].startswith("leaf") and n.ne[:2] == [32, 4])
+    assert np.array_equal(state.reshape(4, 32)[0], inject.h_nextn[0])
