@@ -8,7 +8,9 @@ is resolved by a small edit-distance search that pairs nodes of the same name (o
 (one fused op in ref = a chain of ops in ours; a rule with one empty side marks pass-through
 nodes such as an extra CONT). Aligned pairs are compared field by field; an automatic-name
 difference alone is never reported, and sources are compared by what they resolve to (the
-aligned node, or for a rule's run its last node), not by spelling.
+aligned node, or for a rule's run its last node), not by spelling. A rule forgives only the
+field differences it declares in `explains` (see `Rule`); any other difference inside its run
+is reported as "changed".
 
 Values: aligned nodes stored on both sides are compared with the NMSE of llama.cpp's
 test-backend-ops, sum((a-b)^2) / sum(a^2) with a = ref; NaN and Inf positions must agree.
@@ -23,12 +25,13 @@ import os
 import re
 from collections import Counter
 from dataclasses import dataclass, field
+from itertools import zip_longest
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
-from graphgen.dump import Dump, DumpError, Node, dump_files, load_dump
+from graphgen.dump import N_OP_PARAMS, Dump, DumpError, Node, dump_files, load_dump
 
 DEFAULT_NMSE = {"f32": 1e-7, "f16": 1e-7, "bf16": 1e-7, "i32": 0, "i64": 0}
 EXACT_TYPES = frozenset({"i8", "i16", "i32", "i64"})  # integers compare exactly unless told otherwise
@@ -59,12 +62,54 @@ class Pattern:
         return node.op == self.op and (self.name is None or self.name.fullmatch(node.name) is not None)
 
 
+# Node fields a rule may declare in "explains"; op_params slots also as "op_params[k]" or
+# "op_params[a:b]" (half-open, as in Python).
+EXPLAINABLE = ("name", "op", "type", "ne", "src", "view_src", "view_offs", "op_params")
+_SLOTS = re.compile(r"op_params\[(\d+)(?::(\d+))?\]")
+
+
 @dataclass(frozen=True)
 class Rule:
+    """Runs `ref` and `ours` (consecutive nodes matching the patterns) stand for each other.
+
+    What a match forgives:
+    - Structure: the run's nodes are not reported as inserted/deleted, and their count and ops
+      need no other justification (each pattern names its node's op, so an op difference between
+      the runs' paired nodes is part of the rule; listing "op" is allowed and changes nothing).
+    - A one-sided rule (an empty side) marks pass-through nodes: consumers read through them to
+      their first source. Nothing is paired, so it cannot declare `explains`.
+    - A two-sided rule pairs one node on each side: the last node of each run (its output). The
+      pair's fields are compared as for any aligned pair, except that for a run of more than one
+      node "src" means the run's inputs: the sources, in order and without repeats, that its
+      nodes read from outside the run (inner nodes read each other, so their slots cannot line
+      up); and a view_src inside the run matches one inside the other run. Inner nodes are not
+      compared field by field; the output's values still are (when the names agree).
+    - Of the pair's field differences, only those named in `explains` (`fields`, and op_params
+      slots in `op_params_slots`) are forgiven, plus a name difference when both output
+      patterns give a name regex. Any other difference is reported as "changed", and that pair
+      is not counted among the rule's explained nodes.
+    """
     name: str
     reason: str
     ref: tuple[Pattern, ...]
     ours: tuple[Pattern, ...]
+    fields: frozenset[str] = frozenset()            # whole fields from EXPLAINABLE, op_params aside
+    op_params_slots: frozenset[int] = frozenset()   # op_params indices whose difference is forgiven
+
+    def unexplained(self, fields: dict[str, tuple[Any, Any]], r: Node, o: Node) -> dict[str, tuple[Any, Any]]:
+        """The differences of its output pair (r, o) that this rule does not declare."""
+        out = {}
+        for f, v in fields.items():
+            if f in self.fields or f == "op":
+                continue
+            if f == "name" and self.ref[-1].name is not None and self.ours[-1].name is not None:
+                continue
+            if f == "op_params" and all(
+                    a == b for k, (a, b) in enumerate(zip_longest(r.op_params, o.op_params, fillvalue=0))
+                    if k not in self.op_params_slots):
+                continue
+            out[f] = v
+        return out
 
 
 def _parse_pattern(p: Any, where: str) -> Pattern:
@@ -89,8 +134,33 @@ def _parse_pattern(p: Any, where: str) -> Pattern:
         raise RulesError(f"{where}: bad 'name' regex {name!r}: {e}") from None
 
 
+def _parse_explains(v: Any, at: str) -> tuple[frozenset[str], frozenset[int]]:
+    if not isinstance(v, list):
+        raise RulesError(f"{at}: 'explains' must be a list of field names")
+    fields: set[str] = set()
+    slots: set[int] = set()
+    for k, e in enumerate(v):
+        bad = f"{at}: explains[{k}] {e!r}:"
+        if e == "op_params":
+            slots.update(range(N_OP_PARAMS))
+        elif isinstance(e, str) and e in EXPLAINABLE:
+            fields.add(e)
+        elif isinstance(e, str) and (m := _SLOTS.fullmatch(e)):
+            a = int(m[1])
+            b = int(m[2]) if m[2] is not None else a + 1
+            if not a < b <= N_OP_PARAMS:
+                raise RulesError(f"{bad} op_params slots run from 0 to {N_OP_PARAMS - 1}, "
+                                 "and a range [a:b] needs a < b")
+            slots.update(range(a, b))
+        else:
+            raise RulesError(f"{bad} expected one of {', '.join(EXPLAINABLE)}, "
+                             "op_params[k] or op_params[a:b]")
+    return frozenset(fields), frozenset(slots)
+
+
 def parse_rules(doc: Any, where: str = "rules") -> list[Rule]:
-    """Validate a decoded rules document `{"rules": [{name, reason, ref, ours}, ...]}`."""
+    """Validate a decoded rules document `{"rules": [{name, reason, ref, ours, explains?}, ...]}`;
+    see `Rule` for what a rule forgives and `EXPLAINABLE` for what `explains` may list."""
     if not isinstance(doc, dict) or not isinstance(doc.get("rules"), list):
         raise RulesError(f"{where}: expected an object with a list 'rules'")
     rules: list[Rule] = []
@@ -102,7 +172,7 @@ def parse_rules(doc: Any, where: str = "rules") -> list[Rule]:
         if not isinstance(name, str) or not name:
             raise RulesError(f"{at}: 'name' must be a non-empty string")
         at = f"{where}: rule '{name}'"
-        unknown = set(r) - {"name", "reason", "ref", "ours"}
+        unknown = set(r) - {"name", "reason", "ref", "ours", "explains"}
         if unknown:
             raise RulesError(f"{at}: unknown key(s) {', '.join(sorted(unknown))}")
         if not isinstance(r.get("reason"), str):
@@ -117,7 +187,12 @@ def parse_rules(doc: Any, where: str = "rules") -> list[Rule]:
             raise RulesError(f"{at}: 'ref' and 'ours' are both empty")
         if any(x.name == name for x in rules):
             raise RulesError(f"{at}: duplicate rule name")
-        rules.append(Rule(name, r["reason"], sides["ref"], sides["ours"]))
+        fields, slots = frozenset(), frozenset()
+        if "explains" in r:
+            if not sides["ref"] or not sides["ours"]:
+                raise RulesError(f"{at}: 'explains' needs nodes on both sides (a one-sided rule pairs none)")
+            fields, slots = _parse_explains(r["explains"], at)
+        rules.append(Rule(name, r["reason"], sides["ref"], sides["ours"], fields, slots))
     return rules
 
 
@@ -551,25 +626,66 @@ class _Sources:
         return name, k
 
 
-def _compare_fields(i: int, j: int, rsrc: _Sources, osrc: _Sources, pair_map: dict[int, int]) -> dict:
-    r, o = rsrc.nodes[i], osrc.nodes[j]
+def _same_source(a: tuple[str, int | None], b: tuple[str, int | None], pair_map: dict[int, int]) -> bool:
+    # Sources that are nodes must be aligned with each other; leaves compare by name.
+    if a[1] is not None and b[1] is not None:
+        return pair_map.get(a[1]) == b[1]
+    return a[1] is None and b[1] is None and normalize_name(a[0]) == normalize_name(b[0])
+
+
+def _own_fields(r: Node, o: Node) -> dict[str, tuple[Any, Any]]:
     fields: dict[str, tuple[Any, Any]] = {}
     if normalize_name(r.name) != normalize_name(o.name):
         fields["name"] = (r.name, o.name)
     for f in ("op", "type", "ne", "op_params", "view_offs"):
         if getattr(r, f) != getattr(o, f):
             fields[f] = (getattr(r, f), getattr(o, f))
+    return fields
 
-    def same(a: tuple[str, int | None], b: tuple[str, int | None]) -> bool:
-        # Sources that are nodes must be aligned with each other; leaves compare by name.
-        if a[1] is not None and b[1] is not None:
-            return pair_map.get(a[1]) == b[1]
-        return a[1] is None and b[1] is None and normalize_name(a[0]) == normalize_name(b[0])
 
+def _compare_fields(i: int, j: int, rsrc: _Sources, osrc: _Sources, pair_map: dict[int, int]) -> dict:
+    r, o = rsrc.nodes[i], osrc.nodes[j]
+    fields = _own_fields(r, o)
     r_slots, o_slots = rsrc.slots(i), osrc.slots(j)
-    if len(r.src) != len(o.src) or not all(same(a, b) for a, b in zip(r_slots[:-1], o_slots[:-1])):
+    if len(r.src) != len(o.src) or not all(_same_source(a, b, pair_map)
+                                           for a, b in zip(r_slots[:-1], o_slots[:-1])):
         fields["src"] = (list(r.src), list(o.src))
-    if not same(r_slots[-1], o_slots[-1]):
+    if not _same_source(r_slots[-1], o_slots[-1], pair_map):
+        fields["view_src"] = (r.view_src, o.view_src)
+    return fields
+
+
+def _run_inputs(srcs: _Sources, lo: int, hi: int) -> list[tuple[str, int | None]]:
+    """What nodes[lo:hi] read from outside the run: src slots in order, each source once."""
+    seen: set[tuple[str, int | None]] = set()
+    out = []
+    for k in range(lo, hi):
+        for name, at in srcs.slots(k)[:-1]:
+            if at is not None and lo <= at < hi:
+                continue
+            key = (normalize_name(name), None) if at is None else ("", at)
+            if key not in seen:
+                seen.add(key)
+                out.append((name, at))
+    return out
+
+
+def _compare_run(i0: int, i1: int, j0: int, j1: int, rsrc: _Sources, osrc: _Sources,
+                 pair_map: dict[int, int]) -> dict:
+    """Field differences of a two-sided rule's output pair (see `Rule`)."""
+    i, j = i1 - 1, j1 - 1
+    if i1 - i0 == 1 and j1 - j0 == 1:
+        return _compare_fields(i, j, rsrc, osrc, pair_map)
+    r, o = rsrc.nodes[i], osrc.nodes[j]
+    fields = _own_fields(r, o)
+    r_in, o_in = _run_inputs(rsrc, i0, i1), _run_inputs(osrc, j0, j1)
+    if len(r_in) != len(o_in) or not all(_same_source(a, b, pair_map) for a, b in zip(r_in, o_in)):
+        fields["src"] = ([n for n, _ in r_in], [n for n, _ in o_in])
+    rv, ov = rsrc.slots(i)[-1], osrc.slots(j)[-1]
+    r_inner = rv[1] is not None and i0 <= rv[1] < i1
+    o_inner = ov[1] is not None and j0 <= ov[1] < j1
+    # a view of a node inside the run matches a view of one inside the other run
+    if (r_inner != o_inner) or (not r_inner and not _same_source(rv, ov, pair_map)):
         fields["view_src"] = (r.view_src, o.view_src)
     return fields
 
@@ -619,9 +735,20 @@ def diff_dumps(ref: Dump, ours: Dump, nmse: float | dict[str, float] | None = No
             structural.append(Difference("inserted", None, j, {}, None, O[j].name, O[j].op, i, j))
         else:
             rule, i0, i1, j0, j1 = st[1:]
-            explained.append(Explained(rule.name, list(range(i0, i1)), list(range(j0, j1))))
-            if i1 > i0 and j1 > j0 and normalize_name(R[i1 - 1].name) == normalize_name(O[j1 - 1].name):
-                compare.append((i1 - 1, j1 - 1))
+            ref_run, ours_run = list(range(i0, i1)), list(range(j0, j1))
+            if i1 > i0 and j1 > j0:
+                i, j = i1 - 1, j1 - 1
+                fields = rule.unexplained(_compare_run(i0, i1, j0, j1, rsrc, osrc, pair_map), R[i], O[j])
+                if fields:
+                    # the rule matched but does not account for this: a divergence at its output,
+                    # counted as changed rather than explained
+                    structural.append(Difference("changed", i, j, fields, R[i].name, O[j].name,
+                                                 R[i].op, i, j))
+                    ref_run.remove(i)
+                    ours_run.remove(j)
+                # the two outputs stand for one value whatever they are called: compare it
+                compare.append((i, j))
+            explained.append(Explained(rule.name, ref_run, ours_run))
 
     numeric: list[NumericResult] = []
     not_compared: list[tuple[int, int, str, str]] = []  # (ref, ours, name, why)

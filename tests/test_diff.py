@@ -8,7 +8,7 @@ import pytest
 
 from graphgen.cli.dump import add_diff_args, run_diff
 from graphgen.diff import (RulesError, compare_values, diff_dumps, diff_paths, exit_code, load_rules,
-                           normalize_name)
+                           normalize_name, parse_rules)
 from graphgen.dump import Node, load_dump, write_dump
 
 HEADER = {
@@ -55,6 +55,12 @@ GRAPH = [
     ("result_output", "MUL", "f32", [16, 4], ["result_norm", "output_norm.weight"], None),
 ]
 SWIGLU = 26
+SWIGLU_LIMIT = 7.0
+
+
+def f32_bits(*xs):
+    """Floats as the int32 bit patterns ggml keeps in op_params."""
+    return np.array(xs, dtype=np.float32).view(np.int32).tolist()
 
 
 def make_graph(seed=0):
@@ -66,6 +72,8 @@ def make_graph(seed=0):
         params = [0] * 16
         if op == "RMS_NORM":
             params[0] = 0x3727C5AC  # eps 1e-5 as float bits, as ggml stores it
+        if op == "SWIGLU_CLAMP":
+            params[0] = f32_bits(SWIGLU_LIMIT)[0]
         node = Node(k, name, op, typ, ne, list(src), view_src, 0, params)
         out.append((node, rng.standard_normal(node.nelements).astype(np.float32)))
     return out
@@ -206,10 +214,17 @@ def swiglu_chain_graph():
     g = copy_graph()
     gate, up, fused = g[24][0], g[25][0], g[SWIGLU]
     rng = np.random.default_rng(7)
+    # ours clamps gate and up itself; its SWIGLU then carries no limit
+    clamp_gate = [0] * 16
+    clamp_gate[0:2] = f32_bits(-np.inf, SWIGLU_LIMIT)
+    clamp_up = [0] * 16
+    clamp_up[0:2] = f32_bits(-SWIGLU_LIMIT, SWIGLU_LIMIT)
     chain = [
-        (Node(0, "node_a", "CLAMP", "f32", list(gate.ne), ["ffn_gate-0"]), rng.standard_normal(128)),
-        (Node(0, "node_b", "CLAMP", "f32", list(up.ne), ["ffn_up-0"]), rng.standard_normal(128)),
-        (dataclasses.replace(fused[0], op="SWIGLU", src=["node_a", "node_b"]), fused[1]),
+        (Node(0, "node_a", "CLAMP", "f32", list(gate.ne), ["ffn_gate-0"], None, 0, clamp_gate),
+         rng.standard_normal(128)),
+        (Node(0, "node_b", "CLAMP", "f32", list(up.ne), ["ffn_up-0"], None, 0, clamp_up),
+         rng.standard_normal(128)),
+        (dataclasses.replace(fused[0], op="SWIGLU", src=["node_a", "node_b"], op_params=[0] * 16), fused[1]),
     ]
     return renumber(g[:SWIGLU] + chain + g[SWIGLU + 1:])
 
@@ -219,6 +234,7 @@ RULES = {"rules": [{
     "reason": "llama.cpp fuses the clamps into one SWIGLU_CLAMP op",
     "ref": [{"op": "SWIGLU_CLAMP", "name": r"ffn_swiglu-\d+"}],
     "ours": ["CLAMP", "CLAMP", {"op": "SWIGLU"}],
+    "explains": ["op_params[0]"],  # the fused op's limit; ours keeps it in the CLAMPs
 }]}
 
 
@@ -266,6 +282,117 @@ def test_one_sided_rule_is_pass_through(tmp_path):
     r = diff(tmp_path, g, rules=p)
     assert r.identical and r.rules_fired == {"extra_cont": 1}
     assert not diff(tmp_path, g).identical
+
+
+def test_fused_rule_forgives_only_what_it_declares(tmp_path):
+    g = swiglu_chain_graph()
+    undeclared = {"rules": [dict(RULES["rules"][0], explains=[])]}
+    r = diff(tmp_path, g, rules=parse_rules(undeclared))
+    assert r.status == "DIVERGED" and r.rules_fired == {"swiglu_clamp": 1}
+    [d] = r.structural
+    assert (d.kind, d.ref_index, d.ours_index) == ("changed", 26, 28)
+    assert d.fields.keys() == {"op_params"}  # op and the inner CLAMPs are the replacement itself
+    # the output pair is counted as changed, not as explained
+    [e] = r.explained
+    assert (e.ref_indices, e.ours_indices) == ([], [26, 27])
+    assert r.summary["changed"] == 1 and r.summary["explained_ref"] == 0
+
+
+def test_fused_rule_checks_run_inputs(tmp_path):
+    g = swiglu_chain_graph()
+    g[26][0].src = ["ffn_up-0"]  # the gate's clamp reads the wrong input
+    r = diff(tmp_path, g, rules=load_rules_from(tmp_path))
+    assert r.status == "DIVERGED" and r.rules_fired == {"swiglu_clamp": 1}
+    [d] = r.structural
+    assert (d.ref_index, d.ours_index) == (26, 28)
+    assert d.fields == {"src": (["ffn_gate-0", "ffn_up-0"], ["ffn_up-0"])}
+
+
+def clamp_graph(lo):
+    """x, then clamp(x, lo, 1); x lies within (-0.5, 0.5), so the clamp's values do not depend on lo."""
+    x = np.random.default_rng(3).uniform(-0.5, 0.5, 8).astype(np.float32)
+    params = [0] * 16
+    params[0:2] = f32_bits(lo, 1.0)
+    return [(Node(0, "x", "ADD", "f32", [8, 1, 1, 1], ["a", "b"]), x),
+            (Node(1, "x_clamped", "CLAMP", "f32", [8, 1, 1, 1], ["x"], None, 0, params), x.copy())]
+
+
+def clamp_rule(**extra):
+    return parse_rules({"rules": [dict({"name": "clamp", "reason": "same op in both builds",
+                                        "ref": ["CLAMP"], "ours": ["CLAMP"]}, **extra)]})
+
+
+def test_one_to_one_rule_does_not_hide_clamp_bound(tmp_path):
+    ref, ours = clamp_graph(-1.0), clamp_graph(-1000.0)
+    r = diff(tmp_path, ours, ref_graph=ref, rules=clamp_rule(explains=["op"]))
+    assert r.status == "DIVERGED" and exit_code([r]) == 1
+    [d] = r.structural
+    assert (d.kind, d.ref_index, d.ours_index) == ("changed", 1, 1) and d.fields.keys() == {"op_params"}
+    bounds = [np.array(v[:2], dtype=np.int32).view(np.float32).tolist() for v in d.fields["op_params"]]
+    assert bounds == [[-1.0, 1.0], [-1000.0, 1.0]]
+    assert r.first_divergence["ref_index"] == 1
+    assert r.rules_fired == {"clamp": 1} and r.summary["explained_ref"] == 0
+    assert not r.numeric_failures  # the values agree: only the field check sees it
+    assert diff(tmp_path, ours, ref_graph=ref, rules=clamp_rule()).status == "DIVERGED"
+
+
+@pytest.mark.parametrize("explains, identical", [
+    (["op_params[0]"], True),
+    (["op_params[0:2]"], True),
+    (["op_params"], True),
+    (["op_params[1]"], False),
+    (["op_params[1:16]"], False),
+    (["op", "type", "ne", "src", "view_src", "view_offs", "name"], False),
+])
+def test_declared_op_params_slot_explains_bound(tmp_path, explains, identical):
+    ref, ours = clamp_graph(-1.0), clamp_graph(-1000.0)
+    r = diff(tmp_path, ours, ref_graph=ref, rules=clamp_rule(explains=explains))
+    assert r.identical is identical and r.rules_fired == {"clamp": 1}
+    if identical:
+        [e] = r.explained
+        assert (e.ref_indices, e.ours_indices) == ([1], [1])
+        assert [(n.ref_index, n.ours_index) for n in r.numeric] == [(0, 0), (1, 1)]
+
+
+def test_rule_name_difference(tmp_path):
+    ref = clamp_graph(-1.0)
+    ours = clamp_graph(-1.0)
+    ours[1] = (dataclasses.replace(ours[1][0], name="x_clipped"), ours[1][1])
+    # the patterns do not name the nodes: the rename is undeclared
+    r = diff(tmp_path, ours, ref_graph=ref, rules=clamp_rule())
+    assert [d.fields.keys() for d in r.structural] == [{"name"}]
+    assert diff(tmp_path, ours, ref_graph=ref, rules=clamp_rule(explains=["name"])).structural == []
+    named = parse_rules({"rules": [{"name": "clip", "reason": "renamed",
+                                    "ref": [{"op": "CLAMP", "name": "x_clamped"}],
+                                    "ours": [{"op": "CLAMP", "name": "x_clipped"}]}]})
+    assert diff(tmp_path, ours, ref_graph=ref, rules=named).structural == []
+
+
+@pytest.mark.parametrize("explains, fragment", [
+    ("op", "'explains' must be a list"),
+    (["shape"], "explains[0] 'shape'"),
+    (["op", "op_params[16]"], "explains[1] 'op_params[16]'"),
+    (["op_params[2:2]"], "explains[0] 'op_params[2:2]'"),
+    (["op_params[-1]"], "explains[0] 'op_params[-1]'"),
+    (["op_params [0]"], "explains[0] 'op_params [0]'"),
+    ([3], "explains[0] 3"),
+])
+def test_bad_explains(tmp_path, explains, fragment):
+    p = tmp_path / "rules.json"
+    p.write_text(json.dumps({"rules": [{"name": "bad_rule", "reason": "", "ref": ["CLAMP"], "ours": ["CLAMP"],
+                                        "explains": explains}]}))
+    with pytest.raises(RulesError) as info:
+        load_rules(p)
+    msg = str(info.value)
+    assert str(p) in msg and "rule 'bad_rule'" in msg and fragment in msg and "\n" not in msg
+
+
+def test_one_sided_rule_cannot_explain(tmp_path):
+    p = tmp_path / "rules.json"
+    p.write_text(json.dumps({"rules": [{"name": "extra_cont", "reason": "", "ref": [], "ours": ["CONT"],
+                                        "explains": ["ne"]}]}))
+    with pytest.raises(RulesError, match="rule 'extra_cont': 'explains' needs nodes on both sides"):
+        load_rules(p)
 
 
 @pytest.mark.parametrize("doc, fragment", [
