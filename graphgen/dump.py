@@ -343,6 +343,30 @@ def _replace_atomically(path: Path, write: Callable[[Any], None]) -> None:
     os.replace(tmp, path)
 
 
+def prepare_dump_dir(directory: str | os.PathLike) -> Path:
+    """Make `directory` ready for a new run's dumps: earlier graphgen dumps in it are removed (a
+    stale 05-block.json would otherwise pair with the new run's), anything else is left alone,
+    and a file that would be overwritten but is not a graphgen dump is refused."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    stale = []
+    for path in sorted(out.iterdir()):
+        if not DUMP_NAME_RE.match(path.name):
+            continue
+        try:
+            tag = json.loads(path.read_text()).get("format")
+        except (OSError, ValueError, AttributeError):
+            tag = None
+        if tag != FORMAT:
+            raise DumpError(f"{out}: {path.name} is not a graphgen dump; it would be overwritten, so "
+                            "write the dumps to another folder")
+        stale.append(path)
+    for path in stale:
+        path.unlink()
+        path.with_suffix(".npz").unlink(missing_ok=True)
+    return out
+
+
 def write_dump(directory: str | os.PathLike, seq: int, graph: str, header: dict[str, Any],
                nodes: list[Node], values: dict[int, np.ndarray] | None = None,
                max_data: int | None = None) -> Path:

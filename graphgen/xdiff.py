@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from .diff import diff_paths
+from .dump import prepare_dump_dir
 from .engine import run_scenario
 
 # per-op NMSE bounds for a node of a full graph (inputs already carry upstream differences)
@@ -59,10 +60,7 @@ def xdiff(model, scenario, backends, out=None, progress=None) -> XDiffResult:
     work = Path(out) if out else Path(tempfile.mkdtemp(prefix="graphgen-xdiff-"))
     dirs = []
     for b in backends:
-        d = work / b.replace("://", "_").replace(":", "_").replace("/", "_")
-        d.mkdir(parents=True, exist_ok=True)
-        for old in d.glob("[0-9][0-9]-*.json"):
-            old.unlink()
+        d = prepare_dump_dir(work / b.replace("://", "_").replace(":", "_").replace("/", "_"))
         # every value is kept: backends differ in the last bits, which a digest cannot weigh
         run_scenario(model, scenario, d, backend=b, progress=progress, max_data=1 << 62)
         dirs.append(d)

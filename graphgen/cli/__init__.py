@@ -25,8 +25,15 @@ COMMAND_MODULES: tuple[str, ...] = (
 )
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors in one line, pointing at --help, as every other graphgen error reads."""
+
+    def error(self, message):
+        self.exit(2, f"graphgen: error: {message} (see '{self.prog} --help')\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="graphgen", description="DFlash-family draft graphs, node for node with llama.cpp")
+    ap = _Parser(prog="graphgen", description="DFlash-family draft graphs, node for node with llama.cpp")
     ap.add_argument("--version", action="version", version=f"graphgen {__version__}")
     sub = ap.add_subparsers(dest="cmd", required=True)
 

@@ -12,6 +12,7 @@ from ..dump import DumpError
 
 
 def _cmd_dump(args) -> int:
+    from ..dump import prepare_dump_dir
     from ..scenario import load_scenario
     sc = load_scenario(args.scenario)
     if not Path(args.model).is_file():
@@ -21,13 +22,10 @@ def _cmd_dump(args) -> int:
         from ..reference.runner import run_reference
         if args.backend != "cpu":
             raise ValueError("the llama.cpp reference runs on the CPU; drop --backend or use --engine graphgen")
-        paths = run_reference(args.model, args.scenario, out, args.max_data)
+        paths = run_reference(args.model, args.scenario, prepare_dump_dir(out), args.max_data)
     else:
         from ..engine import run_scenario
-        out.mkdir(parents=True, exist_ok=True)
-        for old in out.glob("[0-9][0-9]-*.json"):
-            old.unlink()
-            old.with_suffix(".npz").unlink(missing_ok=True)
+        prepare_dump_dir(out)
         n = len([s for s in sc.steps if s.kind != "seq_rm"])
         done = [0]
 
