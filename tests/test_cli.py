@@ -13,8 +13,12 @@ CLI = [sys.executable, "-m", "graphgen.cli"]
 
 @pytest.mark.parametrize("args, what", [
     (["make-model"], "required: OUT"),
-    (["bench", "m.gguf", "--repeat", "abc"], "--repeat: invalid int value"),
+    (["bench", "m.gguf", "--repeat", "abc"], "--repeat: expected a whole number"),
     (["nosuch"], "invalid choice: 'nosuch'"),
+    (["bench", "m.gguf", "--engines", "foo"], "--engines: expected graphgen and/or llama.cpp"),
+    (["bench", "m.gguf", "--n-seq", "0"], "--n-seq: must be at least 1"),
+    (["bench", "m.gguf", "--n-seq", "a"], "--n-seq: expected a whole number"),
+    (["bench", "m.gguf", "--repeat", "0"], "--repeat: must be at least 1"),
 ])
 def test_usage_errors_are_one_line(args, what):
     p = subprocess.run(CLI + args, capture_output=True, text=True, timeout=120)
@@ -43,3 +47,20 @@ def test_dump_keeps_files_it_did_not_write(tmp_path):
     p = run()
     assert p.returncode == 2 and "07-results.json is not a graphgen dump" in p.stderr
     assert json.loads((out / "07-results.json").read_text()) == {"accuracy": 0.9}
+
+
+def test_make_model_flags_win_over_the_preset(tmp_path):
+    from graphgen.runtime.model import load
+    out = tmp_path / "p.gguf"
+    p = subprocess.run(CLI + ["make-model", str(out), "--preset", "realistic", "--layers", "1", "--vocab", "512",
+                              "--wtype", "q8_0"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    hp = load(out).hparams
+    assert (hp.n_layer, hp.n_vocab, hp.n_embd, hp.n_head) == (1, 512, 2048, 32)  # the rest from the preset
+
+
+def test_make_model_refuses_a_draft_graphgen_would_refuse(tmp_path):
+    out = tmp_path / "bad.gguf"
+    p = subprocess.run(CLI + ["make-model", str(out), "--n-embd", "60"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "rope.dimension_count" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+    assert not out.exists()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -20,9 +21,9 @@ def _cmd_bench(args) -> int:
                                 n_prompt=args.prompt)
     if args.threads:
         base.n_threads = args.threads
-    engines = tuple(e.strip() for e in args.engines.split(",") if e.strip())
+    engines = args.engines
     results = []
-    for n_seq in [int(x) for x in args.n_seq.split(",")]:
+    for n_seq in args.n_seq:
         sc = base if n_seq == 1 else multi_seq_scenario(base, n_seq)
 
         def progress(done, total, n_seq=n_seq):
@@ -43,7 +44,7 @@ def _cmd_bench(args) -> int:
 def markdown_section(args, results) -> str:
     """A BENCHMARKS.md section for one draft: the command, then one table per n_seq."""
     out = [f"### {Path(args.model).name}", "",
-           f"`graphgen bench {Path(args.model).name} --repeat {args.repeat} --n-seq {args.n_seq}"
+           f"`graphgen bench {Path(args.model).name} --repeat {args.repeat} --n-seq {','.join(map(str, args.n_seq))}"
            + (f" --threads {args.threads}" if args.threads else "") + "`", ""]
     for n_seq, res in results:
         out += [f"n_seq {n_seq}:", "",
@@ -62,16 +63,42 @@ def markdown_section(args, results) -> str:
     return "\n".join(out) + "\n"
 
 
+ENGINES = ("graphgen", "llama.cpp")
+
+
+def _positive(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
+    return v
+
+
+def _n_seq(text: str) -> list[int]:
+    return [_positive(x.strip()) for x in text.split(",")]
+
+
+def _engines(text: str) -> tuple[str, ...]:
+    engines = tuple(e.strip() for e in text.split(",") if e.strip())
+    bad = [e for e in engines if e not in ENGINES]
+    if bad or not engines:
+        raise argparse.ArgumentTypeError(f"expected graphgen and/or llama.cpp, got {text!r}")
+    return engines
+
+
 def register(sub) -> None:
     p = sub.add_parser("bench", help="time graphgen against llama.cpp on the same draft and scenario")
     p.add_argument("model")
     p.add_argument("--scenario", help="scenario JSON (default: inject --prompt rows, then one block)")
     p.add_argument("--prompt", type=int, default=64, help="inject length of the default scenario")
     p.add_argument("--backend", default="cpu")
-    p.add_argument("--repeat", type=int, default=20)
-    p.add_argument("--threads", type=int, default=None, help="override the scenario's n_threads")
-    p.add_argument("--engines", default="graphgen,llama.cpp")
-    p.add_argument("--n-seq", default="1", help="block batches of this many sequences, e.g. 1,4,16")
+    p.add_argument("--repeat", type=_positive, default=20)
+    p.add_argument("--threads", type=_positive, default=None, help="override the scenario's n_threads")
+    p.add_argument("--engines", type=_engines, default=("graphgen", "llama.cpp"),
+                   help="graphgen, llama.cpp or both (default both)")
+    p.add_argument("--n-seq", type=_n_seq, default=[1], help="block batches of this many sequences, e.g. 1,4,16")
     p.add_argument("--json", help="write the figures as JSON")
     p.add_argument("--markdown", help="append a table to this Markdown file")
     p.set_defaults(fn=_cmd_bench)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from ..synth import BACKBONES, HIDDEN_ACTS, PRESETS, VARIANTS, WTYPES, make_model
 
@@ -20,16 +21,17 @@ def add_make_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--variant", choices=VARIANTS, default="dflash")
     parser.add_argument("--backbone", choices=BACKBONES, default="base")
     parser.add_argument("--conf", action="store_true", help="DSpark confidence head")
-    parser.add_argument("--n-embd", type=int, default=64)
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--heads", type=int, default=4)
+    # the size flags default to None so that, given, they win over --preset (DIM_DEFAULTS otherwise)
+    parser.add_argument("--n-embd", type=int, help="default 64")
+    parser.add_argument("--layers", type=int, help="default 2")
+    parser.add_argument("--heads", type=int, help="default 4")
     parser.add_argument("--heads-kv", type=int, default=None)
     parser.add_argument("--head-dim", type=int, default=None)
     parser.add_argument("--n-rot", type=int, default=None, help="rope.dimension_count")
-    parser.add_argument("--n-ff", type=int, default=128)
-    parser.add_argument("--vocab", type=int, default=256)
-    parser.add_argument("--block-size", type=int, default=4)
-    parser.add_argument("--target-layers", type=_int_list, default=[1, 2], metavar="1,2")
+    parser.add_argument("--n-ff", type=int, help="default 128")
+    parser.add_argument("--vocab", type=int, help="default 256")
+    parser.add_argument("--block-size", type=int, help="default 4")
+    parser.add_argument("--target-layers", type=_int_list, metavar="1,2", help="default 1,2")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--wtype", choices=WTYPES, default="f32", help="type of the matmul weights")
     parser.add_argument("--preset", choices=tuple(PRESETS), default=None,
@@ -102,6 +104,10 @@ _ARG_OPTIONS = {
 }
 
 
+DIM_DEFAULTS = dict(n_embd=64, n_layer=2, n_head=4, n_head_kv=None, n_ff=128, n_vocab=256, block_size=4,
+                    target_layers=[1, 2])
+
+
 def make_model_from_args(args: argparse.Namespace) -> dict:
     options = {}
     for dest, opt in _ARG_OPTIONS.items():
@@ -113,10 +119,10 @@ def make_model_from_args(args: argparse.Namespace) -> dict:
         elif opt == "sample_from_anchor":
             value = value == "true"
         options[opt] = value
-    dims = dict(n_embd=args.n_embd, n_layer=args.layers, n_head=args.heads, n_head_kv=args.heads_kv,
-                n_ff=args.n_ff, n_vocab=args.vocab, block_size=args.block_size, target_layers=args.target_layers)
-    if args.preset:
-        dims.update(PRESETS[args.preset])
+    dims = dict(DIM_DEFAULTS, **(PRESETS[args.preset] if args.preset else {}))
+    given = dict(n_embd=args.n_embd, n_layer=args.layers, n_head=args.heads, n_head_kv=args.heads_kv,
+                 n_ff=args.n_ff, n_vocab=args.vocab, block_size=args.block_size, target_layers=args.target_layers)
+    dims.update({k: v for k, v in given.items() if v is not None})
     return make_model(
         args.out, args.variant, args.backbone, wtype=args.wtype, seed=args.seed,
         context_length=args.context_length, rope_freq_base=args.rope_freq_base, rms_eps=args.rms_eps,
@@ -124,7 +130,16 @@ def make_model_from_args(args: argparse.Namespace) -> dict:
 
 
 def _cmd_make_model(args) -> int:
+    from ..errors import GGUFModelError
+    from ..runtime.model import load
     info = make_model_from_args(args)
+    # a file graphgen itself would refuse is no draft: say why, and leave nothing behind
+    path = Path(info.get("path", args.out))
+    try:
+        load(path).close()
+    except GGUFModelError as e:
+        path.unlink(missing_ok=True)
+        raise ValueError(f"these options make a draft graphgen refuses, nothing written: {e}") from None
     print(f"wrote {info.get('path', args.out)}: variant {info.get('variant')}, backbone {info.get('backbone')}, "
           f"{info.get('n_tensors', '?')} tensors")
     return 0
