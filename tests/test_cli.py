@@ -64,3 +64,13 @@ def test_make_model_refuses_a_draft_graphgen_would_refuse(tmp_path):
     p = subprocess.run(CLI + ["make-model", str(out), "--n-embd", "60"], capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "rope.dimension_count" in p.stderr and len(p.stderr.strip().splitlines()) == 1
     assert not out.exists()
+
+
+def test_draft_takes_a_backend(tmp_path):
+    model = tmp_path / "m.gguf"
+    assert subprocess.run(CLI + ["make-model", str(model)], capture_output=True).returncode == 0
+    base = CLI + ["draft", str(model), "--prompt-tokens", "1,2,3,4,5,6", "--n-predict", "4", "--quiet"]
+    p = subprocess.run(base + ["--backend", "cpu"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    p = subprocess.run(base + ["--backend", "tpu"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and "unknown backend 'tpu'" in p.stderr

@@ -86,7 +86,8 @@ def _run(args, DraftParams, SimulatedVerifier, open_drafter, run_speculative, de
         raise GraphgenError(f"--seed must be in [0, 2^32-1], got {args.seed}")
     n_ctx = args.n_ctx or max(256, len(prompt) + args.n_predict + 2 * max(args.spec_draft_n_max or 0, 64) + 16)
     drafter = open_drafter(args.model, args.spec_type, params, n_ctx=n_ctx, n_ubatch=args.n_ubatch,
-                           flash_attn=args.flash_attn == "on", type_kv=args.type_kv, n_threads=args.threads)
+                           flash_attn=args.flash_attn == "on", type_kv=args.type_kv, n_threads=args.threads,
+                           backend=args.backend)
     try:
         hp = drafter.session.hparams
         need = len(prompt) + args.n_predict + drafter.n_max - 1
@@ -164,6 +165,7 @@ def register(subparsers) -> None:
     p.add_argument("--flash-attn", choices=("on", "off"), default="off")
     p.add_argument("--type-kv", choices=("f16", "f32"), default="f16")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--backend", default="cpu", help="cpu, vulkan[:N], cuda[:N], metal, rpc://HOST:PORT or auto")
     p.add_argument("--json", action="store_true", help="print the summary (and tokens) as JSON")
     p.add_argument("--quiet", action="store_true", help="no per-round progress lines")
     p.add_argument("--verbose", action="store_true", help="the drivers' info log (upstream's LOG_INF lines)")
