@@ -74,3 +74,18 @@ def test_draft_takes_a_backend(tmp_path):
     assert p.returncode == 0, p.stderr
     p = subprocess.run(base + ["--backend", "tpu"], capture_output=True, text=True, timeout=300)
     assert p.returncode == 2 and "unknown backend 'tpu'" in p.stderr
+
+
+@pytest.mark.parametrize("cmd", ["trace", "info"])
+def test_a_closed_pipe_ends_quietly(tmp_path, cmd):
+    model = tmp_path / "m.gguf"
+    assert subprocess.run(CLI + ["make-model", str(model)], capture_output=True).returncode == 0
+    args = [cmd, str(model)] + (["--scenario", str(REF_DIR / "dflash-fa-off" / "scenario.json")]
+                                if cmd == "trace" else [])
+    p = subprocess.Popen(CLI + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0)
+    p.stdout.read(16)
+    p.stdout.close()  # the reader goes away, as `| head -c 16` does
+    err = p.stderr.read().decode()
+    rc = p.wait(timeout=300)
+    assert rc in (0, 141), err
+    assert "Traceback" not in err and "Exception ignored" not in err and "error" not in err, err

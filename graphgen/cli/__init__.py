@@ -64,6 +64,17 @@ def apply_library_options(args) -> None:
         os.environ[ENV_GGML_DIR] = str(Path(args.ggml).expanduser().resolve())
 
 
+def _closed_pipe() -> int:
+    """The reader went away (`graphgen info X | head`): end quietly, as a SIGPIPE'd tool does.
+    stdout goes to /dev/null so the interpreter's final flush does not fail again."""
+    import os
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except OSError:
+        pass
+    return 141
+
+
 def main(argv=None) -> int:
     from ..dump import DumpError
     from ..errors import GraphgenError
@@ -76,6 +87,8 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("graphgen: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        return _closed_pipe()
     except (GraphgenError, ScenarioError, DumpError, FileNotFoundError, ValueError, NotImplementedError,
             OSError, RuntimeError) as e:
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

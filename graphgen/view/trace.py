@@ -100,6 +100,7 @@ class TraceRecorder:
         self.filters = [re.compile("^" + p) for p in (filter_patterns or [])]
         self.abort_on_nan = abort_on_nan
         self.aborted = False
+        self.pipe_closed = False  # the reader of `out` went away (trace ... | head)
 
     @property
     def nodes(self):
@@ -113,6 +114,14 @@ class TraceRecorder:
         self._rec.reset()
 
     def record(self, addr: int, backend: str | None = None):
+        # an exception cannot cross the C callback: a closed pipe stops the printing here, and
+        # run_trace raises it once the graph is done
+        try:
+            self._record(addr, backend)
+        except BrokenPipeError:
+            self.pipe_closed = self.aborted = True
+
+    def _record(self, addr: int, backend: str | None = None):
         from graphgen.ops import ggml as G
         from graphgen.record import TensorStruct, read_values
         if self.aborted:
@@ -187,6 +196,8 @@ def run_trace(model, scenario, out: TextIO = sys.stdout, filter_patterns=None, a
             else:
                 sess.block_multi([(b.seq, b.tokens, b.pos0) for b in step.blocks], recorder=rec,
                                  embd_state=_embd_state(sess, scenario, step, context_rows))
+            if rec.pipe_closed:
+                raise BrokenPipeError("the trace's reader closed its end")
             if rec.aborted:
                 return 1
             if dump_dir is not None:
