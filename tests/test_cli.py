@@ -89,3 +89,15 @@ def test_a_closed_pipe_ends_quietly(tmp_path, cmd):
     rc = p.wait(timeout=300)
     assert rc in (0, 141), err
     assert "Traceback" not in err and "Exception ignored" not in err and "error" not in err, err
+
+
+def test_rpc_server_refuses_a_busy_port_before_announcing():
+    import socket
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        p = subprocess.run(CLI + ["rpc-server", "--port", str(port)], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "Address already in use" in p.stderr and "RPC server on" not in p.stderr
+    p = subprocess.run(CLI + ["rpc-server", "--backend", "vulkan"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "no vulkan device" in p.stderr and "RPC server on" not in p.stderr

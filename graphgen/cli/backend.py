@@ -38,8 +38,10 @@ def _cmd_rpc_server(args) -> int:
     from ..runtime.backends import start_rpc_server
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"graphgen: warning: serving on {args.host}; the RPC protocol has no authentication", file=sys.stderr)
-    print(f"ggml RPC server on {args.host}:{args.port} ({args.backend}), Ctrl-C to stop", file=sys.stderr, flush=True)
-    start_rpc_server(args.host, args.port, args.threads, args.backend)
+    def ready():
+        print(f"ggml RPC server on {args.host}:{args.port} ({args.backend}), Ctrl-C to stop", file=sys.stderr,
+              flush=True)
+    start_rpc_server(args.host, args.port, args.threads, args.backend, on_ready=ready)
     return 0
 
 

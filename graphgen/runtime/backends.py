@@ -145,8 +145,12 @@ def backend_name(b) -> str:
     return G.ggml_backend_name(b).decode()
 
 
-def start_rpc_server(host: str, port: int, n_threads: int = 1, backend: str = "cpu"):
-    """Serve a ggml backend over RPC (blocks); loopback is the only sane host for tests."""
+def start_rpc_server(host: str, port: int, n_threads: int = 1, backend: str = "cpu", on_ready=None):
+    """Serve a ggml backend over RPC (blocks); loopback is the only sane host for tests.
+
+    Everything ggml would fail on is checked first (RPC built in, the device, the address free),
+    since ggml's server prints its failure and returns as if it had served; `on_ready()` runs
+    once the checks pass, just before serving."""
     if not has_backend("rpc"):
         raise BackendUnavailable(f"the loaded ggml ({G.RUNTIME.lib_dir}) has no RPC support: run with {BUILD_HINT['rpc']}")
     kind = backend.split(":")[0]
@@ -159,6 +163,17 @@ def start_rpc_server(host: str, port: int, n_threads: int = 1, backend: str = "c
             break
     if dev is None:
         raise BackendUnavailable(f"no {backend} device to serve over RPC")
+    if not 0 < port < 65536:
+        raise BackendUnavailable(f"port {port} is not a TCP port (1-65535)")
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((host, port))
+    except OSError as e:
+        raise BackendUnavailable(f"cannot serve on {host}:{port}: {e.strerror or e}") from None
+    if on_ready is not None:
+        on_ready()
     fn = _fn("ggml_backend_rpc_start_server")
     fn.restype = None
     fn.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p)]
