@@ -72,8 +72,11 @@ def test_draft_takes_a_backend(tmp_path):
     base = CLI + ["draft", str(model), "--prompt-tokens", "1,2,3,4,5,6", "--n-predict", "4", "--quiet"]
     p = subprocess.run(base + ["--backend", "cpu"], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
+    assert p.stderr == ""  # --quiet: no header, no progress
     p = subprocess.run(base + ["--backend", "tpu"], capture_output=True, text=True, timeout=300)
     assert p.returncode == 2 and "unknown backend 'tpu'" in p.stderr
+    p = subprocess.run(base + ["--accept", "2,-3"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and "--accept takes counts >= 0, or -1" in p.stderr
 
 
 @pytest.mark.parametrize("cmd", ["trace", "info"])

@@ -92,11 +92,15 @@ def _run(args, DraftParams, SimulatedVerifier, open_drafter, run_speculative, de
         hp = drafter.session.hparams
         need = len(prompt) + args.n_predict + drafter.n_max - 1
         feats = _features(args, need, hp.n_embd_inp_enc)
-        verifier = SimulatedVerifier(accept=_int_list(args.accept), target_tokens=target, n_vocab=hp.n_vocab,
+        accept = _int_list(args.accept)
+        if not accept or any(a < -1 for a in accept):
+            raise GraphgenError(f"--accept takes counts >= 0, or -1 for the whole draft; got {args.accept!r}")
+        verifier = SimulatedVerifier(accept=accept, target_tokens=target, n_vocab=hp.n_vocab,
                                      mask_token=drafter.mask_token_id, seed=args.verifier_seed)
-        print(f"draft {args.model}: {drafter.type} (head {drafter.model.variant}), block_size {drafter.block_size}, "
-              f"n_max {drafter.n_max}, n_min {drafter.params.n_min}, p_min {drafter.params.p_min:g}"
-              + (", probabilistic" if params.probabilistic else ""), file=sys.stderr)
+        if not args.quiet:
+            print(f"draft {args.model}: {drafter.type} (head {drafter.model.variant}), block_size "
+                  f"{drafter.block_size}, n_max {drafter.n_max}, n_min {drafter.params.n_min}, p_min "
+                  f"{drafter.params.p_min:g}" + (", probabilistic" if params.probabilistic else ""), file=sys.stderr)
 
         def progress(r):
             if args.quiet:
