@@ -104,3 +104,18 @@ def test_rpc_server_refuses_a_busy_port_before_announcing():
     assert p.returncode == 2 and "Address already in use" in p.stderr and "RPC server on" not in p.stderr
     p = subprocess.run(CLI + ["rpc-server", "--backend", "vulkan"], capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "no vulkan device" in p.stderr and "RPC server on" not in p.stderr
+
+
+def test_view_names_what_it_was_given(tmp_path):
+    other = tmp_path / "s.json"
+    other.write_text('{"accuracy": 0.9}')
+    p = subprocess.run(CLI + ["view", str(other), "--format", "dot"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "not a graphgen dump" in p.stderr
+    # several graphs into --out diff.html: files beside it, not a folder called diff.html
+    case = str(REF_DIR / "dflash-fa-off")
+    out = tmp_path / "v" / "diff.html"
+    p = subprocess.run(CLI + ["view", case, case, "--format", "html", "--out", str(out)], capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert not out.exists() and sorted(x.name for x in out.parent.iterdir()) == [
+        "diff-00-inject.html", "diff-01-block.html"]

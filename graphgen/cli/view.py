@@ -33,6 +33,8 @@ def load_any(path: str | Path) -> list[Dump]:
         return load_dump_dir(path)
     if is_dump_file(path):
         return [load_dump(path)]
+    if path.suffix == ".json":  # no importer reads JSON: this is some other JSON file
+        raise DumpError(f"{path}: not a graphgen dump (no \"format\": \"graphgen-dump/1\" key)")
     return import_file(path)
 
 
@@ -121,7 +123,13 @@ def _cmd_view(args) -> int:
     many = len(pairs) > 1 or out.is_dir()
     for r, o in pairs:
         ext, content = _render_one(args, r, o)
-        target = out / f"{r.path.stem}.{ext}" if many else out
+        if not many:
+            target = out
+        elif out.suffix == f".{ext}" and not out.is_dir():
+            # --out diff.html with several graphs: diff-00-inject.html, diff-01-block.html beside it
+            target = out.with_name(f"{out.stem}-{r.path.stem}.{ext}")
+        else:
+            target = out / f"{r.path.stem}.{ext}"
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(content)
         print(target)
