@@ -16,6 +16,7 @@ import numpy as np
 
 from .diff import diff_paths
 from .dump import prepare_dump_dir
+from .ops import ggml as G
 from .engine import run_scenario
 
 # per-op NMSE bounds for a node of a full graph (inputs already carry upstream differences)
@@ -57,10 +58,18 @@ class XDiffResult:
 def xdiff(model, scenario, backends, out=None, progress=None) -> XDiffResult:
     if len(backends) != 2:
         raise ValueError("xdiff compares two backends, e.g. --backends cpu,vulkan")
+    # both backends must open before either side runs: a missing one is reported at once
+    from .runtime.backends import open_backend
+    for b in backends:
+        handle, _ = open_backend(b)
+        G.ggml_backend_free(handle)
     work = Path(out) if out else Path(tempfile.mkdtemp(prefix="graphgen-xdiff-"))
     dirs = []
-    for b in backends:
-        d = prepare_dump_dir(work / b.replace("://", "_").replace(":", "_").replace("/", "_"))
+    for k, b in enumerate(backends):
+        name = b.replace("://", "_").replace(":", "_").replace("/", "_")
+        if k == 1 and b == backends[0]:
+            name += "-2"  # the same backend twice (a determinism check): two folders still
+        d = prepare_dump_dir(work / name)
         # every value is kept: backends differ in the last bits, which a digest cannot weigh
         run_scenario(model, scenario, d, backend=b, progress=progress, max_data=1 << 62)
         dirs.append(d)

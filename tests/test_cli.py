@@ -119,3 +119,18 @@ def test_view_names_what_it_was_given(tmp_path):
     assert p.returncode == 0, p.stderr
     assert not out.exists() and sorted(x.name for x in out.parent.iterdir()) == [
         "diff-00-inject.html", "diff-01-block.html"]
+
+
+def test_xdiff_same_backend_twice_and_a_missing_one(tmp_path):
+    model = tmp_path / "m.gguf"
+    assert subprocess.run(CLI + ["make-model", str(model)], capture_output=True).returncode == 0
+    scen = str(REF_DIR / "dflash-fa-off" / "scenario.json")
+    p = subprocess.run(CLI + ["xdiff", str(model), "--scenario", scen, "--backends", "cpu,cpu"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and "PASS" in p.stdout, p.stderr
+    where = p.stderr.strip().splitlines()[-1].split(" are in ")[-1]
+    assert sorted(x.name for x in __import__("pathlib").Path(where).iterdir()) == ["cpu", "cpu-2"]
+    # a backend the loaded ggml lacks is refused before the other side runs
+    p = subprocess.run(CLI + ["xdiff", str(model), "--scenario", scen, "--backends", "cpu,vulkan",
+                              "--out", str(tmp_path / "x")], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and "no vulkan backend" in p.stderr and not (tmp_path / "x").exists()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import tempfile
 
 
 def _cmd_devices(args) -> int:
@@ -29,8 +30,11 @@ def _cmd_xdiff(args) -> int:
     def progress(step):
         if step.kind != "seq_rm":
             print(f"  step {step.index}: {step.kind}", file=sys.stderr)
-    res = xdiff(args.model, sc, backends, args.out, progress)
+    out = args.out or tempfile.mkdtemp(prefix="graphgen-xdiff-")
+    res = xdiff(args.model, sc, backends, out, progress)
     print(res.format_text())
+    if not args.out:
+        print(f"the dumps of both runs are in {out}", file=sys.stderr)
     return 0 if res.ok else 1
 
 
