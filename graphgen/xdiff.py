@@ -37,6 +37,9 @@ class XDiffResult:
     graphs: list = field(default_factory=list)   # per graph: dict(graph, nodes, structural, worst, first_bad)
     ok: bool = True
 
+    def to_dict(self) -> dict:
+        return {"backends": list(self.backends), "ok": self.ok, "graphs": self.graphs}
+
     def format_text(self) -> str:
         ref, other = self.backends
         out = [f"xdiff {ref} vs {other}: {'PASS' if self.ok else 'FAIL'}"]

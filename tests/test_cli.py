@@ -134,3 +134,18 @@ def test_xdiff_same_backend_twice_and_a_missing_one(tmp_path):
     p = subprocess.run(CLI + ["xdiff", str(model), "--scenario", scen, "--backends", "cpu,vulkan",
                               "--out", str(tmp_path / "x")], capture_output=True, text=True, timeout=300)
     assert p.returncode == 2 and "no vulkan backend" in p.stderr and not (tmp_path / "x").exists()
+
+
+def test_reporting_commands_print_json(tmp_path):
+    model = tmp_path / "m.gguf"
+    assert subprocess.run(CLI + ["make-model", str(model), "--layers", "3"], capture_output=True).returncode == 0
+    run = lambda *a: json.loads(subprocess.run(CLI + list(a), capture_output=True, text=True,  # noqa: E731
+                                               timeout=300).stdout)
+    info = run("info", str(model), "--json")
+    assert info["variant"] == "dflash" and info["hparams"]["n_layer"] == 3 and info["ggml"]["version"] == "0.27.0"
+    assert any(t["name"] == "token_embd.weight" for t in info["tensors"])
+    dev = run("devices", "--json")
+    assert dev["backends"]["cpu"] and any(d["kind"] == "cpu" for d in dev["devices"])
+    xd = run("xdiff", str(model), "--scenario", str(REF_DIR / "dflash-fa-off" / "scenario.json"),
+             "--backends", "cpu,cpu", "--json")
+    assert xd["ok"] and [g["graph"] for g in xd["graphs"]] == ["inject", "block"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import tempfile
 
@@ -10,6 +11,11 @@ def _cmd_devices(args) -> int:
     from ..ops.runtime import activate
     from ..runtime.backends import BUILD_HINT, devices, has_backend
     rt = activate()
+    if args.json:
+        print(json.dumps({"ggml": {"version": rt.version, "dir": str(rt.lib_dir), "origin": rt.origin},
+                          "backends": {k: has_backend(k) for k in ("cpu", "vulkan", "cuda", "metal", "rpc")},
+                          "devices": [vars(d) for d in devices()]}, indent=1))
+        return 0
     print(f"ggml {rt.version} from {rt.lib_dir} ({rt.origin})")
     print("backends in this ggml build:")
     for kind in ("cpu", "vulkan", "cuda", "metal", "rpc"):
@@ -32,7 +38,7 @@ def _cmd_xdiff(args) -> int:
             print(f"  step {step.index}: {step.kind}", file=sys.stderr)
     out = args.out or tempfile.mkdtemp(prefix="graphgen-xdiff-")
     res = xdiff(args.model, sc, backends, out, progress)
-    print(res.format_text())
+    print(json.dumps(res.to_dict(), indent=1) if args.json else res.format_text())
     if not args.out:
         print(f"the dumps of both runs are in {out}", file=sys.stderr)
     return 0 if res.ok else 1
@@ -51,6 +57,7 @@ def _cmd_rpc_server(args) -> int:
 
 def register(sub) -> None:
     p = sub.add_parser("devices", help="list the backends and devices this build has")
+    p.add_argument("--json", action="store_true", help="print it as JSON")
     p.set_defaults(fn=_cmd_devices)
 
     p = sub.add_parser("xdiff", help="run a scenario on two backends and graph-diff them node by node")
@@ -58,6 +65,7 @@ def register(sub) -> None:
     p.add_argument("--scenario", required=True)
     p.add_argument("--backends", required=True, help="two backends, e.g. cpu,vulkan")
     p.add_argument("--out", help="folder for the per-backend dumps (default: a temp folder)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(fn=_cmd_xdiff)
 
     p = sub.add_parser("rpc-server", help="serve a ggml backend over RPC")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 from ..synth import BACKBONES, HIDDEN_ACTS, PRESETS, VARIANTS, WTYPES, make_model
@@ -151,6 +152,15 @@ def _cmd_info(args) -> int:
     m = load(args.model)
     hp = m.hparams
     rt = activate()
+    if args.json:
+        print(json.dumps({"model": str(m.path), "ggml": {"version": rt.version, "dir": str(rt.lib_dir),
+                                                          "origin": rt.origin},
+                          "variant": m.variant, "backbone": m.backbone, "hparams": dict(vars(hp)),
+                          "rope_type": "mrope" if hp.rope_type == 8 else "neox",
+                          "weight_bytes": m.weight_bytes,
+                          "tensors": [{"name": n, "type": t, "shape": sh} for n, t, sh in m.tensor_table()]},
+                         indent=1))
+        return 0
     print(f"model     {m.path}")
     print(f"ggml      {rt.version} ({rt.lib_dir}, {rt.origin})")
     print(f"variant   {m.variant}")
@@ -173,4 +183,5 @@ def register(sub) -> None:
 
     p = sub.add_parser("info", help="print variant, backbone, hparams and tensors of a draft")
     p.add_argument("model")
+    p.add_argument("--json", action="store_true", help="print it as JSON")
     p.set_defaults(fn=_cmd_info)
