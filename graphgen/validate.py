@@ -123,7 +123,10 @@ def check_seq(seq, n_seq: int, what: str = "batch") -> int:
 
 
 def check_batch(pos: np.ndarray, seq: np.ndarray, n_ubatch: int, n_seq: int) -> None:
-    """The checks of every batch: size, positions, sequence ids, no repeated position."""
+    """The checks of every batch: size, positions, sequence ids.
+
+    A position may repeat within a sequence: llama.cpp accepts that as long as the positions
+    neither decrease nor leave a gap (check_seq_positions)."""
     if pos.ndim != 1 or pos.shape[0] == 0:
         raise BatchError("a batch needs at least one token")
     if pos.shape[0] > n_ubatch:
@@ -133,13 +136,44 @@ def check_batch(pos: np.ndarray, seq: np.ndarray, n_ubatch: int, n_seq: int) -> 
     bad = (seq < 0) | (seq >= n_seq)
     if bad.any():
         raise BatchError(f"sequence id {int(seq[bad][0])} is outside [0, {n_seq})")
-    pairs = list(zip(seq.tolist(), pos.tolist()))
-    if len(set(pairs)) != len(pairs):
-        seen = set()
-        for sp in pairs:
-            if sp in seen:
-                raise BatchError(f"sequence {sp[0]} repeats position {sp[1]} in one batch")
-            seen.add(sp)
+
+
+def check_seq_positions(pos: np.ndarray, seq: np.ndarray, cache_pos_max, mrope: bool, is_embd: bool) -> None:
+    """The position rules llama.cpp's batch allocator applies before a batch runs, in its order.
+
+    `cache_pos_max(s)` is the last position the KV cache holds for sequence s (-1: none). Per
+    sequence of the batch, lowest id first: without M-RoPE its first position Y must follow the
+    cache's last one X (Y = X + 1) and its positions must leave no gap; with M-RoPE positions may
+    jump forward, but a token batch must start after X (X < Y) and an embedding batch at or after
+    it (X <= Y). Then, in batch order, no sequence's positions may decrease. llama.cpp refuses a
+    batch that breaks one of these (llama_process returns -1), so graphgen does too."""
+    pos = np.asarray(pos, dtype=np.int64)
+    seq = np.asarray(seq, dtype=np.int64)
+    for s in sorted(set(seq.tolist())):
+        p = pos[seq == s]
+        y, x = int(p.min()), int(cache_pos_max(s))
+        if mrope:
+            if x >= 0 and (x > y if is_embd else x >= y):
+                rule = "X <= Y for an embedding batch" if is_embd else "X < Y for a token batch"
+                raise BatchError(f"sequence {s}: inconsistent sequence positions: the KV cache's last position "
+                                 f"for sequence {s} is X = {x} and the batch starts at position Y = {y}; "
+                                 f"with M-RoPE llama.cpp requires {rule}")
+            continue
+        if x >= 0 and y != x + 1:
+            raise BatchError(f"sequence {s}: inconsistent sequence positions: the KV cache's last position for "
+                             f"sequence {s} is X = {x} and the batch starts at position Y = {y}; llama.cpp "
+                             "requires the sequence positions to remain consecutive: Y = X + 1 (remove the "
+                             "cache's later positions with seq_rm first)")
+        n_distinct = len(set(p.tolist()))
+        if int(p.max()) - y + 1 > n_distinct:
+            raise BatchError(f"sequence {s} positions are not continuous: the batch holds {n_distinct} distinct "
+                             f"positions between {y} and {int(p.max())} for sequence {s}")
+    last: dict[int, int] = {}
+    for i, (s, p) in enumerate(zip(seq.tolist(), pos.tolist())):
+        if p < last.get(s, -1):
+            raise BatchError(f"sequence {s} positions are decreasing (not allowed): batch row {i} has "
+                             f"position {p} after position {last[s]}")
+        last[s] = p
 
 
 def check_features(x, width: int) -> np.ndarray:
@@ -156,20 +190,29 @@ def check_features(x, width: int) -> np.ndarray:
     return np.ascontiguousarray(a)
 
 
-def block_arrays(blocks, variant: str, n_vocab: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """[(seq, tokens, pos0), ...] -> int32 tokens, positions, sequence ids, checked before any cast."""
+# the heads whose graph reshapes a block batch to [tokens per block, n_blocks] and asserts that
+# the batch divides evenly (LiliCorr falls back to the plain DFlash graph instead)
+EQUAL_BLOCK_HEADS = ("dflash2", "dspark")
+
+
+def block_arrays(blocks, variant: str, n_vocab: int,
+                 block_size: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """[(seq, tokens, pos0), ...] -> int32 tokens, positions, sequence ids, checked before any cast.
+
+    A sequence may come twice (llama.cpp accepts it when its positions stay continuous; the
+    positions are checked against the cache in check_seq_positions). The heads of
+    EQUAL_BLOCK_HEADS take one block per distinct sequence: the batch must divide into equal
+    blocks, and DFlash2's lattice, which keeps at most block_size rows per block, must cover
+    every token, since llama.cpp reads one lattice row per token and aborts otherwise."""
     if not isinstance(blocks, (list, tuple)) or not blocks:
         raise BatchError("a block batch needs at least one (seq, tokens, pos0) entry")
-    toks, pos, seq, sizes, seen = [], [], [], [], set()
+    toks, pos, seq = [], [], []
     for k, b in enumerate(blocks):
         if not isinstance(b, (list, tuple)) or len(b) != 3:
             raise BatchError(f"block {k} must be (seq, tokens, pos0), got {b!r}")
         s = _int(b[0], f"block {k}: sequence id")
         t = [_int(x, f"block {k}: token") for x in b[1]]
         p0 = check_positions(b[2], len(t), f"block {k}")
-        if s in seen:
-            raise BatchError("a sequence appears twice in one block batch")
-        seen.add(s)
         for x in t:
             if not 0 <= x < n_vocab:
                 raise BatchError(f"token id {x} is outside the vocabulary [0, {n_vocab})")
@@ -178,11 +221,16 @@ def block_arrays(blocks, variant: str, n_vocab: int) -> tuple[np.ndarray, np.nda
         toks += t
         pos += range(p0, p0 + len(t))
         seq += [s] * len(t)
-        sizes.append(len(t))
-    if variant != "dflash" and len(set(sizes)) > 1:
-        # the heads index [tokens_per_block, n_blocks]: the batch must split into equal blocks
-        raise BatchError(f"blocks of sizes {sizes} do not divide the batch into equal blocks, "
-                         f"which the {variant} head needs")
+    n, n_blocks = len(toks), len(set(seq))
+    if variant in EQUAL_BLOCK_HEADS and n_blocks and n % n_blocks:
+        sizes = [seq.count(s) for s in sorted(set(seq))]
+        raise BatchError(f"a block batch of {n} tokens over {n_blocks} sequences (tokens per sequence {sizes}) "
+                         f"does not divide into equal blocks, which the {variant} head needs "
+                         "(llama.cpp asserts n_tokens % n_seqs == 0)")
+    if variant == "dflash2" and block_size > 0 and n_blocks and n // n_blocks > block_size:
+        raise BatchError(f"blocks of {n // n_blocks} tokens are longer than the trained block size {block_size} "
+                         "(key 'dflash.block_size'): the DFlash2 lattice has block_size rows per block and "
+                         "llama.cpp aborts reading one row per token")
     return (np.asarray(toks, dtype=np.int32), np.asarray(pos, dtype=np.int32), np.asarray(seq, dtype=np.int32))
 
 
@@ -200,13 +248,31 @@ def check_embd_state(st, n_tokens: int, n_embd: int) -> np.ndarray | None:
 
 
 _GGUF_SCALAR = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+GGML_TYPE_COUNT = 43          # ggml 0.27.0 (b11739)
+GGML_MAX_NAME = 64
+GGUF_DEFAULT_ALIGNMENT = 32
+TENSOR_ALIGNMENT = 32         # ggml's alignment of a tensor's data
+# ggml type -> (values per block, bytes per block) in ggml 0.27.0; (0, 0) for removed types
+GGML_TYPE_BLOCKS = {
+    0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 4: (0, 0), 5: (0, 0), 6: (32, 22), 7: (32, 24), 8: (32, 34),
+    9: (32, 36), 10: (256, 84), 11: (256, 110), 12: (256, 144), 13: (256, 176), 14: (256, 210), 15: (256, 292),
+    16: (256, 66), 17: (256, 74), 18: (256, 98), 19: (256, 50), 20: (32, 18), 21: (256, 110), 22: (256, 82),
+    23: (256, 136), 24: (1, 1), 25: (1, 2), 26: (1, 4), 27: (1, 8), 28: (1, 8), 29: (256, 56), 30: (1, 2),
+    31: (0, 0), 32: (0, 0), 33: (0, 0), 34: (256, 54), 35: (256, 66), 36: (0, 0), 37: (0, 0), 38: (0, 0),
+    39: (32, 17), 40: (64, 36), 41: (128, 18), 42: (64, 18)}
+INT64_MAX = 2**63 - 1
 
 
 def check_gguf_layout(path, data=None) -> None:
-    """Walk a GGUF's header, metadata and tensor infos, bounding every count by the file's size.
+    """Walk a GGUF's header, metadata and tensor infos as ggml's gguf reader does, refusing what
+    it refuses (an empty or repeated key, a value type it does not know, an alignment that is not
+    a u32 power of 2, a tensor name of 64 bytes or more, a repeated tensor name, more than 4 or
+    negative dims, an element count past int64, a type outside ggml's, a row that is not whole
+    blocks, and tensor data that does not start where the previous tensor's padded data ends).
 
-    gguf-py trusts the counts it reads: an array that claims 2^63 elements makes it loop for
-    hours. This walk is linear in the file's size and raises GGUFModelError instead.
+    Every count is bounded by the file's size on the way: gguf-py trusts the counts it reads,
+    and an array that claims 2^63 elements makes it loop for hours. The walk is linear in the
+    file's size and raises GGUFModelError instead.
     """
     import mmap
     import struct as _s
@@ -257,23 +323,79 @@ def check_gguf_layout(path, data=None) -> None:
                     for _ in range(n):
                         p = string(p, f"key '{key}'")[1]
                     return p
-                raise GGUFModelError(f"{path}: key '{key}' is an array of unsupported type {sub}")
-            raise GGUFModelError(f"{path}: key '{key}' has unknown GGUF type {t}")
+                raise GGUFModelError(f"{path}: key '{key}' is an array of unsupported type {sub} "
+                                     "(gguf: invalid GGUF type)")
+            raise GGUFModelError(f"{path}: key '{key}' has unknown GGUF type {t} (gguf: invalid GGUF type)")
 
-        for _ in range(n_kv):
+        keys: set = set()
+        alignment = GGUF_DEFAULT_ALIGNMENT
+        for i in range(n_kv):
             kb, pos = string(pos, "a metadata key")
             key = kb.decode(errors="replace")
+            if not kb:
+                raise GGUFModelError(f"{path}: metadata key {i} is empty (gguf: key is empty)")
+            if kb in keys:
+                raise GGUFModelError(f"{path}: duplicate key '{key}' (gguf: duplicate key for KV pair {i})")
+            keys.add(kb)
             need(pos, 4, f"key '{key}'")
             t, = _s.unpack_from("<I", buf, pos)
-            pos = value(pos + 4, t, key)
+            end = value(pos + 4, t, key)
+            if kb == b"general.alignment":
+                if t != 4:
+                    names = {0: "u8", 1: "i8", 2: "u16", 3: "i16", 5: "i32", 6: "f32", 7: "bool", 8: "str", 9: "arr",
+                             10: "u64", 11: "i64", 12: "f64"}
+                    raise GGUFModelError(f"{path}: key 'general.alignment' must be of type u32 but is "
+                                         f"{names.get(t, t)} (gguf)")
+                alignment, = _s.unpack_from("<I", buf, pos + 4)
+                if alignment == 0 or alignment & (alignment - 1):
+                    raise GGUFModelError(f"{path}: key 'general.alignment' = {alignment} is not a power of 2 (gguf)")
+            pos = end
+        names: set = set()
+        infos = []
         for _ in range(n_t):
             nb, pos = string(pos, "a tensor name")
             name = nb.decode(errors="replace")
+            if len(nb) >= GGML_MAX_NAME:
+                raise GGUFModelError(f"{path}: tensor name '{name}' is too long: {len(nb)} >= {GGML_MAX_NAME} (gguf)")
+            if nb in names:
+                raise GGUFModelError(f"{path}: duplicated tensor '{name}' (gguf: duplicate tensor name)")
+            names.add(nb)
             need(pos, 4, f"tensor '{name}'")
             nd, = _s.unpack_from("<I", buf, pos)
             if nd > 4:
                 raise GGUFModelError(f"{path}: tensor '{name}' has {nd} dimensions (ggml has at most 4)")
             need(pos + 4, 8 * nd + 12, f"tensor '{name}'")
+            ne = list(_s.unpack_from(f"<{nd}q", buf, pos + 4)) + [1] * (4 - nd)
+            if any(d < 0 for d in ne):
+                raise GGUFModelError(f"{path}: tensor '{name}' has shape {ne[:max(nd, 1)]}: a negative number of "
+                                     "elements (gguf)")
+            count = 1
+            for d in ne:
+                count *= d
+            if count > INT64_MAX:
+                raise GGUFModelError(f"{path}: tensor '{name}' has shape {ne[:max(nd, 1)]}, more elements than int64 "
+                                     "holds (gguf)")
+            ttype, off = _s.unpack_from("<iQ", buf, pos + 4 + 8 * nd)
+            if not 0 <= ttype < GGML_TYPE_COUNT:
+                raise GGUFModelError(f"{path}: tensor '{name}' has invalid ggml type {ttype} (gguf: should be in "
+                                     f"[0, {GGML_TYPE_COUNT}))")
+            blck, tsize = GGML_TYPE_BLOCKS[ttype]
+            if blck == 0 or ne[0] % blck:
+                raise GGUFModelError(f"{path}: tensor '{name}' of ggml type {ttype} has {ne[0]} elements per row, not "
+                                     f"a multiple of its block size ({blck}) (gguf)")
+            infos.append((name, count // blck * tsize, off))
             pos += 4 + 8 * nd + 12
+        expected = 0
+        data_start = -(-pos // alignment) * alignment
+        for name, nbytes, off in infos:
+            if off != expected:
+                raise GGUFModelError(f"{path}: tensor '{name}' has data offset {off}, expected {expected} (gguf "
+                                     "requires each tensor's data to follow the previous tensor's)")
+            if (data_start + off) % TENSOR_ALIGNMENT:
+                # llama.cpp maps the file and points each weight into it; ggml asserts the address
+                raise GGUFModelError(f"{path}: tensor '{name}' data lies at file offset {data_start + off}, not a "
+                                     f"multiple of {TENSOR_ALIGNMENT} (key 'general.alignment' = {alignment}); "
+                                     "llama.cpp asserts ggml's tensor alignment on it")
+            expected += -(-nbytes // alignment) * alignment
     finally:
         buf.close()

@@ -56,9 +56,13 @@ def test_missing_required_key(tiny, tmp_path):
 
 
 def test_conv_group_size_divisibility(tiny, tmp_path):
-    p = rewrite(tiny, tmp_path / "a.gguf", set_keys={"dflash.conv_group_size": (gguf.GGUFValueType.UINT32, 7)})
+    p = rewrite(tiny, tmp_path / "a.gguf", set_keys={"dflash.conv_group_size": (gguf.GGUFValueType.UINT32, 7),
+                                                     "dflash.conv_kernel_size": (gguf.GGUFValueType.UINT32, 3)})
     with pytest.raises(GGUFModelError, match="divisible by conv_group_size"):
         load(p)
+    # without a kernel size the group size configures no conv, and llama.cpp does not check it
+    p = rewrite(tiny, tmp_path / "b.gguf", set_keys={"dflash.conv_group_size": (gguf.GGUFValueType.UINT32, 7)})
+    load(p).close()
 
 
 def test_dflash2_missing_metadata(tmp_path):

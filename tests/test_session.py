@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from graphgen.errors import BatchError
 from graphgen.runtime.session import Session
 from graphgen.synth import make_model
 
@@ -87,3 +88,24 @@ def test_graph_reuse_builds_and_allocates_nothing(tiny):
         b_fresh = fresh.block([9, 255, 255, 255], 12).logits
         assert fresh.stats["reuses"] == 0
     np.testing.assert_array_equal(b_reused, b_fresh)
+
+
+def test_drafting_rounds_keep_positions_consecutive(tiny):
+    """A drafting loop as llama.cpp runs it: a chunk of features, a block after it, the block
+    removed, the next chunk where the last one ended. Every batch starts right after the last
+    position the cache holds, so none is refused."""
+    rng = np.random.default_rng(11)
+    with Session(tiny, n_seq=2) as s:
+        ends = {0: 0, 1: 0}
+        for n in (5, 3, 4):
+            for seq in (0, 1):
+                s.inject(rng.standard_normal((n, 128), dtype=np.float32), ends[seq], seq)
+                ends[seq] += n
+                assert s.seq_pos_max(seq) == ends[seq] - 1
+            s.block_multi([(seq, [7, 255, 255, 255], ends[seq]) for seq in (0, 1)])
+            assert s.seq_pos_max(0) == ends[0] + 3
+            for seq in (0, 1):
+                s.seq_rm(seq, ends[seq], -1)
+        assert s.seq_pos_max(0) == 11 and s.seq_pos_max(1) == 11
+        with pytest.raises(BatchError, match="sequence 1: .*X = 11 .*Y = 13"):
+            s.block([7, 255, 255, 255], 13, seq=1)

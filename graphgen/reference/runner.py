@@ -11,8 +11,10 @@ import argparse
 import ctypes
 import json
 import os
+import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -24,10 +26,24 @@ from .libload import (REFERENCE_BUILD, REFERENCE_VERSION, ReferenceUnavailable, 
 
 GGML_TYPE_IDS = {"f32": 0, "f16": 1}
 LLAMA_TOKEN_NULL = -1
+# the child appends llama.cpp's warnings and errors here (one JSON object a line), so that the
+# parent has them even when the child dies in an assertion
+ENV_ERROR_LOG = "GRAPHGEN_REFERENCE_ERROR_LOG"
+LOG_WARN, LOG_ERROR, LOG_CONT = 3, 4, 5
 
 
 class ReferenceFailed(RuntimeError):
-    """llama.cpp could not run the scenario (load failure, abort, decode error)."""
+    """llama.cpp could not run the scenario (load failure, abort, decode error).
+
+    The first line of the message summarises the failure; the lines after it hold llama.cpp's
+    whole error (every error it logged, a failed assertion's own line, the runner's step).
+    `reason` holds that error text alone and `stderr` the child's whole standard error."""
+
+    def __init__(self, message: str, reason: str = "", stderr: str = "", returncode: int | None = None):
+        super().__init__(message)
+        self.reason = reason
+        self.stderr = stderr
+        self.returncode = returncode
 
 
 def _model_meta(path: Path) -> dict:
@@ -54,10 +70,50 @@ def _model_meta(path: Path) -> dict:
     }
 
 
+class _LogCapture:
+    """llama.cpp's log, written to stderr as its default logger does, with the warnings and
+    errors also appended to the file named by $GRAPHGEN_REFERENCE_ERROR_LOG, tagged with the
+    phase (load, context, step N) they were logged in."""
+
+    def __init__(self, ffi, lib):
+        self.phase = "load"
+        self.level = None
+        path = os.environ.get(ENV_ERROR_LOG)
+        self.file = open(path, "a", encoding="utf-8") if path else None
+
+        @ffi.callback("void(enum ggml_log_level, const char *, void *)")
+        def cb(level, text, _ud):
+            try:
+                raw = ffi.string(text)
+                os.write(2, raw)
+                level = int(level)
+                if level == LOG_CONT:
+                    level = self.level
+                else:
+                    self.level = level
+                if self.file is not None and level in (LOG_WARN, LOG_ERROR):
+                    self.file.write(json.dumps({"phase": self.phase, "level": "error" if level == LOG_ERROR else "warn",
+                                                "text": raw.decode(errors="replace")}) + "\n")
+                    self.file.flush()
+            except Exception:  # noqa: BLE001 - a logging failure must not unwind into C
+                pass
+
+        self.cb = cb
+        lib.llama_log_set(cb, ffi.NULL)
+
+    def enter(self, phase: str) -> None:
+        """A new phase: the parent keeps only the warnings of the phase that failed."""
+        self.phase = phase
+        if self.file is not None:
+            self.file.write(json.dumps({"phase": phase, "level": "phase", "text": ""}) + "\n")
+            self.file.flush()
+
+
 def run_child(model: Path, scenario: Scenario, out: Path, max_data: int) -> list[Path]:
     from ..dump import write_dump
 
     ffi, lib, libdir = load_llama()
+    log = _LogCapture(ffi, lib)
     # libllama is loaded, so its ggml is too: by file in the build folder, else by soname
     cpu_lib = ctypes.CDLL(str(lib_file(libdir, "ggml-cpu") or "libggml-cpu.so.0"))
     base_lib = ctypes.CDLL(str(lib_file(libdir, "ggml-base") or "libggml-base.so.0"))
@@ -70,8 +126,6 @@ def run_child(model: Path, scenario: Scenario, out: Path, max_data: int) -> list
     set_nextn = llama_dl._Z26llama_set_embeddings_nextnP13llama_contextbb
     set_nextn.argtypes = [ctypes.c_void_p, ctypes.c_bool, ctypes.c_bool]
 
-    meta = _model_meta(model)
-    n_embd_inp = meta["n_embd"] * len(meta["target_layers"])
     feats = cpu_features(cpu_lib)
 
     rec = NodeRecorder(lambda p: base_lib.ggml_op_desc(p).decode(),
@@ -88,6 +142,10 @@ def run_child(model: Path, scenario: Scenario, out: Path, max_data: int) -> list
     mdl = lib.llama_model_load_from_file(str(model).encode(), mparams)
     if mdl == ffi.NULL:
         raise ReferenceFailed(f"{reference_label()} could not load {model}")
+    # read after llama.cpp accepted the file: a file it refuses is its to refuse
+    meta = _model_meta(model)
+    n_embd_inp = meta["n_embd"] * len(meta["target_layers"])
+    log.enter("context")
     cparams = lib.llama_context_default_params()
     cparams.n_ctx = scenario.n_ctx
     cparams.n_batch = scenario.n_ubatch
@@ -124,6 +182,7 @@ def run_child(model: Path, scenario: Scenario, out: Path, max_data: int) -> list
     mem = lib.llama_get_memory(ctx)
     seq_no = 0
     for step in scenario.steps:
+        log.enter(f"step {step.index}")
         if step.kind == "seq_rm":
             lib.llama_memory_seq_rm(mem, step.seq, step.pos0, step.p1)
             continue
@@ -140,17 +199,22 @@ def run_child(model: Path, scenario: Scenario, out: Path, max_data: int) -> list
                 lib.llama_batch_ext_set_output_embd(batch, idx, True)
             lib.llama_set_causal_attn(ctx, True)
         else:
-            for b in step.blocks:
-                state = None
-                if meta["lilicorr"]:
+            states = [None] * len(step.blocks)
+            if meta["lilicorr"]:
+                for j, b in enumerate(step.blocks):
                     if b.embd_state == "random":
-                        state = scenario.random_state(step, len(b.tokens), meta["n_embd"])
+                        states[j] = scenario.random_state(step, len(b.tokens), meta["n_embd"])
                     else:
                         row = context_rows.get((b.seq, b.pos0 - 1))
-                        state = None if row is None else np.tile(row, (len(b.tokens), 1))
-                    if state is not None:
-                        state = np.ascontiguousarray(state, dtype=np.float32)
-                        keep.append(state)
+                        states[j] = None if row is None else np.tile(row, (len(b.tokens), 1))
+                # as graphgen's engine: a block without its state row leaves the whole batch
+                # without states (llama.cpp refuses a batch where only some tokens carry one)
+                if any(st is None for st in states):
+                    states = [None] * len(step.blocks)
+            for b, state in zip(step.blocks, states):
+                if state is not None:
+                    state = np.ascontiguousarray(state, dtype=np.float32)
+                    keep.append(state)
                 for i, tok in enumerate(b.tokens):
                     idx = lib.llama_batch_ext_add_token(batch, b.seq, tok)
                     pos = ffi.new("llama_pos[4]", [b.pos0 + i, 0, 0, 0])
@@ -195,8 +259,51 @@ def _nextn_row(llama_dl, ffi, ctx, i):
     return p if p else None
 
 
+_ABORT_LINE = re.compile(r"GGML_ASSERT|GGML_ABORT|terminate called|what\(\)|Segmentation fault|"
+                         r"^\S+:\d+: .*(fatal|error|failed)", re.I)
+
+
+def _error_text(log_path: Path, stderr: str) -> tuple[str, str]:
+    """(headline, whole error) of a failed child: llama.cpp's logged errors from every phase and
+    its warnings from the phase that failed, an assertion's own line, and the runner's line."""
+    entries = []
+    try:
+        for line in log_path.read_text(encoding="utf-8", errors="replace").splitlines():
+            try:
+                entries.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    except OSError:
+        pass
+    last_phase = entries[-1]["phase"] if entries else None
+    kept = [e for e in entries if e.get("text", "").strip() and (
+        e.get("level") == "error" or e.get("level") == "warn" and e.get("phase") == last_phase)]
+    errors = [e["text"].rstrip() for e in kept if e["level"] == "error"]
+    warns = [e["text"].rstrip() for e in kept if e["level"] == "warn"]
+    lines = [ln.rstrip() for ln in stderr.splitlines()]
+    aborts = [ln.strip() for ln in lines if _ABORT_LINE.search(ln) and "No such file or directory" not in ln]
+    runner = [ln.strip() for ln in lines if ln.startswith("graphgen: error:")]
+    tail = []
+    if not (errors or warns or aborts or runner):
+        # a Python error in the child: its last lines say what
+        tail = [ln.strip() for ln in lines if ln.strip()][-3:]
+    text = "\n".join([e["text"].rstrip() for e in kept] + aborts + runner + tail)
+    first = (errors or aborts or warns or runner or tail or ["no error message"])[0]
+    # a message that continues over several lines is one reason: keep all of it
+    headline = " ".join(ln.strip() for ln in first.splitlines() if ln.strip())
+    step = next((m.group(1) for ln in runner for m in [re.search(r" at (step \d+ \(\w+\))", ln)] if m), None)
+    if step is None and last_phase and last_phase.startswith("step "):
+        step = last_phase  # the child died in that step, before saying so
+    if step and first not in runner:
+        headline = f"{step}: {headline}"
+    return headline, text
+
+
 def run_reference(model, scenario_path, out, max_data: int = 262144, timeout: float = 600) -> list[Path]:
-    """Run the reference in a child process; raise ReferenceFailed/ReferenceUnavailable on failure."""
+    """Run the reference in a child process; raise ReferenceFailed/ReferenceUnavailable on failure.
+
+    ReferenceFailed's first line summarises llama.cpp's error, the lines after it (and its
+    `reason`) hold the whole of it."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob("[0-9][0-9]-*.json"):
@@ -204,17 +311,27 @@ def run_reference(model, scenario_path, out, max_data: int = 262144, timeout: fl
         old.with_suffix(".npz").unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "graphgen.reference.runner", str(model), str(scenario_path), str(out),
            "--max-data", str(max_data)]
+    fd, log_name = tempfile.mkstemp(prefix="graphgen-ref-", suffix=".log")
+    os.close(fd)
+    log_path = Path(log_name)
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                              env=dict(os.environ, PYTHONUNBUFFERED="1"))
-    except subprocess.TimeoutExpired:
-        raise ReferenceFailed(f"{reference_label()} did not finish within {timeout:.0f} s") from None
-    if proc.returncode == 3:
-        raise ReferenceUnavailable(proc.stderr.strip().splitlines()[-1])
-    if proc.returncode != 0:
-        tail = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()][-3:]
-        how = f"signal {-proc.returncode}" if proc.returncode < 0 else f"exit {proc.returncode}"
-        raise ReferenceFailed(f"{reference_label()} failed ({how}): " + " | ".join(tail))
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=timeout,
+                                  env=dict(os.environ, PYTHONUNBUFFERED="1", **{ENV_ERROR_LOG: log_name}))
+        except subprocess.TimeoutExpired as e:
+            stderr = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+            _, text = _error_text(log_path, stderr)
+            raise ReferenceFailed(f"{reference_label()} did not finish within {timeout:.0f} s"
+                                  + (f"\n{text}" if text else ""), text, stderr) from None
+        if proc.returncode == 3:
+            raise ReferenceUnavailable(proc.stderr.strip().splitlines()[-1])
+        if proc.returncode != 0:
+            how = f"signal {-proc.returncode}" if proc.returncode < 0 else f"exit {proc.returncode}"
+            headline, text = _error_text(log_path, proc.stderr)
+            raise ReferenceFailed(f"{reference_label()} failed ({how}): {headline}\n{text}", text, proc.stderr,
+                                  proc.returncode)
+    finally:
+        log_path.unlink(missing_ok=True)
     return [Path(p) for p in json.loads(proc.stdout.strip().splitlines()[-1])]
 
 

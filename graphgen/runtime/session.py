@@ -127,14 +127,24 @@ class Session:
 
     def make_block(self, blocks, embd_state=None) -> UBatch:
         """blocks: [(seq, tokens, pos0), ...] into one batch, in that order."""
-        tokens, pos_a, seq_a = V.block_arrays(blocks, self.model.variant, self.hparams.n_vocab)
+        tokens, pos_a, seq_a = V.block_arrays(blocks, self.model.variant, self.hparams.n_vocab,
+                                              self.hparams.block_size)
         self._check_common(pos_a, seq_a)
         st = V.check_embd_state(embd_state, tokens.size, self.hparams.n_embd)
         return UBatch(pos=pos_a, seq=seq_a, tokens=tokens, embd_state=st)
 
+    def seq_pos_max(self, seq: int) -> int:
+        """The last position the KV cache holds for `seq`, -1 when it holds none."""
+        return max(c.seq_pos_max(seq) for c in self.caches.values())
+
+    def _check_positions(self, ub: UBatch) -> None:
+        # llama.cpp checks every batch's positions against the cache, the encoder's too
+        V.check_seq_positions(ub.pos, ub.seq, self.seq_pos_max, self.hparams.n_pos_per_embd > 1, ub.is_embd)
+
     # -- compute ----------------------------------------------------------------------------
     def decode(self, ub: UBatch, recorder=None) -> Result:
         with self._lock:
+            self._check_positions(ub)
             snaps = {k: c.snapshot() for k, c in self.caches.items()}
             try:
                 mem = {}
@@ -237,6 +247,7 @@ class Session:
         """The encoder graph: target features through fc and the encoder norm, no KV cache."""
         ub = self.make_inject(features, pos0, seq)
         with self._lock:
+            self._check_positions(ub)
             return self._compute(ub, {}, recorder, graph_type="encoder")
 
     def inject(self, features, pos0: int, seq: int = 0, recorder=None) -> Result:
