@@ -8,6 +8,7 @@ import subprocess
 import networkx as nx
 
 from graphgen.dump import Node
+from graphgen.opparams import format_op_params
 
 from . import graph as V
 from .diffmap import STATUS_COLOURS
@@ -55,6 +56,18 @@ def _ne(ne) -> str:
     return "[" + ", ".join(str(x) for x in ne) + "]" if ne else "?"
 
 
+def _wrap(text: str, width: int = 48) -> str:
+    """op_params text over several label lines, so a ROPE node stays narrow."""
+    lines, cur = [], ""
+    for word in text.split(" "):
+        if cur and len(cur) + 1 + len(word) > width:
+            lines.append(cur)
+            cur = word
+        else:
+            cur = f"{cur} {word}" if cur else word
+    return "\n".join(lines + [cur])
+
+
 def _node_id(k) -> str:
     return f"n{k}" if isinstance(k, int) else _q("l_" + str(k)[5:])
 
@@ -76,6 +89,9 @@ def to_dot(g: nx.DiGraph, title: str = "graph", status: dict | None = None,
             return (f"  {_node_id(k)} [label={_q(d['name'])}, shape=ellipse, fontsize=7, height=0.15, "
                     f'width=0.15, margin="0.02,0.01", fillcolor="{LEAF_COLOUR}", color="#bbbbbb"];')
         label = f"#{k} {d['name'] or '(unnamed)'}\n{d['op']} {d['type']} {_ne(d['ne'])}"
+        params = format_op_params(d["op"], d.get("op_params") or [], d["ne"])
+        if params:
+            label += "\n" + _wrap(params)
         fill = op_colour(d["op"])
         extra = ""
         if status is not None:
@@ -85,7 +101,7 @@ def to_dot(g: nx.DiGraph, title: str = "graph", status: dict | None = None,
         if first is not None and k == first:
             extra = ', color="#d50000", penwidth=3'
         return (f"  {_node_id(k)} [label={_q(label)}, fillcolor=\"{fill}\", "
-                f"class={_q('op-' + op_kind(d['op']))}, tooltip={_q(d['op'])}{extra}];")
+                f"class={_q('op-' + op_kind(d['op']))}, tooltip={_q((d['op'] + ' ' + params).strip())}{extra}];")
 
     groups: dict[int | None, list] = {}
     for k, d in g.nodes(data=True):

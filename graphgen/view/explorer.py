@@ -13,6 +13,7 @@ from pathlib import Path
 
 from graphgen.diff import DiffResult
 from graphgen.dump import Dump
+from graphgen.opparams import format_op_params, raw_params
 
 from . import graph as V
 from .diffmap import STATUS_COLOURS, diff_map
@@ -45,8 +46,11 @@ def graph_json(dump: Dump, label: str | None = None, backends: dict[int, str] | 
                  {"key": "backend", "value": _backend(dump, k, backends)}]
         if n.view_src:
             attrs.append({"key": "view_src", "value": n.view_src})
+        params = format_op_params(n.op, n.op_params, n.ne)
+        if params:
+            attrs.append({"key": "op_params", "value": params})
         if any(n.op_params):
-            attrs.append({"key": "op_params", "value": str(n.op_params)})
+            attrs.append({"key": "op_params_raw", "value": str(raw_params(n.op_params))})
         if status is not None:
             attrs.append({"key": "diff", "value": status.get(k, "matched")})
         edges = []
