@@ -79,26 +79,55 @@ OPTIONS: dict[str, tuple[object, str | None]] = {
 }
 
 
+# rows of a tensor drawn at a time: a big draft is written without ever holding a whole tensor in float64
+_CHUNK_ELEMENTS = 1 << 18
+
+
+class _Tensor:
+    """A tensor of the draft: its numpy shape and dtype now, its values only when it is written.
+
+    `rows(rng)` yields it in blocks of whole rows (last numpy axis), drawn from the draft's one
+    generator; the tensors are drawn in creation order, so the bytes equal drawing them all up front."""
+
+    def __init__(self, shape: tuple, dtype, rows):
+        self.shape = tuple(int(n) for n in shape)
+        self.dtype = np.dtype(dtype)
+        self.rows = rows
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+
 class _Draft:
-    """Keys and tensors of one draft, in creation order, drawn from one generator."""
+    """Keys and tensors of one draft, in creation order, drawn from one generator when written."""
 
     def __init__(self, seed: int, weight_scales: bool):
         self.rng = np.random.default_rng(seed)
         self.weight_scales = weight_scales
         self.keys: dict[str, tuple[str, object]] = {}
-        self.tensors: dict[str, np.ndarray] = {}
+        self.tensors: dict[str, _Tensor] = {}
 
     def key(self, name: str, kind: str, value) -> None:
         self.keys[name] = (kind, value)
 
-    def add(self, name: str, data: np.ndarray) -> None:
+    def add(self, name: str, shape, dtype, rows) -> None:
         if name in self.tensors:
             raise AssertionError(f"tensor {name} written twice")
-        self.tensors[name] = data
+        self.tensors[name] = _Tensor(shape, dtype, rows)
 
     def normal(self, name: str, ne, std: float, mean: float = 0.0) -> None:
         shape = tuple(reversed(ne))
-        self.add(name, (mean + std * self.rng.standard_normal(shape)).astype(np.float32))
+        row = shape[-1]
+        n_rows = int(np.prod(shape[:-1], dtype=np.int64))
+        step = max(1, _CHUNK_ELEMENTS // max(row, 1))
+
+        def rows(rng):
+            # chunks of a standard_normal draw continue one another, so this equals one draw of `shape`
+            for r0 in range(0, n_rows, step):
+                n = min(step, n_rows - r0)
+                yield (mean + std * rng.standard_normal((n, row))).astype(np.float32)
+        self.add(name, shape, np.float32, rows)
 
     def linear(self, name: str, n_in: int, n_out: int, scale: bool = True) -> None:
         """`name.weight` {n_in, n_out}; 1/sqrt(n_in) keeps activations O(1). With weight_scales,
@@ -160,19 +189,24 @@ PRESETS = {
 }
 
 
-def make_model(path, variant="dflash", backbone="base", *, wtype="f32", **kwargs) -> dict:
-    """Write a random-weight `dflash` draft GGUF; `wtype` (f32, f16, q8_0) sets its matmul weights."""
+def make_model(path, variant="dflash", backbone="base", *, wtype="f32", progress=None, **kwargs) -> dict:
+    """Write a random-weight `dflash` draft GGUF; `wtype` (f32, f16, q8_0) sets its matmul weights.
+
+    The weights are drawn and written one tensor at a time, so memory stays near the largest
+    tensor whatever the file's size; `progress`, a callable, is told which tensor is being
+    written and how many MB of the total are done."""
     if wtype not in WTYPES:
         raise ValueError(f"wtype must be one of {', '.join(WTYPES)}, got {wtype!r}")
-    global _WTYPE
-    _WTYPE = wtype
+    global _WTYPE, _PROGRESS
+    _WTYPE, _PROGRESS = wtype, progress
     try:
         return _make_model(path, variant, backbone, **kwargs)
     finally:
-        _WTYPE = "f32"
+        _WTYPE, _PROGRESS = "f32", None
 
 
 _WTYPE = "f32"
+_PROGRESS = None
 
 
 def _make_model(path, variant="dflash", backbone="base", *, n_embd=64, n_layer=2, n_head=4,
@@ -268,8 +302,8 @@ def _make_model(path, variant="dflash", backbone="base", *, n_embd=64, n_layer=2
     d.normal("token_embd.weight", (n_embd, n_vocab), 1.0)
     if n_vocab_draft != n_vocab:
         # d2t maps draft rows to target token ids: the logits are scattered to these rows
-        ids = np.sort(d.rng.choice(n_vocab, size=n_vocab_draft, replace=False)).astype(np.int64)
-        d.add("d2t", ids)
+        d.add("d2t", (n_vocab_draft,), np.int64,
+              lambda rng: iter([np.sort(rng.choice(n_vocab, size=n_vocab_draft, replace=False)).astype(np.int64)]))
     if variant == "dspark":
         _dspark_tensors(d, opts, n_embd, n_vocab, n_vocab_draft, conf)
     elif variant == "dflash2":
@@ -748,20 +782,50 @@ def _write(path: Path, d: _Draft) -> None:
             scalar[kind](name, value)
         else:
             w.add_key_value(name, list(value), gguf.GGUFValueType.ARRAY, sub_type=array_type[kind])
-    for name, data in d.tensors.items():
-        if _WTYPE != "f32" and data.dtype == np.float32 and data.ndim == 2 and _QUANTIZABLE.match(name):
+    # every tensor's info goes first, so the header is written before any value is drawn
+    plan = []
+    for name, t in d.tensors.items():
+        kind = t.dtype.name
+        if _WTYPE != "f32" and t.dtype == np.float32 and t.ndim == 2 and _QUANTIZABLE.match(name):
             if _WTYPE == "f16":
-                w.add_tensor(name, data.astype(np.float16))
-                continue
-            if data.shape[-1] % 32 == 0:  # q8_0 blocks hold 32 values of a row
-                q = gguf.quants.quantize(data, gguf.GGMLQuantizationType.Q8_0)
-                w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
-                continue
-        w.add_tensor(name, data)
+                kind = "f16"
+            elif t.shape[-1] % 32 == 0:  # q8_0 blocks hold 32 values of a row
+                kind = "q8_0"
+        if kind == "f16":
+            shape, dtype = t.shape, np.dtype(np.float16)
+        elif kind == "q8_0":
+            q8 = gguf.GGMLQuantizationType.Q8_0
+            block, type_size = gguf.GGML_QUANT_SIZES[q8]
+            shape, dtype = (*t.shape[:-1], t.shape[-1] // block * type_size), np.dtype(np.uint8)
+        else:
+            shape, dtype = t.shape, t.dtype
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        w.add_tensor_info(name, shape, dtype, nbytes, raw_dtype=q8 if kind == "q8_0" else None)
+        plan.append((name, t, kind, shape, dtype))
+    total = sum(int(np.prod(sh, dtype=np.int64)) * dt.itemsize for _, _, _, sh, dt in plan)
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         w.write_header_to_file()
         w.write_kv_data_to_file()
-        w.write_tensors_to_file()
+        w.write_ti_data_to_file()
+        done = 0
+        for name, t, kind, shape, dtype in plan:
+            # one tensor at a time, in its file type: the largest tensor bounds the memory, not the file
+            out = np.empty(shape, dtype=dtype)
+            flat = out.reshape(-1, shape[-1]) if out.ndim > 1 else out.reshape(1, -1)
+            r0 = 0
+            for block in t.rows(d.rng):
+                block = block.reshape(-1, t.shape[-1])
+                if kind == "q8_0":
+                    block = gguf.quants.quantize(block, gguf.GGMLQuantizationType.Q8_0)
+                flat[r0:r0 + block.shape[0]] = block
+                r0 += block.shape[0]
+                if _PROGRESS is not None:
+                    digits = 0 if total >= 100e6 else 2
+                    _PROGRESS(f"writing {name}, {(done + r0 * flat.shape[1] * dtype.itemsize) / 1e6:.{digits}f} of "
+                              f"{total / 1e6:.{digits}f} MB")
+            w.write_tensor_data(out)
+            done += out.nbytes
+            del out, flat
     finally:
         w.close()

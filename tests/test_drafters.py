@@ -30,6 +30,7 @@ from graphgen.runtime.drafters import (
     types_from_gguf,
     types_from_names,
 )
+from graphgen.errors import GraphgenError
 from graphgen.runtime.mt19937 import MT19937, uniform_real
 from graphgen.runtime.session import Session
 from graphgen.synth import make_model
@@ -560,3 +561,80 @@ def test_draft_cli(tiny, tmp_path, capsys):
     rc = cli_main(["draft", str(tiny["dspark"]).replace("dspark", "dflash"), "--prompt-tokens", "1", "--spec-draft-p-min",
                    "0.5", "--quiet"])
     assert rc == 0
+
+
+# -- where the loop stops ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("variant", ["dflash", "dspark"])
+@pytest.mark.parametrize("accept", [[-1], [2, 0, -1], [1]])
+def test_n_predict_is_exact(variant, accept, tiny):
+    """The last accepted run is cut at n_predict: exactly that many tokens, the same ones a longer run
+    starts with."""
+    with Session(tiny[variant], n_ctx=256) as s:
+        d = create_drafter(s, None, DraftParams(n_max=3))
+        feats = prompt_features(s, 80, seed=5)
+        prompt = list(range(1, 7))
+
+        def loop(n):
+            d.seq_rm(0, 0, -1)
+            ver = SimulatedVerifier(accept=accept, n_vocab=s.hparams.n_vocab, mask_token=d.mask_token_id, seed=1)
+            return run_speculative(d, [(prompt, feats)], n_predict=n, verifier=ver)
+
+        longest = loop(40).tokens[0]
+        for n in (1, 2, 5, 8, 9, 13):
+            res = loop(n)
+            toks = res.tokens[0]
+            assert len(toks) - len(prompt) == n == res.summary()["generated_tokens"], (n, accept)
+            assert toks == longest[:len(prompt) + n]
+            assert res.stop_reasons == {0: "n_predict"} and res.summary()["stop_reasons"] == ["n_predict"]
+            if res.rounds:
+                last = res.rounds[-1]
+                # the round's tokens end where n_predict does, and only they stay in the KV cache
+                assert toks[last.pos0] == last.id_last
+                assert toks[last.pos0 + 1:last.pos0 + 1 + last.n_accepted] == last.draft[:last.n_accepted]
+                if last.bonus < 0:
+                    assert len(toks) == last.pos0 + 1 + last.n_accepted
+                    assert d.seq_pos_max(0) == len(toks) - 1
+
+
+def test_target_tokens_running_out_says_so(tiny):
+    with Session(tiny["dflash"], n_ctx=128) as s:
+        d = create_drafter(s, None, DraftParams(n_max=3))
+        feats = prompt_features(s, 60, seed=2)
+        ver = SimulatedVerifier(target_tokens=[9, 8, 7, 6, 5])
+        res = run_speculative(d, [([1, 2, 3], feats)], n_predict=20, verifier=ver)
+        assert res.stop_reasons == {0: "target_tokens"} and res.tokens[0][3:] == [9, 8, 7, 6, 5]
+        d.seq_rm(0, 0, -1)
+        ver = SimulatedVerifier(target_tokens=[9, 8, 7, 6, 5])
+        res = run_speculative(d, [([1, 2, 3], feats)], n_predict=3, verifier=ver)
+        assert res.stop_reasons == {0: "n_predict"} and res.tokens[0][3:] == [9, 8, 7]
+
+
+def test_a_block_past_the_trained_size_is_warned_once(tiny, caplog):
+    with Session(tiny["dflash"], n_ctx=128) as s, caplog.at_level(logging.WARNING, logger="graphgen.drafters"):
+        d = create_drafter(s, None, DraftParams(n_max=None))
+        d.process(prompt_features(s, 6), 0, 0)
+        d.draft({0: DraftRequest(ID_LAST, 6)})
+        assert "longer than" not in caplog.text  # the longest block init allows is within the trained size
+        d.params.n_max += 1
+        n_block = d.block_tokens(DraftRequest(ID_LAST, 6))
+        assert n_block == 6
+        d.draft({0: DraftRequest(ID_LAST, 6)})
+        d.draft({0: DraftRequest(ID_LAST, 6)})
+        msgs = [r.getMessage() for r in caplog.records if "longer than" in r.getMessage()]
+        assert msgs == [f"draft: a noise block of 6 tokens is longer than the draft's trained block size 5 "
+                        f"(n_max {d.params.n_max} was raised after init); the slots past it were never trained"]
+
+
+def test_a_block_past_the_trained_size_is_refused_where_upstream_aborts(tiny):
+    """DFlash2's lattice has one row per trained slot (llama.cpp asserts on a longer block): refused before
+    anything runs, the KV cache untouched."""
+    with Session(tiny["dflash2"], n_ctx=128) as s:
+        d = create_drafter(s, None, DraftParams(n_max=None))
+        d.process(prompt_features(s, 6), 0, 0)
+        d.params.n_max += 1
+        with pytest.raises(GraphgenError, match="a noise block of 6 tokens is longer than the draft's trained "
+                                                "block size 5, which the draft-dflash2 head's lattice cannot read "
+                                                r"\(llama.cpp aborts\); keep n_max at most 4"):
+            d.draft({0: DraftRequest(ID_LAST, 6)})
+        assert d.seq_pos_max(0) == 5

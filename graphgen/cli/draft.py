@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from ..errors import GraphgenError
+from .kvtypes import add_kv_type_flags, kv_types
 
 
 def _int_list(text: str) -> list[int]:
@@ -85,9 +86,13 @@ def _run(args, DraftParams, SimulatedVerifier, open_drafter, run_speculative, de
     if args.seed is not None and not 0 <= args.seed <= 0xFFFFFFFF:
         raise GraphgenError(f"--seed must be in [0, 2^32-1], got {args.seed}")
     n_ctx = args.n_ctx or max(256, len(prompt) + args.n_predict + 2 * max(args.spec_draft_n_max or 0, 64) + 16)
-    drafter = open_drafter(args.model, args.spec_type, params, n_ctx=n_ctx, n_ubatch=args.n_ubatch,
-                           flash_attn=args.flash_attn == "on", type_kv=args.type_kv, n_threads=args.threads,
-                           backend=args.backend)
+    from .. import progress
+    with progress.task(f"draft {Path(args.model).name}") as task:
+        task.update("loading the draft's weights")
+        drafter = open_drafter(args.model, args.spec_type, params, n_ctx=n_ctx, n_ubatch=args.n_ubatch,
+                               flash_attn=args.flash_attn == "on", n_threads=args.threads,
+                               **dict(zip(("type_k", "type_v"), kv_types(args, "f16", "f16", args.flash_attn == "on"))),
+                               backend=args.backend)
     try:
         hp = drafter.session.hparams
         need = len(prompt) + args.n_predict + drafter.n_max - 1
@@ -109,7 +114,7 @@ def _run(args, DraftParams, SimulatedVerifier, open_drafter, run_speculative, de
             if r.q is not None:
                 extra = " q=[" + ", ".join(f"{max(p for _, _, p in row):.2f}" for row in r.q) + "]"
             print(f"[round {r.round + 1}] seq {r.seq} pos {r.pos0}: id_last {r.id_last}, drafted {len(r.draft)} "
-                  f"{r.draft}, accepted {r.n_accepted}, next {r.bonus} "
+                  f"{r.draft}, accepted {r.n_accepted}, next {r.bonus if r.bonus >= 0 else '-'} "
                   f"({1e3 * (r.t_draft + r.t_process):.1f} ms){extra}", file=sys.stderr)
 
         seed = default_seed if args.seed is None else args.seed
@@ -118,6 +123,12 @@ def _run(args, DraftParams, SimulatedVerifier, open_drafter, run_speculative, de
     finally:
         drafter.session.close()
     s = res.summary()
+    stop = res.stop_reasons.get(0)
+    generated = len(res.tokens[0]) - res.n_prompt[0]
+    if stop == "target_tokens":
+        why = f"--target-tokens ran out after {generated} of --n-predict {args.n_predict} tokens"
+    else:
+        why = f"--n-predict {args.n_predict} reached"
     if args.json:
         s["tokens"] = res.tokens[0]
         print(json.dumps(s, indent=1))
@@ -130,6 +141,7 @@ def _run(args, DraftParams, SimulatedVerifier, open_drafter, run_speculative, de
     print(f"generated        {s['generated_tokens']} tokens")
     print(f"time per round   {s['ms_per_round']:.2f} ms (draft {s['ms_draft_per_round']:.2f} ms, "
           f"inject {s['ms_process_per_round']:.2f} ms); prefill {s['ms_prefill']:.2f} ms, total {s['ms_total']:.1f} ms")
+    print(f"stopped          {why}")
     print(f"tokens           {','.join(str(t) for t in res.tokens[0])}")
     return 0
 
@@ -167,10 +179,9 @@ def register(subparsers) -> None:
     p.add_argument("--n-ctx", type=int, default=0, help="draft KV cache size (default: what the run needs)")
     p.add_argument("--n-ubatch", type=int, default=64, help="injection chunk and batch limit (default 64)")
     p.add_argument("--flash-attn", choices=("on", "off"), default="off")
-    p.add_argument("--type-kv", choices=("f16", "f32"), default="f16")
+    add_kv_type_flags(p, default="f16")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--backend", default="cpu", help="cpu, vulkan[:N], cuda[:N], metal, rpc://HOST:PORT or auto")
     p.add_argument("--json", action="store_true", help="print the summary (and tokens) as JSON")
-    p.add_argument("--quiet", action="store_true", help="no per-round progress lines")
     p.add_argument("--verbose", action="store_true", help="the drivers' info log (upstream's LOG_INF lines)")
     p.set_defaults(fn=_cmd_draft)

@@ -109,7 +109,7 @@ DIM_DEFAULTS = dict(n_embd=64, n_layer=2, n_head=4, n_head_kv=None, n_ff=128, n_
                     target_layers=[1, 2])
 
 
-def make_model_from_args(args: argparse.Namespace) -> dict:
+def make_model_from_args(args: argparse.Namespace, progress=None) -> dict:
     options = {}
     for dest, opt in _ARG_OPTIONS.items():
         value = getattr(args, dest, None)
@@ -127,20 +127,23 @@ def make_model_from_args(args: argparse.Namespace) -> dict:
     return make_model(
         args.out, args.variant, args.backbone, wtype=args.wtype, seed=args.seed,
         context_length=args.context_length, rope_freq_base=args.rope_freq_base, rms_eps=args.rms_eps,
-        conf=args.conf, **dims, **options)
+        conf=args.conf, progress=progress, **dims, **options)
 
 
 def _cmd_make_model(args) -> int:
+    from .. import progress
     from ..errors import GGUFModelError
     from ..runtime.model import load
-    info = make_model_from_args(args)
-    # a file graphgen itself would refuse is no draft: say why, and leave nothing behind
-    path = Path(info.get("path", args.out))
-    try:
-        load(path).close()
-    except GGUFModelError as e:
-        path.unlink(missing_ok=True)
-        raise ValueError(f"these options make a draft graphgen refuses, nothing written: {e}") from None
+    with progress.task(f"make-model {args.out}") as p:
+        info = make_model_from_args(args, progress=p.update)
+        # a file graphgen itself would refuse is no draft: say why, and leave nothing behind
+        path = Path(info.get("path", args.out))
+        p.update("checking that graphgen loads it")
+        try:
+            load(path).close()
+        except GGUFModelError as e:
+            path.unlink(missing_ok=True)
+            raise ValueError(f"these options make a draft graphgen refuses, nothing written: {e}") from None
     print(f"wrote {info.get('path', args.out)}: variant {info.get('variant')}, backbone {info.get('backbone')}, "
           f"{info.get('n_tensors', '?')} tensors")
     return 0

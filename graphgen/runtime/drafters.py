@@ -145,6 +145,8 @@ class DFlashDrafter:
     """common_speculative_impl_draft_dflash: plain DFlash, greedy read of the block's positions 1.."""
 
     type = "draft-dflash"
+    # whether the head's graph takes a noise block longer than the trained block size at all
+    long_blocks = True
 
     def __init__(self, session, params: DraftParams | None = None, *, _subclass: bool = False):
         self.session = session
@@ -170,6 +172,7 @@ class DFlashDrafter:
                                 "which the DFlash noise block needs")
         self.options: DFlashOptions | None = None
         self.n_max = p.n_max
+        self._warned_long_block = False
         log.info("adding speculative implementation '%s'", self.type)
         log.info("- n_max=%s, n_min=%d, p_min=%.2f", p.n_max, p.n_min, p.p_min)
         log.info("- block_size=%d, mask_token_id=%d, n_extract=%d", self.block_size, self.mask_token_id,
@@ -279,6 +282,17 @@ class DFlashDrafter:
         blocks, states = [], []
         for seq, dp in reqs.items():
             n = self.block_tokens(dp)
+            if n > self.block_size and not self.long_blocks:
+                raise GraphgenError(f"draft: a noise block of {n} tokens is longer than the draft's trained block "
+                                    f"size {self.block_size}, which the {self.type} head's lattice cannot read "
+                                    f"(llama.cpp aborts); keep n_max at most {self.options.n_draft_max}")
+            if n > self.block_size and not self._warned_long_block:
+                # upstream runs such a block without a word (DSpark's graph then drops its Markov head):
+                # say it once per driver
+                self._warned_long_block = True
+                log.warning("draft: a noise block of %d tokens is longer than the draft's trained block size %d "
+                            "(n_max %d was raised after init); the slots past it were never trained",
+                            n, self.block_size, self.params.n_max)
             toks = [dp.id_last] + [self.mask_token_id] * (n - 1)
             blocks.append((seq, toks, dp.pos0))
             states.append(self.embd_state(seq, dp, n))
@@ -383,6 +397,7 @@ class DFlash2Drafter(DFlashDrafter):
     the verifier."""
 
     type = "draft-dflash2"
+    long_blocks = False  # one lattice row per block slot: upstream asserts on more
 
     def __init__(self, session, params: DraftParams | None = None):
         super().__init__(session, params, _subclass=True)
@@ -458,6 +473,7 @@ class LiliCorrDrafter(DFlashDrafter):
     block_size + 1 rows per sequence."""
 
     type = "draft-lilicorr"
+    long_blocks = False  # the scorer asserts a block of exactly block_size tokens
 
     def __init__(self, session, params: DraftParams | None = None):
         super().__init__(session, params, _subclass=True)
@@ -683,6 +699,9 @@ class LoopResult:
     n_prompt: dict             # seq -> prompt length
     t_prefill: float
     t_total: float
+    # seq -> why it stopped: "n_predict" (that many tokens generated) or "target_tokens" (the
+    # verifier's given continuation ran out first)
+    stop_reasons: dict = field(default_factory=dict)
 
     def summary(self) -> dict:
         n_rounds = len({r.round for r in self.rounds})
@@ -701,6 +720,7 @@ class LoopResult:
             "ms_draft_per_round": 1e3 * t_draft / n_rounds if n_rounds else 0.0,
             "ms_process_per_round": 1e3 * t_proc / n_rounds if n_rounds else 0.0,
             "ms_prefill": 1e3 * self.t_prefill, "ms_total": 1e3 * self.t_total,
+            "stop_reasons": [self.stop_reasons.get(s) for s in sorted(self.tokens)],
         }
 
 
@@ -765,7 +785,9 @@ def run_speculative(drafter: DFlashDrafter, sequences, *, n_predict: int = 32, v
     layers would give them. Per sequence: the prompt's features are injected, then each round drafts
     from (id_last, pos0) -- every sequence in one decode --, the verifier accepts a prefix, the
     features of the verified positions pos0..pos0+len(draft) are injected and the rejected ones removed
-    again, as the server does. Stops once n_predict tokens are generated per sequence.
+    again, as the server does. Stops once n_predict tokens are generated per sequence (the last
+    round's accepted run is cut there, so exactly n_predict), or when a verifier with
+    target_tokens has none left; `stop_reasons` says which.
     """
     import time
     t_start = time.perf_counter()
@@ -797,7 +819,10 @@ def run_speculative(drafter: DFlashDrafter, sequences, *, n_predict: int = 32, v
         st["id_last"] = verifier.first_token(seq)
         st["generated"] = 1
         st["done"] = st["id_last"] is None or n_predict <= 1
-        if st["done"] and st["id_last"] is not None:
+        if st["id_last"] is None:
+            st["stop"] = "target_tokens"
+        elif st["done"]:
+            st["stop"] = "n_predict"
             st["tokens"].append(st["id_last"])
     t_prefill = time.perf_counter() - t0
 
@@ -819,6 +844,13 @@ def run_speculative(drafter: DFlashDrafter, sequences, *, n_predict: int = 32, v
             st, dp = state[seq], reqs[seq]
             draft = drafts.get(seq, [])
             n_acc, nxt = verifier.verify(seq, r_idx, draft)
+            # tokens this round may still add after id_last: an accepted run that reaches n_predict is
+            # cut there and the target's next token dropped, as a server stops at n_predict
+            room = n_predict - st["generated"]
+            if n_acc >= room:
+                n_acc, nxt, st["stop"] = room, None, "n_predict"
+            elif nxt is None:
+                st["stop"] = "target_tokens"
             pos0 = dp.pos0
             t0 = time.perf_counter()
             # the target's verify batch [id_last, draft...] at pos0.. gives these positions' features
@@ -835,6 +867,7 @@ def run_speculative(drafter: DFlashDrafter, sequences, *, n_predict: int = 32, v
             st["id_last"] = nxt
             if nxt is None or st["generated"] >= n_predict:
                 st["done"] = True
+                st.setdefault("stop", "n_predict")
                 if nxt is not None:
                     st["tokens"].append(nxt)
             if progress is not None:
@@ -843,4 +876,5 @@ def run_speculative(drafter: DFlashDrafter, sequences, *, n_predict: int = 32, v
     return LoopResult(spec_type=drafter.type, variant=drafter.model.variant, n_max=drafter.n_max, rounds=rounds,
                       tokens={seq: st["tokens"] for seq, st in state.items()},
                       n_prompt={seq: st["n_prompt"] for seq, st in state.items()}, t_prefill=t_prefill,
-                      t_total=time.perf_counter() - t_start)
+                      t_total=time.perf_counter() - t_start,
+                      stop_reasons={seq: st.get("stop") for seq, st in state.items()})
