@@ -228,7 +228,8 @@ class Difference:
             return f"inserted ours #{self.ours_index} '{self.ours_name}' {self.op}"
         if self.kind == "deleted":
             return f"deleted ref #{self.ref_index} '{self.ref_name}' {self.op}"
-        changes = "; ".join(f"{f}: {_fmt(a)} -> {_fmt(b)}" for f, (a, b) in self.fields.items())
+        changes = "; ".join(_fmt_op_params(self.op, a, b) if f == "op_params" else f"{f}: {_fmt(a)} -> {_fmt(b)}"
+                            for f, (a, b) in self.fields.items())
         return f"changed ref #{self.ref_index} / ours #{self.ours_index} '{self.ref_name}': {changes}"
 
     def to_dict(self) -> dict[str, Any]:
@@ -285,6 +286,9 @@ class DiffResult:
     summary: dict[str, Any] = field(default_factory=dict)
     builds: dict[str, str] = field(default_factory=dict)
     not_compared: list[tuple[int, int, str, str]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)    # the sides ran different models or scenarios
+    provenance: dict[str, Any] = field(default_factory=dict)
+    unpaired: str | None = None    # "ref" or "ours": this graph found no partner on the other side
 
     @property
     def status(self) -> str:
@@ -292,6 +296,8 @@ class DiffResult:
         nodes had neither values nor a digest on a side, so equality was not shown."""
         if self.identical:
             return "IDENTICAL"
+        if self.unpaired:
+            return "NO PARTNER"
         if self.not_compared and not self.structural and not self.numeric_failures:
             return "NOT COMPARED"
         return "DIVERGED"
@@ -320,12 +326,14 @@ class DiffResult:
                 "explained": [vars(e) for e in self.explained], "notes": list(self.notes),
                 "summary": summary, "builds": dict(self.builds), "status": self.status,
                 "not_compared": [{"ref_index": i, "ours_index": j, "name": n, "why": w}
-                                 for i, j, n, w in self.not_compared]}
+                                 for i, j, n, w in self.not_compared],
+                "warnings": list(self.warnings), "provenance": self.provenance, "unpaired": self.unpaired}
 
     def format_text(self) -> str:
         s = self.summary
         out = [f"graph-diff [{self.graph}]  ref: {self.ref_path or '-'}  ours: {self.ours_path or '-'}",
                f"result: {self.status}"]
+        out += [f"warning: {w}" for w in self.warnings]
         if self.builds:
             out += [f"  {side:4s} build: {desc}" for side, desc in self.builds.items()]
         fd = self.first_divergence
@@ -392,6 +400,19 @@ def exit_code(results: Sequence[DiffResult]) -> int:
 
 def _fmt(v: Any) -> str:
     return json.dumps(v) if isinstance(v, (list, str, type(None))) else str(v)
+
+
+def _fmt_op_params(op: str, a: list[int], b: list[int]) -> str:
+    """op_params of a changed pair, decoded (eps, scales, modes) when graphgen.opparams is there,
+    else the raw int32 slots."""
+    raw = f"op_params: {_fmt(a)} -> {_fmt(b)}"
+    try:
+        from graphgen.opparams import format_op_params
+        da, db = format_op_params(op, list(a)), format_op_params(op, list(b))
+    except Exception:  # noqa: BLE001 - absent or failing: the raw slots still say what differs
+        return raw
+    # a difference the decoding does not show (a slot outside the op's layout) keeps the raw ints
+    return raw if da == db else f"op_params: {da or '(none)'} -> {db or '(none)'}"
 
 
 def _json_float(v: float | None) -> float | str | None:
@@ -691,11 +712,18 @@ def _compare_run(i0: int, i1: int, j0: int, j1: int, rsrc: _Sources, osrc: _Sour
 
 
 def diff_dumps(ref: Dump, ours: Dump, nmse: float | dict[str, float] | None = None,
-               rules: Sequence[Rule] | str | os.PathLike | None = None) -> DiffResult:
-    """Compare two dumps; `rules` is a list of Rule or the path of a rules file."""
+               rules: Sequence[Rule] | str | os.PathLike | None = None, on_values=None) -> DiffResult:
+    """Compare two dumps; `rules` is a list of Rule or the path of a rules file.
+
+    When either side is imported (structure only), both are first cut down to the fields every
+    import involved shows, and a note says so. `on_values(done, total)` follows the value
+    comparison, the slow part of a large graph."""
     if isinstance(rules, (str, os.PathLike)):
         rules = load_rules(rules)
     rules = list(rules or ())
+    from graphgen.view.importers import common_fields
+    full_ref, full_ours = ref, ours
+    ref, ours, cut_note = common_fields(ref, ours)
     threshold = _thresholds(nmse)
     R, O = ref.nodes, ours.nodes
     steps = _align(R, O, rules)
@@ -756,8 +784,12 @@ def diff_dumps(ref: Dump, ours: Dump, nmse: float | dict[str, float] | None = No
     structure_only = [side for side, d in (("ref", ref), ("ours", ours)) if (d.source or {}).get("import")]
     if structure_only:
         notes.append(f"{' and '.join(structure_only)} is an imported, structure-only dump: values not compared")
-    else:
-        for i, j in compare:
+    if cut_note:
+        notes.append(cut_note)
+    if not structure_only:
+        for k, (i, j) in enumerate(compare):
+            if on_values is not None and k % 16 == 0:
+                on_values(k, len(compare))
             r, o = R[i], O[j]
             if r.ne != o.ne:
                 continue  # already a structural difference; values cannot line up
@@ -780,21 +812,10 @@ def diff_dumps(ref: Dump, ours: Dump, nmse: float | dict[str, float] | None = No
 
     if ref.graph != ours.graph:
         notes.append(f"comparing a '{ref.graph}' graph with a '{ours.graph}' graph")
-    feats = sorted(set(ref.cpu_features) | set(ours.cpu_features))
-    differ = [f"{f} ref={_fmt_feat(ref.cpu_features.get(f))} ours={_fmt_feat(ours.cpu_features.get(f))}"
-              for f in feats if ref.cpu_features.get(f) != ours.cpu_features.get(f)]
-    if differ:
-        notes.append(f"cpu_features differ ({', '.join(differ)}): different kernels may run, so "
-                     "last-bit differences in values are expected")
-    ggml_ref, ggml_ours = (ref.source or {}).get("ggml"), (ours.source or {}).get("ggml")
-    if ggml_ref and ggml_ours and ggml_ref != ggml_ours:
-        notes.append(f"computed on different ggml versions (ref {ggml_ref}, ours {ggml_ours}): kernels may "
-                     "differ, so value differences need not come from the graph")
-    sdiff = [f"{k} ref={_fmt(ref.settings.get(k))} ours={_fmt(ours.settings.get(k))}"
-             for k in sorted(set(ref.settings) | set(ours.settings))
-             if ref.settings.get(k) != ours.settings.get(k)]
-    if sdiff:
-        notes.append(f"settings differ: {', '.join(sdiff)}")
+    warnings, provenance = _provenance(full_ref, full_ours)
+    # an import knows neither the build nor the settings: nothing to compare them with
+    if not structure_only:
+        notes += _build_notes(ref, ours)
 
     # First divergence in ref order; a structural difference precedes a value failure at the same
     # node, and value failures propagate downstream, so the earliest one is the origin.
@@ -828,7 +849,58 @@ def diff_dumps(ref: Dump, ours: Dump, nmse: float | dict[str, float] | None = No
                       numeric=numeric, not_compared=not_compared,
                       first_divergence=first, rules_fired=dict(Counter(e.rule for e in explained)),
                       explained=explained, notes=notes, summary=summary,
-                      builds={"ref": describe_build(ref), "ours": describe_build(ours)})
+                      builds={"ref": describe_build(ref), "ours": describe_build(ours)},
+                      warnings=warnings, provenance=provenance)
+
+
+def _build_notes(ref: Dump, ours: Dump) -> list[str]:
+    """What differs in how the two sides were computed (CPU kernels, ggml, settings)."""
+    notes = []
+    feats = sorted(set(ref.cpu_features) | set(ours.cpu_features))
+    differ = [f"{f} ref={_fmt_feat(ref.cpu_features.get(f))} ours={_fmt_feat(ours.cpu_features.get(f))}"
+              for f in feats if ref.cpu_features.get(f) != ours.cpu_features.get(f)]
+    if differ:
+        notes.append(f"cpu_features differ ({', '.join(differ)}): different kernels may run, so "
+                     "last-bit differences in values are expected")
+    ggml_ref, ggml_ours = (ref.source or {}).get("ggml"), (ours.source or {}).get("ggml")
+    if ggml_ref and ggml_ours and ggml_ref != ggml_ours:
+        notes.append(f"computed on different ggml versions (ref {ggml_ref}, ours {ggml_ours}): kernels may "
+                     "differ, so value differences need not come from the graph")
+    sdiff = [f"{k} ref={_fmt(ref.settings.get(k))} ours={_fmt(ours.settings.get(k))}"
+             for k in sorted(set(ref.settings) | set(ours.settings))
+             if ref.settings.get(k) != ours.settings.get(k)]
+    if sdiff:
+        notes.append(f"settings differ: {', '.join(sdiff)}")
+    return notes
+
+
+def _provenance(ref: Dump, ours: Dump) -> tuple[list[str], dict[str, Any]]:
+    """Warnings when the two sides ran different models or scenarios, and what each side ran.
+    Dumps made before these fields existed, and imports, say nothing, so nothing is claimed."""
+    def side(d: Dump) -> dict[str, Any]:
+        return {"model": d.model, "model_sha256": d.model_sha256, "scenario": d.scenario}
+
+    def scen(d: Dump) -> str:
+        sc = d.scenario or {}
+        where = sc.get("path") or sc.get("name") or "a scenario"
+        seed = f", seed {sc['seed']}" if sc.get("seed") is not None else ""
+        return f"{where} ({str(sc.get('digest'))[:12]}{seed})"
+
+    info = {"ref": side(ref), "ours": side(ours), "same_model": None, "same_scenario": None}
+    warnings = []
+    if ref.model_sha256 and ours.model_sha256:
+        info["same_model"] = ref.model_sha256 == ours.model_sha256
+        if not info["same_model"]:
+            warnings.append(f"the two sides ran different models: ref {ref.model} (sha256 "
+                            f"{ref.model_sha256[:12]}), ours {ours.model} (sha256 {ours.model_sha256[:12]}); "
+                            "compared anyway")
+    dr, do = (ref.scenario or {}).get("digest"), (ours.scenario or {}).get("digest")
+    if dr and do:
+        info["same_scenario"] = dr == do
+        if not info["same_scenario"]:
+            warnings.append(f"the two sides ran different scenarios: ref {scen(ref)}, ours {scen(ours)}; "
+                            "compared anyway")
+    return warnings, info
 
 
 SIMD_FEATURES = ("AVX", "AVX2", "AVX512", "F16C", "FMA", "BMI2", "LLAMAFILE", "NEON", "SVE")
@@ -848,41 +920,124 @@ def _fmt_feat(v: bool | None) -> str:
     return "absent" if v is None else str(v).lower()
 
 
-def _unpaired(dump: Dump, side: str, n_ref: int, n_ours: int) -> DiffResult:
-    other = "ours" if side == "ref" else "ref"
+def _unpaired(dump: Dump, side: str, why: str) -> DiffResult:
     path = str(dump.path)
     return DiffResult(ref_path=path if side == "ref" else None, ours_path=path if side == "ours" else None,
-                      graph=dump.graph, identical=False,
-                      notes=[f"{dump.path.name} has no counterpart in {other} "
-                             f"(ref has {n_ref} evaluations, ours has {n_ours})"])
+                      graph=dump.graph, identical=False, unpaired=side, notes=[why])
+
+
+def _is_dump_json(path: Path) -> bool:
+    # told from other JSON by its "format" key near the top, without parsing the whole file
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return '"format"' in f.read(200)
+    except OSError:
+        return False
+
+
+def load_side(path: str | os.PathLike) -> list[Dump]:
+    """The graphs of one side of a diff: a dump folder, a dump file, or a file the importers read
+    (eval-callback text, a ggml dot file, a GGML_SCHED_DEBUG log; structure only)."""
+    from graphgen.view.importers import import_file
+    path = Path(path)
+    if not path.exists():
+        raise DumpError(f"{path}: no such file or folder")
+    if path.is_dir():
+        return [load_dump(p) for p in dump_files(path)]
+    if path.suffix == ".json":
+        if not _is_dump_json(path):  # no importer reads JSON
+            raise DumpError(f"{path}: not a graphgen dump (no \"format\": \"graphgen-dump/1\" key)")
+        return [load_dump(path)]
+    return import_file(path)
+
+
+def _step_label(dumps: list[Dump]) -> list[tuple[str, int]]:
+    """(kind, step) of each graph: its kind and its place among the graphs of that kind."""
+    seen: Counter = Counter()
+    out = []
+    for d in dumps:
+        out.append((d.graph, seen[d.graph]))
+        seen[d.graph] += 1
+    return out
+
+
+def _describe_graph(d: Dump, kind_step: tuple[str, int]) -> str:
+    return f"{d.path.name} ({kind_step[0]} #{kind_step[1]})"
+
+
+def pair_graphs(refs: list[Dump], ours: list[Dump], single: bool = False
+                ) -> tuple[list[tuple[Dump, Dump]], list[Dump], list[Dump]]:
+    """Pair the graphs of two sides by kind (inject, block, encoder) and step (their order within
+    that kind): the second block of ref goes with the second block of ours, whatever the
+    evaluations around them. Returns (pairs in ref's order, ref graphs without a partner, ours
+    graphs without a partner). With `single`, two one-graph sides pair whatever their kinds (the
+    user picked both)."""
+    if single and len(refs) == 1 and len(ours) == 1:
+        return [(refs[0], ours[0])], [], []
+    ours_at = {key: d for key, d in zip(_step_label(ours), ours)}
+    pairs, lone_ref, used = [], [], set()
+    for key, d in zip(_step_label(refs), refs):
+        o = ours_at.get(key)
+        if o is None:
+            lone_ref.append(d)
+        else:
+            pairs.append((d, o))
+            used.add(key)
+    lone_ours = [d for key, d in zip(_step_label(ours), ours) if key not in used]
+    return pairs, lone_ref, lone_ours
 
 
 def diff_paths(ref_path: str | os.PathLike, ours_path: str | os.PathLike,
                nmse: float | dict[str, float] | None = None,
-               rules_path: str | os.PathLike | None = None) -> list[DiffResult]:
-    """Diff two dump files, or two dump folders paired by evaluation order."""
+               rules_path: str | os.PathLike | None = None, progress=None) -> list[DiffResult]:
+    """Diff two sides, each a dump folder, a dump file or an importable file (see `load_side`).
+
+    Graphs are paired by kind and step (`pair_graphs`); a graph without a partner gives a result
+    that says so and fails, except that when one side is a single file the other side's remaining
+    graphs are only named in a note (one graph was asked for). An imported side is compared on
+    the fields its format shows (`graphgen.view.importers.common_fields`). `progress(k, n, name,
+    detail)` is called as the work goes on: graph k of n, the files' names, how far its values are."""
     ref_path, ours_path = Path(ref_path), Path(ours_path)
     for p in (ref_path, ours_path):
         if not p.exists():
             raise DumpError(f"{p}: no such file or folder")
     rules = load_rules(rules_path) if rules_path is not None else []
-    if ref_path.is_dir() != ours_path.is_dir():
-        raise DumpError(f"{ref_path} and {ours_path}: compare two dump files or two dump folders")
-    if not ref_path.is_dir():
-        return [_diff_files(ref_path, ours_path, nmse, rules)]
+    refs, ours = load_side(ref_path), load_side(ours_path)
+    # a side that is one file holding one graph: the user asked about that graph alone
+    single_ref = not ref_path.is_dir() and len(refs) == 1
+    single_ours = not ours_path.is_dir() and len(ours) == 1
+    pairs, lone_ref, lone_ours = pair_graphs(refs, ours, single=single_ref and single_ours)
+    ref_keys = dict(zip(map(id, refs), _step_label(refs)))
+    ours_keys = dict(zip(map(id, ours), _step_label(ours)))
 
-    ref_files, ours_files = dump_files(ref_path), dump_files(ours_path)
-    results = []
-    for k in range(max(len(ref_files), len(ours_files))):
-        if k >= len(ours_files):
-            results.append(_unpaired(load_dump(ref_files[k]), "ref", len(ref_files), len(ours_files)))
-        elif k >= len(ref_files):
-            results.append(_unpaired(load_dump(ours_files[k]), "ours", len(ref_files), len(ours_files)))
-        else:
-            results.append(_diff_files(ref_files[k], ours_files[k], nmse, rules))
-    return results
+    # results in ref's order, a graph without a partner where it would have been compared
+    place = {id(d): k for k, d in enumerate(refs)}
+    place.update({id(d): len(refs) + k for k, d in enumerate(ours)})
+    placed: list[tuple[int, DiffResult]] = []
+    skipped = []  # graphs of a folder left out because the other side is one file
+    for side, lone, keys, other_single, other in (("ref", lone_ref, ref_keys, single_ours, ours_path),
+                                                  ("ours", lone_ours, ours_keys, single_ref, ref_path)):
+        for d in lone:
+            label = _describe_graph(d, keys[id(d)])
+            if other_single and pairs:
+                skipped.append(f"{side} {label}")
+            else:
+                placed.append((place[id(d)], _unpaired(d, side, f"{side} {label} has no partner in {other} "
+                                                               "(graphs pair by kind and step)")))
+    n = len(pairs)
+    for k, (r, o) in enumerate(pairs):
+        if progress is not None:
+            progress(k + 1, n, f"{r.path.name} / {o.path.name}", "")
 
+        def on_values(done, total, k=k, r=r, o=o):
+            progress(k + 1, n, f"{r.path.name} / {o.path.name}", f"values {done}/{total}")
+        try:
+            res = diff_dumps(r, o, nmse, rules, on_values=on_values if progress is not None else None)
+        finally:
+            r.close()
+            o.close()
+        if skipped:
+            res.notes.append(f"not compared, the other side being one graph: {', '.join(skipped)}")
+        placed.append((place[id(r)], res))
+    return [res for _, res in sorted(placed, key=lambda x: x[0])]
 
-def _diff_files(ref_path: Path, ours_path: Path, nmse, rules: Sequence[Rule]) -> DiffResult:
-    with load_dump(ref_path) as ref, load_dump(ours_path) as ours:
-        return diff_dumps(ref, ours, nmse, rules)

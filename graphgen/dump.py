@@ -12,10 +12,12 @@ ignored so that /1 can gain optional fields without breaking readers.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
 import re
+import threading
 import zipfile
 import zlib
 from dataclasses import dataclass, field
@@ -85,6 +87,8 @@ class Dump:
     cpu_features: dict[str, bool]
     nodes: list[Node]
     values_path: Path | None = None
+    model_sha256: str | None = None       # of the GGUF file; absent in dumps made before it was recorded
+    scenario: dict[str, Any] | None = None  # digest (of its canonical JSON), name, path, seed
     _npz: Any = field(default=None, init=False, repr=False, compare=False)
 
     @property
@@ -262,8 +266,27 @@ def _parse_doc(doc: Any, path: Path) -> dict[str, Any]:
     if len(raw_nodes) > MAX_NODES:
         raise _fail(path, "nodes", f"{len(raw_nodes)} nodes is more than the limit of {MAX_NODES}")
     nodes = [_parse_node(raw, pos, path) for pos, raw in enumerate(raw_nodes)]
+    model_sha256 = doc.get("model_sha256")
+    if model_sha256 is not None and not _is_sha256(model_sha256):
+        raise _fail(path, "model_sha256", f"expected a sha256 in hex, got {_short(model_sha256)}")
+    scenario = doc.get("scenario")
+    if scenario is not None:
+        if not isinstance(scenario, dict):
+            raise _fail(path, "scenario", f"expected an object, got {_short(scenario)}")
+        if "digest" in scenario and not _is_sha256(scenario["digest"]):
+            raise _fail(path, "scenario.digest", f"expected a sha256 in hex, got {_short(scenario['digest'])}")
+        for key in ("name", "path"):
+            if key in scenario and not _is_str(scenario[key]):
+                raise _fail(path, f"scenario.{key}", f"expected a string, got {_short(scenario[key])}")
+        if "seed" in scenario and not _is_int_or_null(scenario["seed"]):
+            raise _fail(path, "scenario.seed", f"expected an int, got {_short(scenario['seed'])}")
     return {"format": FORMAT, "source": dict(source), "model": model, "graph": graph,
-            "settings": dict(settings), "cpu_features": dict(cpu), "nodes": nodes}
+            "settings": dict(settings), "cpu_features": dict(cpu), "nodes": nodes,
+            "model_sha256": model_sha256, "scenario": dict(scenario) if scenario is not None else None}
+
+
+def _is_sha256(v: Any) -> bool:
+    return isinstance(v, str) and len(v) == 64 and all(c in "0123456789abcdef" for c in v)
 
 
 # ---- reading ----------------------------------------------------------------------------------
@@ -320,14 +343,15 @@ def load_dump_dir(directory: str | os.PathLike) -> list[Dump]:
 
 # ---- writing ----------------------------------------------------------------------------------
 
-_HEADER_KEYS = ("source", "model", "settings", "cpu_features")
+_HEADER_KEYS = ("source", "model", "model_sha256", "scenario", "settings", "cpu_features")
 
 
 def _encode(doc: dict[str, Any]) -> str:
     # One header field and one node per line: stable, compact, and friendly to text diffs.
     lines = ["{"]
-    for key in ("format", "source", "model", "graph", "settings", "cpu_features"):
-        lines.append(f" {json.dumps(key)}: {json.dumps(doc[key], sort_keys=True)},")
+    for key in ("format", "source", "model", "model_sha256", "scenario", "graph", "settings", "cpu_features"):
+        if key in doc:
+            lines.append(f" {json.dumps(key)}: {json.dumps(doc[key], sort_keys=True)},")
     lines.append(' "nodes": [')
     lines.append(",\n".join("  " + json.dumps(n) for n in doc["nodes"]))
     lines.append(" ]")
@@ -372,7 +396,8 @@ def write_dump(directory: str | os.PathLike, seq: int, graph: str, header: dict[
                max_data: int | None = None) -> Path:
     """Write `NN-<graph>.json` (and `.npz` when there are values) into `directory`.
 
-    `header` holds source, model, settings and cpu_features. Values are stored for nodes with
+    `header` holds source, model, settings and cpu_features, and optionally model_sha256 and
+    scenario (see `provenance`). Values are stored for nodes with
     at most `max_data` elements (all when None), as float32 unless given as integers. The
     document is validated with the reader's rules first, so what is written can be read back.
     """
@@ -383,7 +408,8 @@ def write_dump(directory: str | os.PathLike, seq: int, graph: str, header: dict[
     if header.get("format", FORMAT) != FORMAT:
         raise _fail(json_path, "format", f"expected \"{FORMAT}\", got {_short(header['format'])}")
     doc: dict[str, Any] = {"format": FORMAT, "graph": graph}
-    doc.update({k: header[k] for k in _HEADER_KEYS if k in header})
+    doc.update({k: header[k] for k in _HEADER_KEYS
+                if k in header and not (header[k] is None and k in ("model_sha256", "scenario"))})
     doc["nodes"] = [n.to_dict() for n in nodes]
     parsed = _parse_doc(doc, json_path)
 
@@ -411,3 +437,80 @@ def write_dump(directory: str | os.PathLike, seq: int, graph: str, header: dict[
     # The JSON goes last: its presence marks a complete dump.
     _replace_atomically(json_path, lambda f: f.write(_encode(doc).encode("utf-8")))
     return json_path
+
+
+# ---- provenance: which model and scenario a dump ran ------------------------------------------
+
+_sha_lock = threading.Lock()
+_sha_memo: dict[tuple[str, int, int], str] = {}
+
+
+def _cache_file() -> Path:
+    base = os.environ.get("GRAPHGEN_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "graphgen")
+    return Path(base) / "model-sha256.json"
+
+
+def model_sha256(path: str | os.PathLike) -> str:
+    """sha256 of a model file, hashed once per (path, mtime, size): in this process and, through a
+    small file in graphgen's cache folder, across processes (a dump and its reference each need it,
+    and a published-size draft takes seconds to hash)."""
+    p = Path(path).resolve()
+    st = p.stat()
+    key = (str(p), st.st_mtime_ns, st.st_size)
+    with _sha_lock:
+        if key in _sha_memo:
+            return _sha_memo[key]
+        cache_path = _cache_file()
+        try:
+            cache = json.loads(cache_path.read_text())
+            hit = cache.get(key[0]) if isinstance(cache, dict) else None
+        except (OSError, ValueError):
+            cache, hit = {}, None
+        if isinstance(hit, dict) and hit.get("mtime_ns") == key[1] and hit.get("size") == key[2] \
+                and _is_sha256(hit.get("sha256")):
+            _sha_memo[key] = hit["sha256"]
+            return hit["sha256"]
+        h = hashlib.sha256()
+        with open(p, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 24), b""):
+                h.update(chunk)
+        digest = h.hexdigest()
+        _sha_memo[key] = digest
+        cache = cache if isinstance(cache, dict) else {}
+        cache[key[0]] = {"mtime_ns": key[1], "size": key[2], "sha256": digest}
+        try:
+            cache_path.parent.mkdir(parents=True, exist_ok=True)
+            # a temporary name of its own: two processes (a dump and its reference) may write at once
+            tmp = cache_path.with_name(f"{cache_path.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(cache, indent=0))
+            os.replace(tmp, cache_path)
+        except OSError:
+            pass  # a read-only cache costs a re-hash next time, nothing else
+        return digest
+
+
+def scenario_digest(doc: dict[str, Any]) -> str:
+    """sha256 of a scenario's canonical JSON (sorted keys, no spaces): files that differ only in
+    layout or key order share it."""
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def provenance(model_path: str | os.PathLike | None = None, scenario: Any = None,
+               scenario_path: str | os.PathLike | None = None) -> dict[str, Any]:
+    """The header fields that say what ran: `model_sha256`, and `scenario` with the digest of
+    `scenario.to_dict()` (defaults filled in, so an omitted default and a spelled-out one agree),
+    its file's name and path, and its seed."""
+    out: dict[str, Any] = {}
+    if model_path is not None:
+        out["model_sha256"] = model_sha256(model_path)
+    if scenario is not None:
+        info: dict[str, Any] = {"digest": scenario_digest(scenario.to_dict())}
+        if scenario_path is not None:
+            info["name"] = Path(scenario_path).name
+            info["path"] = str(Path(scenario_path).resolve())
+        seed = getattr(scenario, "seed", None)
+        if seed is not None:
+            info["seed"] = seed
+        out["scenario"] = info
+    return out

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from . import __version__
-from .dump import write_dump
+from .dump import provenance, write_dump
 from .ops import ggml as G
 from .ops.runtime import describe as runtime_source
 from .record import NodeRecorder, cpu_features, n_kv_from_nodes
@@ -19,20 +19,24 @@ from .runtime.session import Session
 from .scenario import Scenario
 
 
-def engine_header(model_name: str) -> dict:
+def engine_header(model_name: str, model_path=None, scenario: Scenario | None = None,
+                  scenario_path=None) -> dict:
+    """A dump header; with the model's path and the scenario it also says what ran (`provenance`)."""
     return {"source": {"engine": "graphgen", "version": __version__, **runtime_source()},
-            "model": model_name, "cpu_features": cpu_features(G.cpu_lib())}
+            "model": model_name, "cpu_features": cpu_features(G.cpu_lib()),
+            **provenance(model_path, scenario, scenario_path)}
 
 
 def run_scenario(model_path, scenario: Scenario, out=None, max_data: int = 262144, progress=None,
-                 backend: str = "cpu"):
-    """Run every step; write dumps into `out` when given. Returns [(step, Result, dump path)]."""
+                 backend: str = "cpu", scenario_path=None):
+    """Run every step; write dumps into `out` when given. Returns [(step, Result, dump path)].
+    `scenario_path`, when the scenario came from a file, is recorded in the dumps."""
     model_path = Path(model_path)
     sess = Session(model_path, n_ctx=scenario.n_ctx, n_ubatch=scenario.n_ubatch,
-                   flash_attn=scenario.flash_attn, type_kv=scenario.type_kv, n_seq=scenario.n_seq,
+                   flash_attn=scenario.flash_attn, type_k=scenario.type_k, type_v=scenario.type_v, n_seq=scenario.n_seq,
                    n_threads=scenario.n_threads, backend=backend)
     hp = sess.hparams
-    header = engine_header(model_path.name)
+    header = engine_header(model_path.name, model_path, scenario, scenario_path) if out is not None else None
     rec = NodeRecorder(G.op_desc, G.type_name, max_data, G.read_tensor_bytes) if out is not None else None
     context_rows: dict[tuple[int, int], np.ndarray] = {}
     results, seq_no = [], 0

@@ -36,13 +36,15 @@ class XDiffResult:
     backends: list
     graphs: list = field(default_factory=list)   # per graph: dict(graph, nodes, structural, worst, first_bad)
     ok: bool = True
+    nmse: float | None = None   # one bound for every inexact node instead of the per-op table
 
     def to_dict(self) -> dict:
-        return {"backends": list(self.backends), "ok": self.ok, "graphs": self.graphs}
+        return {"backends": list(self.backends), "ok": self.ok, "nmse": self.nmse, "graphs": self.graphs}
 
     def format_text(self) -> str:
         ref, other = self.backends
-        out = [f"xdiff {ref} vs {other}: {'PASS' if self.ok else 'FAIL'}"]
+        bound = f" (nmse bound {self.nmse:g} for every inexact node)" if self.nmse is not None else ""
+        out = [f"xdiff {ref} vs {other}: {'PASS' if self.ok else 'FAIL'}{bound}"]
         for g in self.graphs:
             line = (f"  [{g['graph']}] {g['nodes']} nodes, structure {'identical' if not g['structural'] else 'DIFFERS'}, "
                     f"worst nmse {g['worst_nmse']:.3g} at {g['worst_name']}")
@@ -58,7 +60,9 @@ class XDiffResult:
         return "\n".join(out)
 
 
-def xdiff(model, scenario, backends, out=None, progress=None) -> XDiffResult:
+def xdiff(model, scenario, backends, out=None, progress=None, nmse: float | None = None) -> XDiffResult:
+    """Run `scenario` on both `backends` and compare them (see `compare_dirs`; `nmse` overrides the
+    per-op bounds)."""
     if len(backends) != 2:
         raise ValueError("xdiff compares two backends, e.g. --backends cpu,vulkan")
     # both backends must open before either side runs: a missing one is reported at once
@@ -76,15 +80,24 @@ def xdiff(model, scenario, backends, out=None, progress=None) -> XDiffResult:
         # every value is kept: backends differ in the last bits, which a digest cannot weigh
         run_scenario(model, scenario, d, backend=b, progress=progress, max_data=1 << 62)
         dirs.append(d)
-    return compare_dirs(dirs[0], dirs[1], backends)
+    return compare_dirs(dirs[0], dirs[1], backends, nmse)
 
 
-def compare_dirs(dir_a, dir_b, backends) -> XDiffResult:
-    """The comparison half of xdiff: two dump folders of one scenario, node by node, per-op bounds."""
-    res = XDiffResult(list(backends))
+def compare_dirs(dir_a, dir_b, backends, nmse: float | None = None) -> XDiffResult:
+    """The comparison half of xdiff: two dump folders of one scenario, node by node, per-op bounds;
+    `nmse` replaces them with one bound (as diff's --nmse), integer results staying exact."""
+    if nmse is not None and not (isinstance(nmse, (int, float)) and not isinstance(nmse, bool) and nmse >= 0):
+        raise ValueError(f"nmse must be a non-negative number, got {nmse!r}")
+    bound = None if nmse is None else float(nmse)
+    res = XDiffResult(list(backends), nmse=bound)
     from .diff import compare_values
     from .dump import load_dump
     for r in diff_paths(dir_a, dir_b, nmse=1.0):
+        if r.unpaired:  # one run evaluated a graph the other did not
+            res.graphs.append({"graph": r.graph, "nodes": None, "structural": list(r.notes), "worst_nmse": 0.0,
+                               "worst_name": "-", "first_bad": None, "order_dependent": 0})
+            res.ok = False
+            continue
         ref, ours = load_dump(r.ref_path), load_dump(r.ours_path)
         nodes = {n.index: n for n in ref.nodes}
         # a top-k's order is the backend's (the CPU kernel's partial sort is one order among many):
@@ -105,7 +118,7 @@ def compare_dirs(dir_a, dir_b, backends) -> XDiffResult:
                 reordered.add(node.name)
                 n_perm += 1
                 nmse, _, reason = compare_values(np.sort(a, axis=None), np.sort(b, axis=None))
-            thr = 0.0 if op in EXACT_OPS else OP_NMSE.get(op, DEFAULT_NMSE)
+            thr = 0.0 if op in EXACT_OPS else OP_NMSE.get(op, DEFAULT_NMSE) if bound is None else bound
             bad = (reason is not None) or nmse > thr
             if nmse > worst:
                 worst, worst_name = nmse, n.name

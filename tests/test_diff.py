@@ -1,15 +1,25 @@
 import argparse
 import dataclasses
+import hashlib
+import io
 import json
+import os
 import re
+import subprocess
+import sys
+import types
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from conftest import REF_DIR
+from graphgen.cli import main as cli_main
 from graphgen.cli.dump import add_diff_args, run_diff
 from graphgen.diff import (RulesError, compare_values, diff_dumps, diff_paths, exit_code, load_rules,
                            normalize_name, parse_rules)
 from graphgen.dump import Node, load_dump, write_dump
+from graphgen.view.importers import VIEW_OPS, import_file
 
 HEADER = {
     "source": {"engine": "llama.cpp", "version": "b6000"},
@@ -429,7 +439,8 @@ def test_folders_paired_in_order(tmp_path):
         write(tmp_path / "ours", make_graph(), seq=seq)
     results = diff_paths(tmp_path / "ref", tmp_path / "ours")
     assert [r.identical for r in results] == [True, True, False]
-    assert "no counterpart" in results[2].notes[0]
+    assert results[2].unpaired == "ref" and results[2].status == "NO PARTNER"
+    assert "02-block.json (block #2) has no partner" in results[2].notes[0]
     assert exit_code(results) == 1
 
 
@@ -478,3 +489,251 @@ def test_cli_bad_rules(tmp_path, capsys):
     assert cli(ref, ref, "--rules", rules) == 2
     err = capsys.readouterr().err
     assert err.startswith("graphgen: error: ") and "invalid JSON" in err and err.count("\n") == 1
+
+
+# ---- imported dumps, pairing, provenance, op_params, progress, xdiff bounds ---------------------
+
+EVAL_CB_FIELDS = ["name", "op", "type", "ne", "src[:2]"]
+
+
+def test_imported_folder_compared_on_its_fields(tmp_path, models_dir, capsys):
+    from make_references import build_model
+
+    from graphgen.scenario import load_scenario
+    from graphgen.view.trace import run_trace
+    case = REF_DIR / "dflash-fa-off"
+    model = build_model(case, models_dir)
+    buf = io.StringIO()
+    assert run_trace(model, load_scenario(case / "scenario.json"), buf) == 0
+    trace = tmp_path / "trace.txt"
+    trace.write_text(buf.getvalue())
+    assert cli_main(["import", str(trace), "--out", str(tmp_path / "imp")]) == 0
+    capsys.readouterr()
+    doc = json.loads((tmp_path / "imp" / "01-block.json").read_text())
+    assert doc["source"]["import"]["format"] == "eval-callback"
+    assert doc["source"]["import"]["fields"] == EVAL_CB_FIELDS
+    # the reference has names with leading spaces (" (reshaped)"), op_params and view sources, none
+    # of which the text shows: the folder must compare as the text itself does
+    assert any(n.name.startswith(" ") for n in load_dump(case / "01-block.json").nodes)
+    for ours in (trace, tmp_path / "imp"):
+        results = diff_paths(case, ours)
+        assert [(r.graph, r.status) for r in results] == [("inject", "IDENTICAL"), ("block", "IDENTICAL")], \
+            "\n".join(r.format_text() for r in results)
+        for r in results:
+            assert any("compared on the fields eval-callback shows (name, op, type, ne, src[:2]); both sides cut"
+                       in n for n in r.notes)
+            assert not any("cpu_features" in n or "settings differ" in n for n in r.notes)
+    assert cli_main(["diff", str(case), str(tmp_path / "imp")]) == 0
+    out = capsys.readouterr().out
+    assert out.count("result: IDENTICAL") == 2 and "both sides cut to them" in out
+    # what the text does show is still compared
+    doc["nodes"][5]["op"] = "NORM"
+    (tmp_path / "imp" / "01-block.json").write_text(json.dumps(doc))
+    block = diff_paths(case, tmp_path / "imp")[1]
+    assert block.status == "DIVERGED"
+    assert [(d.ref_index, d.fields) for d in block.structural] == [(5, {"op": ("RMS_NORM", "NORM")})]
+
+
+@pytest.mark.reference
+def test_sched_debug_log_pairs_with_dump(tmp_path, models_dir):
+    from make_references import build_model
+    case = REF_DIR / "dflash-fa-off"
+    model = build_model(case, models_dir)
+    # the child `graphgen dump --engine llama.cpp` runs, with the scheduler's debug log on stderr
+    p = subprocess.run([sys.executable, "-m", "graphgen.reference.runner", str(model), str(case / "scenario.json"),
+                        str(tmp_path / "ref")], capture_output=True, text=True,
+                       env=dict(os.environ, GGML_SCHED_DEBUG="2"), timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    log = tmp_path / "sched.log"
+    log.write_text(p.stderr)
+    assert p.stderr.count("graph_reserve:") >= 2  # the context reserved with graphs it never computes
+    dumps = import_file(log)
+    assert [d.graph for d in dumps] == ["inject", "block"]
+    for d, f in zip(dumps, ["00-inject", "01-block"]):
+        ref = load_dump(case / f"{f}.json")
+        assert [n.op[:10] for n in d.nodes] == [n.op[:10] for n in ref.nodes if n.op not in VIEW_OPS]
+    for ours in (log, tmp_path / "imp"):
+        if ours != log:
+            assert cli_main(["import", str(log), "--out", str(ours)]) == 0
+        results = diff_paths(case, ours)
+        assert [(r.graph, r.status) for r in results] == [("inject", "IDENTICAL"), ("block", "IDENTICAL")], \
+            "\n".join(r.format_text() for r in results)
+        assert all(any("sched-debug shows" in n for n in r.notes) for r in results)
+    # a node renamed in the log is found
+    bad = tmp_path / "bad.log"
+    bad.write_text(p.stderr.replace("        ffn_inp-1 (", "        ffn_XXX-1 ("))
+    block = diff_paths(case, bad)[1]
+    assert block.status == "DIVERGED" and any(d.ref_name == "ffn_inp-1" for d in block.structural)
+
+
+def write_kind(directory, seq, kind, graph):
+    nodes = [n for n, _ in graph]
+    return write_dump(directory, seq, kind, HEADER, nodes, {n.index: v for n, v in graph})
+
+
+def inject_graph():
+    """A graph unlike the block: compared with it, everything differs."""
+    g = make_graph(seed=3)[:3]
+    return [(dataclasses.replace(n, name=f"inj_{n.name}"), v) for n, v in g]
+
+
+def test_folders_pair_by_kind_and_step(tmp_path, capsys):
+    write_kind(tmp_path / "ref", 0, "inject", inject_graph())
+    write_kind(tmp_path / "ref", 1, "block", make_graph())
+    write_kind(tmp_path / "ref", 2, "block", make_graph(seed=1))
+    # ours ran no inject: by position its first block would meet ref's inject
+    write_kind(tmp_path / "ours", 0, "block", make_graph())
+    write_kind(tmp_path / "ours", 1, "block", make_graph(seed=1))
+    results = diff_paths(tmp_path / "ref", tmp_path / "ours")
+    assert [(r.graph, r.status) for r in results] == [("inject", "NO PARTNER"), ("block", "IDENTICAL"),
+                                                      ("block", "IDENTICAL")]
+    assert [Path(r.ref_path).name for r in results[1:]] == ["01-block.json", "02-block.json"]
+    assert [Path(r.ours_path).name for r in results[1:]] == ["00-block.json", "01-block.json"]
+    assert "00-inject.json (inject #0) has no partner" in results[0].notes[0]
+    assert exit_code(results) == 1
+    assert cli(tmp_path / "ref", tmp_path / "ours") == 1
+    out = capsys.readouterr().out
+    assert "result: NO PARTNER" in out and "2 graphs compared, 0 diverged, no partner for ref 00-inject.json" in out
+    assert cli(tmp_path / "ref", tmp_path / "ours", "--json") == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["unpaired"] == [{"side": "ref", "graph": "inject", "path": str(tmp_path / "ref" / "00-inject.json")}]
+
+
+def test_one_file_pairs_with_its_kind(tmp_path, capsys):
+    write_kind(tmp_path / "ref", 0, "inject", inject_graph())
+    write_kind(tmp_path / "ref", 1, "block", make_graph())
+    one = write_kind(tmp_path / "ours", 7, "block", make_graph())
+    [res] = diff_paths(tmp_path / "ref", one)
+    assert res.status == "IDENTICAL" and Path(res.ref_path).name == "01-block.json"
+    assert any("not compared, the other side being one graph: ref 00-inject.json (inject #0)" in n
+               for n in res.notes)
+    assert cli(tmp_path / "ref", one) == 0
+    # two files the user picked are compared whatever their kinds
+    [res] = diff_paths(tmp_path / "ref" / "00-inject.json", one)
+    assert res.status == "DIVERGED" and "comparing a 'inject' graph with a 'block' graph" in res.notes
+
+
+def with_provenance(model_sha=None, scenario=None):
+    h = dict(HEADER)
+    if model_sha is not None:
+        h["model_sha256"] = model_sha
+    if scenario is not None:
+        h["scenario"] = scenario
+    return h
+
+
+def test_different_models_and_scenarios_warn(tmp_path, capsys):
+    sha_a, sha_b = hashlib.sha256(b"a").hexdigest(), hashlib.sha256(b"b").hexdigest()
+    sc_a = {"digest": hashlib.sha256(b"s1").hexdigest(), "name": "s.json", "path": "/x/s.json", "seed": 1}
+    sc_b = dict(sc_a, digest=hashlib.sha256(b"s2").hexdigest(), seed=2)
+    ref = write(tmp_path / "ref", make_graph(), header=with_provenance(sha_a, sc_a))
+    same = write(tmp_path / "same", make_graph(), header=with_provenance(sha_a, sc_a))
+    other = write(tmp_path / "other", make_graph(), header=with_provenance(sha_b, sc_b))
+    old = write(tmp_path / "old", make_graph())
+
+    r = diff_dumps(load_dump(ref), load_dump(same))
+    assert r.warnings == [] and r.provenance["same_model"] is True and r.provenance["same_scenario"] is True
+    r = diff_dumps(load_dump(ref), load_dump(old))  # a dump from before these fields: nothing claimed
+    assert r.warnings == [] and r.provenance["same_model"] is None and r.identical
+
+    r = diff_dumps(load_dump(ref), load_dump(other))
+    assert r.status == "IDENTICAL"  # still compared
+    assert r.provenance["same_model"] is False and r.provenance["same_scenario"] is False
+    [w_model, w_scen] = r.warnings
+    assert "different models" in w_model and sha_a[:12] in w_model and sha_b[:12] in w_model
+    assert "different scenarios" in w_scen and "seed 1" in w_scen and "seed 2" in w_scen
+    lines = r.format_text().splitlines()
+    assert lines[2] == f"warning: {w_model}" and lines[3] == f"warning: {w_scen}"
+    assert cli(ref, other, "--json") == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["warnings"] == sorted([w_model, w_scen])
+    assert doc["results"][0]["provenance"]["ours"]["model_sha256"] == sha_b
+    assert doc["results"][0]["provenance"]["ref"]["scenario"]["seed"] == 1
+
+
+def test_changed_op_params_shown_decoded(tmp_path, monkeypatch):
+    g = copy_graph()
+    g[1][0].op_params = f32_bits(1e-6) + [0] * 15
+    res = diff(tmp_path, g)
+    eps5, eps6 = f32_bits(1e-5)[0], f32_bits(1e-6)[0]
+    fake = types.ModuleType("graphgen.opparams")
+    fake.format_op_params = lambda op, params: f"{op.lower()} eps={np.array(params[:1], np.int32).view(np.float32)[0]:g}"
+    monkeypatch.setitem(sys.modules, "graphgen.opparams", fake)
+    text = res.format_text()
+    assert "op_params: rms_norm eps=1e-05 -> rms_norm eps=1e-06" in text
+    assert res.to_dict()["structural"][0]["fields"]["op_params"]["ref"][0] == eps5  # JSON keeps the ints
+    # a difference the decoding does not show keeps the raw slots
+    fake.format_op_params = lambda op, params: "same"
+    assert f"op_params: [{eps5}, 0," in res.format_text()
+    # without the module, the raw ints
+    monkeypatch.setitem(sys.modules, "graphgen.opparams", None)
+    text = res.format_text()
+    assert f"op_params: [{eps5}, 0," in text and f"-> [{eps6}, 0," in text
+
+
+def test_progress_on_stderr_not_stdout(tmp_path, capsys, monkeypatch):
+    from graphgen import progress
+    write_kind(tmp_path / "ref", 0, "inject", inject_graph())
+    write_kind(tmp_path / "ref", 1, "block", make_graph())
+    write_kind(tmp_path / "ours", 0, "inject", inject_graph())
+    write_kind(tmp_path / "ours", 1, "block", make_graph())
+    monkeypatch.setattr(progress, "_mode", "always")
+    assert cli(tmp_path / "ref", tmp_path / "ours", "--json") == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["identical"] is True
+    assert "graph 1 of 2: 00-inject.json / 00-inject.json" in err
+    assert "graph 2 of 2: 01-block.json / 01-block.json" in err
+    monkeypatch.setattr(progress, "_mode", "never")  # --quiet
+    assert cli(tmp_path / "ref", tmp_path / "ours") == 0
+    out, err = capsys.readouterr()
+    assert err == "" and "2 graphs compared, 0 diverged" in out
+
+
+def test_diff_quiet_flag_sets_silence(tmp_path, capsys):
+    ref = write(tmp_path / "ref", make_graph())
+    assert cli_main(["diff", str(ref), str(ref), "--quiet", "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["identical"] is True and err == ""
+
+
+def xdiff_dirs(tmp_path, scale):
+    """Two folders of one graph, ours with one MUL_MAT perturbed to an nmse of about scale**2."""
+    from graphgen.xdiff import compare_dirs
+    base = make_graph()
+    g = copy_graph()
+    k = 3  # Qcur-0, a MUL_MAT
+    g[k] = (g[k][0], base[k][1] * (1 + scale))
+    write(tmp_path / "a", base)
+    write(tmp_path / "b", g)
+    return lambda nmse=None: compare_dirs(tmp_path / "a", tmp_path / "b", ["cpu", "other"], nmse)
+
+
+def test_xdiff_nmse_override(tmp_path):
+    run = xdiff_dirs(tmp_path, 1e-3)  # nmse 1e-6, within the matmul bound 5e-4
+    res = run()
+    assert res.ok and res.nmse is None
+    res = run(1e-7)
+    assert not res.ok
+    bad = res.graphs[0]["first_bad"]
+    assert (bad["name"], bad["op"], bad["threshold"]) == ("Qcur-0", "MUL_MAT", 1e-7)
+    assert bad["nmse"] == pytest.approx(1e-6, rel=1e-3)
+    assert "nmse bound 1e-07" in res.format_text() and res.to_dict()["nmse"] == 1e-7
+    assert run(1e-5).ok
+    with pytest.raises(ValueError, match="nmse"):
+        run(-1.0)
+
+
+def test_xdiff_cli_nmse(tmp_path, models_dir, capsys):
+    from make_references import build_model
+    case = REF_DIR / "dflash-fa-off"
+    model = build_model(case, models_dir)
+    with pytest.raises(SystemExit) as stop:
+        cli_main(["xdiff", str(model), "--scenario", str(case / "scenario.json"), "--backends", "cpu,x",
+                  "--nmse", "-1"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("graphgen: error: ") and "--nmse" in err and err.count("\n") == 1
+    assert cli_main(["xdiff", str(model), "--scenario", str(case / "scenario.json"), "--backends", "cpu,cpu",
+                     "--nmse", "0", "--out", str(tmp_path / "x"), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["ok"] is True and doc["nmse"] == 0.0 and [g["graph"] for g in doc["graphs"]] == ["inject", "block"]

@@ -1,9 +1,13 @@
+import hashlib
 import json
+import os
 
 import numpy as np
 import pytest
 
+from graphgen import dump as D
 from graphgen.dump import FORMAT, DumpError, Node, load_dump, load_dump_dir, write_dump
+from graphgen.scenario import parse_scenario
 
 HEADER = {
     "source": {"engine": "graphgen", "version": "0.1"},
@@ -183,3 +187,124 @@ def test_write_validates(tmp_path):
     with pytest.raises(DumpError, match="have 5 elements"):
         write_dump(tmp_path, 0, "block", HEADER, make_nodes(), {0: np.zeros(5)})
     assert not list(tmp_path.iterdir())
+
+
+# ---- provenance: the model's sha256, the scenario, its seed ------------------------------------
+
+SCENARIO = {"n_ctx": 64, "n_ubatch": 8, "seed": 5,
+            "steps": [{"inject": {"n_tokens": 2, "pos0": 0}}, {"block": {"tokens": [1, 2], "pos0": 2}}]}
+
+
+def canonical_digest(sc) -> str:
+    return hashlib.sha256(json.dumps(sc.to_dict(), sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("GRAPHGEN_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(D, "_sha_memo", {})
+    return tmp_path / "cache"
+
+
+def test_provenance_round_trip(tmp_path, cache):
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF" + bytes(range(256)) * 50)
+    (tmp_path / "s.json").write_text(json.dumps(SCENARIO))
+    sc = parse_scenario(SCENARIO)
+    header = dict(HEADER, **D.provenance(model, sc, tmp_path / "s.json"))
+    p = write_dump(tmp_path / "d", 0, "block", header, make_nodes())
+    d = load_dump(p)
+    assert d.model_sha256 == hashlib.sha256(model.read_bytes()).hexdigest()
+    assert d.scenario == {"digest": canonical_digest(sc), "name": "s.json", "path": str(tmp_path / "s.json"),
+                          "seed": 5}
+
+
+def test_dump_without_provenance_still_loads(tmp_path):
+    p, _, _ = write_sample(tmp_path)
+    doc = json.loads(p.read_text())
+    assert "model_sha256" not in doc and "scenario" not in doc
+    d = load_dump(p)
+    assert d.model_sha256 is None and d.scenario is None
+
+
+@pytest.mark.parametrize("key,value,fragment", [
+    ("model_sha256", "abc", "'model_sha256'"),
+    ("scenario", [1], "'scenario'"),
+    ("scenario", {"digest": "zz"}, "'scenario.digest'"),
+    ("scenario", {"seed": "1"}, "'scenario.seed'"),
+    ("scenario", {"name": 3}, "'scenario.name'"),
+])
+def test_bad_provenance_field(tmp_path, key, value, fragment):
+    p, _, _ = write_sample(tmp_path)
+    doc = json.loads(p.read_text())
+    doc[key] = value
+    p.write_text(json.dumps(doc))
+    with pytest.raises(DumpError) as e:
+        load_dump(p)
+    assert fragment in str(e.value) and "\n" not in str(e.value)
+
+
+def test_scenario_digest_is_canonical():
+    a = parse_scenario(SCENARIO)
+    # other key order, a default spelled out: the same run
+    b = parse_scenario({"steps": SCENARIO["steps"], "seed": 5, "n_ubatch": 8, "n_ctx": 64, "n_seq": 1})
+    c = parse_scenario(dict(SCENARIO, seed=6))
+    da, db, dc = (D.provenance(scenario=x)["scenario"]["digest"] for x in (a, b, c))
+    assert da == db == canonical_digest(a) and dc != da
+
+
+def test_model_sha256_hashed_once_per_path_mtime_size(tmp_path, cache):
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"x" * 1000)
+    st = model.stat()
+    first = D.model_sha256(model)
+    assert first == hashlib.sha256(b"x" * 1000).hexdigest()
+    assert (cache / "model-sha256.json").is_file()
+    # same size and mtime: neither this process nor another (empty memo) reads the file again
+    model.write_bytes(b"y" * 1000)
+    os.utime(model, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert D.model_sha256(model) == first
+    D._sha_memo.clear()
+    assert D.model_sha256(model) == first
+    # a new mtime is a new file
+    os.utime(model, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    assert D.model_sha256(model) == hashlib.sha256(b"y" * 1000).hexdigest()
+    # and a new size
+    model.write_bytes(b"y" * 999)
+    os.utime(model, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    assert D.model_sha256(model) == hashlib.sha256(b"y" * 999).hexdigest()
+
+
+@pytest.mark.reference
+def test_both_engines_record_provenance(tmp_path, models_dir, cache, capsys):
+    from conftest import REF_DIR
+    from make_references import build_model
+
+    from graphgen.cli import main as cli_main
+    from graphgen.scenario import load_scenario
+    case = REF_DIR / "dflash-fa-off"
+    model = build_model(case, models_dir)
+    scen = case / "scenario.json"
+    for engine in ("graphgen", "llama.cpp"):
+        assert cli_main(["dump", str(model), "--scenario", str(scen), "--out", str(tmp_path / engine),
+                         "--engine", engine]) == 0
+    want_sha = hashlib.sha256(model.read_bytes()).hexdigest()
+    sc = load_scenario(scen)
+    for engine in ("graphgen", "llama.cpp"):
+        for d in load_dump_dir(tmp_path / engine):
+            assert d.source["engine"] == engine
+            assert d.model_sha256 == want_sha
+            assert d.scenario == {"digest": canonical_digest(sc), "name": "scenario.json",
+                                  "path": str(scen.resolve()), "seed": sc.seed}
+    capsys.readouterr()
+    assert cli_main(["diff", str(tmp_path / "llama.cpp"), str(tmp_path / "graphgen")]) == 0
+    assert "warning:" not in capsys.readouterr().out
+    # another seed: another scenario, said plainly, values still compared
+    other = tmp_path / "seed2.json"
+    other.write_text(json.dumps(dict(json.loads(scen.read_text()), seed=sc.seed + 1)))
+    assert cli_main(["dump", str(model), "--scenario", str(other), "--out", str(tmp_path / "g2")]) == 0
+    capsys.readouterr()
+    assert cli_main(["diff", str(tmp_path / "llama.cpp"), str(tmp_path / "g2")]) == 1
+    out = capsys.readouterr().out
+    assert out.count("warning: the two sides ran different scenarios") == 2
+    assert f"seed {sc.seed + 1}" in out and "numeric failures:" in out

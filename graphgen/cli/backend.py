@@ -30,14 +30,16 @@ def _cmd_devices(args) -> int:
 def _cmd_xdiff(args) -> int:
     from ..scenario import load_scenario
     from ..xdiff import xdiff
+    from .kvtypes import apply_to_scenario
     sc = load_scenario(args.scenario)
+    apply_to_scenario(args, sc)
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
 
     def progress(step):
         if step.kind != "seq_rm":
             print(f"  step {step.index}: {step.kind}", file=sys.stderr)
     out = args.out or tempfile.mkdtemp(prefix="graphgen-xdiff-")
-    res = xdiff(args.model, sc, backends, out, progress)
+    res = xdiff(args.model, sc, backends, out, progress, nmse=args.nmse)
     print(json.dumps(res.to_dict(), indent=1) if args.json else res.format_text())
     if not args.out:
         print(f"the dumps of both runs are in {out}", file=sys.stderr)
@@ -55,6 +57,11 @@ def _cmd_rpc_server(args) -> int:
     return 0
 
 
+def _nmse_arg(text: str) -> float:
+    from .dump import _nmse_arg as parse
+    return parse(text)
+
+
 def register(sub) -> None:
     p = sub.add_parser("devices", help="list the backends and devices this build has")
     p.add_argument("--json", action="store_true", help="print it as JSON")
@@ -64,7 +71,12 @@ def register(sub) -> None:
     p.add_argument("model")
     p.add_argument("--scenario", required=True)
     p.add_argument("--backends", required=True, help="two backends, e.g. cpu,vulkan")
+    from .kvtypes import add_kv_type_flags
+    add_kv_type_flags(p)
     p.add_argument("--out", help="folder for the per-backend dumps (default: a temp folder)")
+    p.add_argument("--nmse", type=_nmse_arg, default=None,
+                   help="one NMSE bound for every node instead of the per-op ones (matmuls 5e-4, f16 "
+                        "attention 5e-3, ...); integer results (argmax, argsort, top-k) stay exact")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(fn=_cmd_xdiff)
 

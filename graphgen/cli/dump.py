@@ -7,14 +7,16 @@ import json
 import sys
 from pathlib import Path
 
-from ..diff import RulesError, diff_dumps, diff_paths, exit_code, load_rules
+from ..diff import RulesError, diff_paths, exit_code
 from ..dump import DumpError
+from .kvtypes import add_kv_type_flags, apply_to_scenario
 
 
 def _cmd_dump(args) -> int:
     from ..dump import prepare_dump_dir
     from ..scenario import load_scenario
     sc = load_scenario(args.scenario)
+    retyped = apply_to_scenario(args, sc)
     if not Path(args.model).is_file():
         raise FileNotFoundError(f"{args.model}: no such model file")
     out = Path(args.out)
@@ -22,7 +24,14 @@ def _cmd_dump(args) -> int:
         from ..reference.runner import run_reference
         if args.backend != "cpu":
             raise ValueError("the llama.cpp reference runs on the CPU; drop --backend or use --engine graphgen")
-        paths = run_reference(args.model, args.scenario, prepare_dump_dir(out), args.max_data)
+        if retyped:  # the reference reads a scenario file: give it the one the flags made
+            import tempfile
+            with tempfile.TemporaryDirectory() as tmp:
+                path = Path(tmp) / Path(args.scenario).name
+                path.write_text(json.dumps(sc.to_dict()))
+                paths = run_reference(args.model, path, prepare_dump_dir(out), args.max_data)
+        else:
+            paths = run_reference(args.model, args.scenario, prepare_dump_dir(out), args.max_data)
     else:
         from ..engine import run_scenario
         prepare_dump_dir(out)
@@ -33,7 +42,8 @@ def _cmd_dump(args) -> int:
             if step.kind != "seq_rm":
                 done[0] += 1
                 print(f"[{done[0]}/{n}] {step.kind} (step {step.index})", file=sys.stderr)
-        paths = [p for _, _, p in run_scenario(args.model, sc, out, args.max_data, progress, backend=args.backend)]
+        paths = [p for _, _, p in run_scenario(args.model, sc, out, args.max_data, progress, backend=args.backend,
+                                               scenario_path=args.scenario)]
     for p in paths:
         with open(p) as f:
             doc = json.load(f)
@@ -66,48 +76,43 @@ def add_diff_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def run_diff(args: argparse.Namespace) -> int:
-    """Diff two dump files or folders and print the report; 0 identical, 1 diverged, 2 bad input
-    (one line on stderr)."""
-    try:
-        results = diff_paths(args.ref, args.ours, nmse=args.nmse, rules_path=args.rules)
-    except (DumpError, RulesError) as e:
-        print(f"graphgen: error: {' '.join(str(e).split())}", file=sys.stderr)
-        return 2
+    """Diff two sides (dump folders, dump files, or eval-callback / ggml dot / GGML_SCHED_DEBUG
+    files, compared on the fields they show) and print the report; 0 identical, 1 diverged or a
+    graph without a partner, 2 bad input (one line on stderr)."""
+    from .. import progress
+    # graph k of n on stderr once a diff runs past a couple of seconds (the realistic draft's
+    # takes about 9 s); --quiet turns it off, and stdout keeps only the report
+    with progress.task("diff") as task:
+        def report(k, n, name, detail):
+            task.update(f"graph {k} of {n}: {name}" + (f", {detail}" if detail else ""))
+        try:
+            results = diff_paths(args.ref, args.ours, nmse=args.nmse, rules_path=args.rules, progress=report)
+        except (DumpError, RulesError) as e:
+            print(f"graphgen: error: {' '.join(str(e).split())}", file=sys.stderr)
+            return 2
     code = exit_code(results)
     if args.json:
-        print(json.dumps({"identical": code == 0, "results": [r.to_dict() for r in results]}, indent=1))
+        print(json.dumps({"identical": code == 0, "results": [r.to_dict() for r in results],
+                          "warnings": sorted({w for r in results for w in r.warnings}),
+                          "unpaired": [{"side": r.unpaired, "graph": r.graph,
+                                        "path": r.ref_path if r.unpaired == "ref" else r.ours_path}
+                                       for r in results if r.unpaired]}, indent=1))
     else:
         print("\n\n".join(r.format_text() for r in results))
         if len(results) > 1:
-            n_bad = sum(not r.identical for r in results)
-            print(f"\n{len(results)} graphs compared, {n_bad} diverged")
+            paired = [r for r in results if not r.unpaired]
+            n_bad = sum(not r.identical for r in paired)
+            line = f"\n{len(paired)} graphs compared, {n_bad} diverged"
+            lone = [r for r in results if r.unpaired]
+            if lone:
+                line += ", no partner for " + ", ".join(
+                    f"{r.unpaired} {Path(r.ref_path if r.unpaired == 'ref' else r.ours_path).name}" for r in lone)
+            print(line)
     return code
 
 
 def _cmd_diff(args) -> int:
-    """run_diff, except that an importable file (eval-callback text, ggml dot, GGML_SCHED_DEBUG log)
-    on either side is compared on the fields it shows."""
-    from ..view.importers import ImportFormatError
-    from .view import align_imports, is_dump_file, load_any
-    paths = [Path(args.ref), Path(args.ours)]
-    if all(p.is_dir() or is_dump_file(p) or not p.exists() for p in paths):
-        return run_diff(args)
-    try:
-        refs, ours = align_imports(load_any(args.ref), load_any(args.ours))
-        rules = load_rules(args.rules) if args.rules else []
-    except (DumpError, RulesError, ImportFormatError) as e:
-        print(f"graphgen: error: {' '.join(str(e).split())}", file=sys.stderr)
-        return 2
-    results = [diff_dumps(r, o, args.nmse, rules) for r, o in zip(refs, ours)]
-    if len(refs) != len(ours):
-        print(f"note: ref has {len(refs)} graphs, ours has {len(ours)}; compared the first {len(results)}",
-              file=sys.stderr)
-    code = exit_code(results) if len(refs) == len(ours) else 1
-    if args.json:
-        print(json.dumps({"identical": code == 0, "results": [r.to_dict() for r in results]}, indent=1))
-    else:
-        print("\n\n".join(r.format_text() for r in results))
-    return code
+    return run_diff(args)
 
 
 def register(sub) -> None:
@@ -117,6 +122,7 @@ def register(sub) -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--engine", choices=("graphgen", "llama.cpp"), default="graphgen")
     p.add_argument("--max-data", type=int, default=262144, help="store values of nodes up to this many elements")
+    add_kv_type_flags(p)
     p.add_argument("--backend", default="cpu", help="cpu, vulkan[:N], cuda[:N], metal, rpc://HOST:PORT or auto")
     p.set_defaults(fn=_cmd_dump)
 

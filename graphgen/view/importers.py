@@ -7,11 +7,14 @@ Formats (detected from the content):
 - `dot`: a `ggml_graph_dump_dot` file: name, type, op symbol (unary and GLU ops only as UNARY /
   GLU), ne with 2 or 3 dimensions, and every source.
 - `sched-debug`: a `GGML_SCHED_DEBUG=2` log: node index, op (10 characters), name and sources
-  (20 characters each) and the backend; view ops are not listed. A new graph starts where the
-  node index goes back.
+  (20 characters each) and the backend; view ops are not listed. A new graph starts at a split
+  #0 header or where the node index goes back. The graphs a context reserves its buffers with
+  (announced by `graph_reserve:` lines) are never computed and are left out, as long as the log
+  holds a computed one.
 
 Every imported dump records in `source.import` which fields it knows; `project` cuts a full dump
-down to the same fields, the same way, so that the two compare like for like.
+down to the same fields, the same way, and `common_fields` cuts two sides to what both show, so
+that they compare like for like.
 """
 
 from __future__ import annotations
@@ -72,6 +75,7 @@ _DOT_NAME = re.compile(r"^(?P<name>.*?) ?\((?P<type>[A-Za-z0-9_]+)\)$")
 
 _SCHED_NODE = re.compile(r"node #\s*(?P<idx>\d+) \((?P<op>.{10})\): (?P<name>.{20}) \((?P<size>.{5})\) "
                          r"\[(?P<backend>.{5}) (?P<cause>.{8})\] use=\d+,c=\d+:(?P<rest>.*)$")
+_SCHED_SPLIT0 = re.compile(r"^## SPLIT #0: ")
 _SCHED_SRC = re.compile(r" (?P<name>.{20}) \((?P<size>.{5})\) \[(?P<backend>.{5}) (?P<cause>.{8})\]")
 
 CB_NAME_WIDTH = 24
@@ -97,7 +101,7 @@ def detect(text: str) -> str | None:
     head = text[:200_000]
     if re.search(r"^digraph G \{", head, re.M) and "shape = record" in head:
         return "dot"
-    if _SCHED_NODE.search(head):
+    if any(_SCHED_NODE.search(line) for line in head.splitlines() if "node #" in line):
         return "sched-debug"
     if any(_CB_HEAD.match(line) for line in head.splitlines()):
         return "eval-callback"
@@ -112,6 +116,8 @@ def _guess_kind(nodes: list[Node]) -> str:
     names = {n.name for n in nodes}
     if "result_output" in names or "inp_noise_embd" in names:
         return "block"
+    if "enc_norm_out" in names:
+        return "encoder"
     return "inject"
 
 
@@ -200,27 +206,45 @@ def parse_dot(text: str) -> list[tuple[str | None, list[Node]]]:
 
 def parse_sched_debug(text: str) -> tuple[list[tuple[str | None, list[Node]]], list[dict[int, str]]]:
     """Graphs and, per graph, the backend of each node."""
-    graphs, backends = [], []
+    graphs, backends, reserved = [], [], []
     cur: list[Node] = []
     be: dict[int, str] = {}
     last = -1
+    reserving = cur_reserved = False
+
+    def close():
+        nonlocal cur, be
+        if cur:
+            graphs.append((None, cur))
+            backends.append(be)
+            reserved.append(cur_reserved)
+        cur, be = [], {}
+
     for line in text.splitlines():
+        if line.startswith("graph_reserve:"):
+            close()
+            reserving = True  # the next graph only sizes buffers; llama.cpp never computes it
+            continue
+        if _SCHED_SPLIT0.match(line):
+            close()
+            continue
         m = _SCHED_NODE.search(line)
         if not m:
             continue
         idx = int(m.group("idx"))
         if idx <= last and cur:
-            graphs.append((None, cur))
-            backends.append(be)
-            cur, be = [], {}
+            close()
+        if not cur:
+            cur_reserved, reserving = reserving, False
         last = idx
         src = [_strip_copy(s.group("name").lstrip(" ")) for s in _SCHED_SRC.finditer(m.group("rest"))]
         be[len(cur)] = m.group("backend").strip()
         cur.append(_empty_node(len(cur), m.group("name").lstrip(" "), m.group("op").lstrip(" "), "?",
                                [0, 0, 0, 0], src))
-    if cur:
-        graphs.append((None, cur))
-        backends.append(be)
+    close()
+    if not all(reserved):
+        graphs = [g for g, r in zip(graphs, reserved) if not r]
+        backends = [b for b, r in zip(backends, reserved) if not r]
     return graphs, backends
 
 
@@ -285,6 +309,31 @@ def import_format(d: Dump) -> str | None:
     """The import format of a dump made by this module, None for a full dump."""
     imp = (d.source or {}).get("import")
     return imp.get("format") if isinstance(imp, dict) else None
+
+
+# cut order: sched-debug's name cut (first 20 characters, then the padding) must come before
+# eval-callback's (padding only), and dot's shape folding after sched-debug's blank shapes
+_CUT_ORDER = ("sched-debug", "eval-callback", "dot")
+
+
+def common_fields(a: Dump, b: Dump) -> tuple[Dump, Dump, str | None]:
+    """Two dumps cut down to the fields both show: every import format involved (either side's)
+    is applied to both sides, in a fixed order, so a full dump against an import and two imports
+    of different formats compare like for like. Returns the cut dumps and a note saying what was
+    compared, or the dumps unchanged and None when neither is an import. The cuts keep losses
+    idempotent, so a side already cut (or imported) in that format is unchanged by it."""
+    fmts = {f for f in (import_format(a), import_format(b)) if f}
+    if not fmts:
+        return a, b, None
+    for fmt in _CUT_ORDER:
+        if fmt in fmts:
+            a, b = project(a, fmt), project(b, fmt)
+    order = [f for f in _CUT_ORDER if f in fmts]
+    shown = {f: ", ".join(x for x in FIELDS[f] if x != "backend") for f in order}
+    what = (f"the fields {order[0]} shows ({shown[order[0]]})" if len(order) == 1 else
+            "the fields both " + " and ".join(order) + " show (" + "; ".join(f"{f}: {v}" for f, v in shown.items()) + ")")
+    return a, b, (f"compared on {what}; both sides cut to them, so view_src, view_offs and op_params "
+                  "are not compared")
 
 
 def project(d: Dump, fmt: str) -> Dump:
