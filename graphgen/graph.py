@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -43,9 +44,12 @@ class AttnInput:
     self_k_idxs_swa: object = None
     self_v_idxs_swa: object = None
     self_kq_mask_swa: object = None
-    # Hadamard rotations are null for f16/f32 caches, the only cache types graphgen builds
+    # Hadamard rotations of quantized caches (None for f16/f32 caches and head sizes that are not
+    # a multiple of 64): one per (sub-)cache, shared by its layers
     self_k_rot: object = None
     self_v_rot: object = None
+    self_k_rot_swa: object = None
+    self_v_rot_swa: object = None
 
     def slot(self, is_swa: bool) -> MemSlot:
         return self.swa if is_swa else self.base
@@ -58,6 +62,12 @@ class AttnInput:
 
     def get_kq_mask(self, is_swa=False):
         return self.self_kq_mask_swa if is_swa else self.self_kq_mask
+
+    def get_k_rot(self, is_swa=False):
+        return self.self_k_rot_swa if is_swa else self.self_k_rot
+
+    def get_v_rot(self, is_swa=False):
+        return self.self_v_rot_swa if is_swa else self.self_v_rot
 
 
 @dataclass
@@ -98,6 +108,21 @@ def _libm_logf():
 
 
 _logf = _libm_logf()
+
+GGML_HINT_SRC0_IS_HADAMARD = 1
+
+
+def mul_mat_hadamard(ctx, cur, rot):
+    """llama_mul_mat_hadamard: rotate every rot->ne[0] consecutive values of cur by the orthonormal
+    Hadamard matrix rot, keeping cur's shape."""
+    n = G.ne(rot, 0)
+    if not G.ggml_is_contiguous(cur):
+        res = ggml_cont_2d(ctx, cur, n, G.nelements(cur) // n)
+    else:
+        res = ggml_reshape_2d(ctx, cur, n, G.nelements(cur) // n)
+    res = ggml_mul_mat(ctx, rot, res)
+    G.ggml_mul_mat_set_hint(res, GGML_HINT_SRC0_IS_HADAMARD)
+    return G.ggml_reshape_4d(ctx, res, G.ne(cur, 0), G.ne(cur, 1), G.ne(cur, 2), G.ne(cur, 3))
 
 
 @dataclass(frozen=True)
@@ -144,6 +169,19 @@ def rope_params(hp) -> RopeParams:
     return RopeParams(n_ctx_orig=n_ctx_orig, freq_base=hp.rope_freq_base, freq_scale=float(freq_scale),
                       ext_factor=1.0 if yarn else 0.0, attn_factor=float(attn),
                       beta_fast=hp.yarn_beta_fast, beta_slow=hp.yarn_beta_slow)
+
+
+@functools.lru_cache(maxsize=None)
+def hadamard(n: int) -> np.ndarray:
+    """The orthonormal Sylvester-Hadamard matrix of order n (a power of two), float32 as
+    llama.cpp fills it: every entry is +-(1 / sqrtf(n)) rounded once. Read-only: it is shared by
+    every graph that sets a rotation input."""
+    h = np.ones((1, 1), dtype=np.float32) * np.float32(1.0 / float(np.sqrt(np.float32(n))))
+    while h.shape[0] < n:
+        h = np.block([[h, h], [h, -h]])
+    h = np.ascontiguousarray(h, dtype=np.float32)
+    h.flags.writeable = False
+    return h
 
 
 class GraphContext:
@@ -224,10 +262,23 @@ class GraphContext:
         self.add_input(v, lambda p: p.mem[key].cache.v_idxs_values(p.mem[key].idxs))
         return k, v
 
+    def _build_rot(self, key: str, which: str):
+        """The cache's Hadamard matrix input ("attn_inp_k_rot" / "attn_inp_v_rot"), or None."""
+        cache = self.params.mem[key].cache
+        n = cache.n_rot_k if which == "k" else cache.n_rot_v
+        if not n:
+            return None
+        t = G.ggml_new_tensor_2d(self.ctx0, G.GGML_TYPE_F32, n, n)
+        G.ggml_set_input(t)
+        G.set_name(t, f"attn_inp_{which}_rot")
+        self.add_input(t, lambda p: hadamard(n))
+        return t
+
     def build_attn_inp_kv(self) -> AttnInput:
         inp = AttnInput(base=self.params.mem["base"])
         inp.self_k_idxs, inp.self_v_idxs = self._build_idxs("base")
         inp.self_kq_mask = self._build_attn_inp_kq_mask("base", "attn_inp_kq_mask")
+        inp.self_k_rot, inp.self_v_rot = self._build_rot("base", "k"), self._build_rot("base", "v")
         return inp
 
     def build_attn_inp_kv_iswa(self) -> AttnInput:
@@ -236,6 +287,8 @@ class GraphContext:
         inp.self_kq_mask = self._build_attn_inp_kq_mask("base", "attn_inp_kq_mask")
         inp.self_k_idxs_swa, inp.self_v_idxs_swa = self._build_idxs("swa")
         inp.self_kq_mask_swa = self._build_attn_inp_kq_mask("swa", "attn_inp_kq_mask")
+        inp.self_k_rot, inp.self_v_rot = self._build_rot("base", "k"), self._build_rot("base", "v")
+        inp.self_k_rot_swa, inp.self_v_rot_swa = self._build_rot("swa", "k"), self._build_rot("swa", "v")
         return inp
 
     # -- shared builders --------------------------------------------------------------------
@@ -325,6 +378,14 @@ class GraphContext:
         ctx, gf = self.ctx0, self.gf
         iswa = inp.swa is not None
         is_swa = iswa and self.hparams.is_swa(il)
+        k_rot, v_rot = inp.get_k_rot(is_swa), inp.get_v_rot(is_swa)
+        # quantized caches store rotated K and V; a rotated q scores the same, and the output is
+        # rotated back (the matrices are their own inverse)
+        if k_rot is not None:
+            q_cur = mul_mat_hadamard(ctx, q_cur, k_rot)
+            k_cur = mul_mat_hadamard(ctx, k_cur, k_rot)
+        if v_rot is not None:
+            v_cur = mul_mat_hadamard(ctx, v_cur, v_rot)
         # upstream expands q, v, k for the unified cache and q, k, v for iSWA
         ggml_build_forward_expand(gf, q_cur)
         if iswa:
@@ -340,6 +401,8 @@ class GraphContext:
         v = slot.cache.get_v(ctx, il, slot.n_kv)
         cur = self.build_attn_mha(q_cur, k, v, inp.get_kq_mask(is_swa), sinks, kq_scale, il)
         self.cb(cur, "kqv_out", il)
+        if v_rot is not None:
+            cur = mul_mat_hadamard(ctx, cur, v_rot)
         if wo is not None:
             cur = self.build_lora_mm(wo, cur, wo_s)
         if wo_b is not None:
@@ -372,6 +435,7 @@ class GraphContext:
                 inp.self_k_idxs, inp.self_kq_mask = k, mask
             else:
                 inp.self_k_idxs_swa, inp.self_kq_mask_swa = k, mask
+        inp.self_k_rot, inp.self_k_rot_swa = self._build_rot("base", "k"), self._build_rot("swa", "k")
         return inp
 
     def build_attn_k(self, inp: AttnInput, wo, wo_b, wo_s, q_cur, k_cur, v_cur, sinks, kq_scale, il):
@@ -379,7 +443,12 @@ class GraphContext:
         v_cur->ne[0] elements (MLA style), so attention reads the latent or the K itself."""
         ctx, gf = self.ctx0, self.gf
         is_swa = self.hparams.is_swa(il)
-        # Hadamard k_rot is null for f16/f32 caches
+        # V is read from the rotated K cache, so one rotation serves q, k and the output
+        k_rot = inp.get_k_rot(is_swa)
+        if k_rot is not None:
+            q_cur = mul_mat_hadamard(ctx, q_cur, k_rot)
+            if k_cur is not None:
+                k_cur = mul_mat_hadamard(ctx, k_cur, k_rot)
         ggml_build_forward_expand(gf, q_cur)
         if k_cur is not None:
             ggml_build_forward_expand(gf, k_cur)
@@ -391,6 +460,8 @@ class GraphContext:
                          G.nb(k, 1), G.nb(k, 2), G.nb(k, 3), 0)
         cur = self.build_attn_mha(q_cur, k, v, inp.get_kq_mask(is_swa), sinks, kq_scale, il)
         self.cb(cur, "kqv_out", il)
+        if k_rot is not None:
+            cur = mul_mat_hadamard(ctx, cur, k_rot)
         if wo is not None:
             cur = self.build_lora_mm(wo, cur, wo_s)
         if wo_b is not None:

@@ -18,7 +18,11 @@ from pathlib import Path
 
 import numpy as np
 
-KV_TYPES = ("f16", "f32")
+# the cache types b11739 takes for these drafts, by ggml type id; the quantized ones (blocks of 32
+# values) need flash attention for V and get Hadamard rotations where the head size allows
+KV_TYPE_IDS = {"f32": 0, "f16": 1, "q8_0": 8, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "iq4_nl": 20}
+KV_TYPES = tuple(KV_TYPE_IDS)
+KV_QUANTIZED = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
 FLASH_ATTN = ("off", "on")
 
 
@@ -54,11 +58,17 @@ class Scenario:
     n_ctx: int = 256
     n_ubatch: int = 64
     flash_attn: bool = False
-    type_kv: str = "f16"
+    type_k: str = "f16"
+    type_v: str = "f16"
     seed: int = 1
     n_seq: int = 1
     n_threads: int = 1
     steps: list[Step] = field(default_factory=list)
+
+    @property
+    def type_kv(self) -> str:
+        """One name for both caches ("q8_0"), or "K/V" ("q8_0/f16") when they differ."""
+        return self.type_k if self.type_k == self.type_v else f"{self.type_k}/{self.type_v}"
 
     def features(self, step: Step, n_embd_inp: int) -> np.ndarray:
         rng = np.random.default_rng(self.seed + step.index)
@@ -80,8 +90,10 @@ class Scenario:
                 steps.append({"block": {"seqs": [
                     {"seq": b.seq, "tokens": b.tokens, "pos0": b.pos0, "embd_state": b.embd_state}
                     for b in s.blocks]}})
+        types = ({"type_kv": self.type_k} if self.type_k == self.type_v
+                 else {"type_k": self.type_k, "type_v": self.type_v})
         return {"n_ctx": self.n_ctx, "n_ubatch": self.n_ubatch,
-                "flash_attn": "on" if self.flash_attn else "off", "type_kv": self.type_kv,
+                "flash_attn": "on" if self.flash_attn else "off", **types,
                 "seed": self.seed, "n_seq": self.n_seq, "n_threads": self.n_threads, "steps": steps}
 
 
@@ -103,7 +115,7 @@ def _int(d: dict, key: str, where: str, default=None, lo=None, hi=None) -> int:
 def parse_scenario(doc: dict, where: str = "scenario") -> Scenario:
     if not isinstance(doc, dict):
         raise ScenarioError(f"{where}: expected a JSON object")
-    known = {"n_ctx", "n_ubatch", "flash_attn", "type_kv", "seed", "n_seq", "n_threads", "steps"}
+    known = {"n_ctx", "n_ubatch", "flash_attn", "type_kv", "type_k", "type_v", "seed", "n_seq", "n_threads", "steps"}
     unknown = sorted(set(doc) - known)
     if unknown:
         raise ScenarioError(f"{where}: unknown field '{unknown[0]}'")
@@ -117,10 +129,14 @@ def parse_scenario(doc: dict, where: str = "scenario") -> Scenario:
     if fa not in FLASH_ATTN and not isinstance(fa, bool):
         raise ScenarioError(f"{where}: 'flash_attn' must be 'on' or 'off', got {fa!r}")
     sc.flash_attn = fa is True or fa == "on"
-    sc.type_kv = doc.get("type_kv", "f16")
-    if sc.type_kv not in KV_TYPES:
-        raise ScenarioError(f"{where}: 'type_kv' must be one of {', '.join(KV_TYPES)}, got {sc.type_kv!r}"
-                            " (quantized caches need Hadamard rotations graphgen does not build)")
+    both = doc.get("type_kv", "f16")
+    for key in ("type_kv", "type_k", "type_v"):
+        v = doc.get(key, both)
+        if v not in KV_TYPES:
+            raise ScenarioError(f"{where}: '{key}' must be one of {', '.join(KV_TYPES)}, got {v!r}")
+    sc.type_k, sc.type_v = doc.get("type_k", both), doc.get("type_v", both)
+    if sc.type_v in KV_QUANTIZED and not sc.flash_attn:
+        raise ScenarioError(f"{where}: 'type_v' {sc.type_v} is quantized, which needs 'flash_attn' on")
     steps = doc.get("steps")
     if not isinstance(steps, list) or not steps:
         raise ScenarioError(f"{where}: 'steps' must be a non-empty list")
@@ -188,10 +204,11 @@ def load_scenario(path) -> Scenario:
 
 
 def default_scenario(block_size: int = 4, mask_token: int = 255, n_prompt: int = 6,
-                     flash_attn: bool = False, type_kv: str = "f16") -> Scenario:
+                     flash_attn: bool = False, type_kv: str = "f16", type_k: str | None = None,
+                     type_v: str | None = None) -> Scenario:
     """The scenario `graphgen demo` and the committed references use: a prompt, then one block."""
     return parse_scenario({
         "n_ctx": 256, "n_ubatch": 64, "flash_attn": "on" if flash_attn else "off",
-        "type_kv": type_kv, "seed": 1,
+        "type_k": type_k or type_kv, "type_v": type_v or type_kv, "seed": 1,
         "steps": [{"inject": {"n_tokens": n_prompt, "pos0": 0}},
                   {"block": {"tokens": [7] + [mask_token] * (block_size - 1), "pos0": n_prompt}}]})

@@ -9,6 +9,10 @@ def assert_parity(results, context=""):
         assert not res.structural, text
         assert not res.rules_fired, text
         assert res.numeric, f"{text}\nno node values were compared"
+        # only a quantized KV cache's nodes (its writes and views) carry neither values nor a digest;
+        # every float node must have been compared
+        uncompared = [n for _, _, n, _ in res.not_compared if not n.startswith("cache_")]
+        assert not uncompared, f"{text}\nfloat nodes not compared: {uncompared[:5]}"
         assert not res.numeric_failures, text
         differing = [n for n in res.numeric if n.nmse != 0]
         assert not differing, f"{text}\n{len(differing)} nodes are not bit-exact, first #{differing[0].ref_index}"

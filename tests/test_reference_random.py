@@ -13,6 +13,7 @@ from graphgen.diff import diff_paths
 from graphgen.engine import run_scenario
 from graphgen.scenario import parse_scenario
 from graphgen.synth import make_model
+from kv_draw import draw_kv_types
 from parity_check import assert_parity
 
 pytestmark = [pytest.mark.reference]
@@ -81,9 +82,10 @@ def random_config(seed: int):
         steps += [{"seq_rm": {"seq": 0, "p0": n_prompt, "p1": -1}},
                   {"inject": {"n_tokens": n2, "pos0": n_prompt}},
                   {"block": {"tokens": [3] + [mask] * (kw["block_size"] - 1), "pos0": n_prompt + n2}}]
-    sc = {"n_ctx": int(rng.choice([256, 512])), "n_ubatch": 64,
-          "flash_attn": "on" if rng.random() < 0.5 else "off",
-          "type_kv": "f16" if rng.random() < 0.7 else "f32", "seed": seed, "steps": steps}
+    n_ctx = int(rng.choice([256, 512]))
+    fa = "on" if rng.random() < 0.5 else "off"
+    sc = {"n_ctx": n_ctx, "n_ubatch": 64, "flash_attn": fa, **draw_kv_types(rng, fa, head_dim), "seed": seed,
+          "steps": steps}
     return kw, sc
 
 

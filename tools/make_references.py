@@ -54,6 +54,14 @@ CASES = {
     "lilicorr-1slot": ({"variant": "lilicorr", "block_size": 2, "lilicorr_top_k": 1}, {}),
     "lilicorr-fa-off": ({"variant": "lilicorr"}, {}),
     "lilicorr-fa-on": ({"variant": "lilicorr"}, {"flash_attn": True}),
+    # quantized KV caches: heads of 64, so the Hadamard rotations apply (a quantized V needs FA)
+    "dflash-q8-fa-on": ({"variant": "dflash", "n_embd": 128, "n_head": 2}, {"type_kv": "q8_0", "flash_attn": True}),
+    "dflash-q4k-fa-off": ({"variant": "dflash", "n_embd": 128, "n_head": 2}, {"type_k": "q4_0"}),
+    "dflash-iswa-kq5v8-fa-on": ({"variant": "dflash", "n_embd": 128, "n_head": 2, "n_layer": 3, "swa_window": 4,
+                                 "swa_pattern": [True, False, True]},
+                                {"type_k": "q5_1", "type_v": "q8_0", "flash_attn": True}),
+    "dsv4-q8-fa-on": ({"variant": "dspark", "backbone": "dsv4", "head_dim": 64, "n_rot": 16},
+                      {"type_kv": "q8_0", "flash_attn": True}),
     # the DeepSeek-V4 DSpark backbone (graph_dsv4)
     "dsv4-fa-off": ({"variant": "dspark", "backbone": "dsv4"}, {}),
     "dsv4-fa-on": ({"variant": "dspark", "backbone": "dsv4"}, {"flash_attn": True}),
@@ -103,7 +111,7 @@ def make_case(name: str, tmp: Path) -> str:
         "sha256": hashlib.sha256(gguf.read_bytes()).hexdigest(),
     }, indent=1) + "\n")
     (out / "scenario.json").write_text(json.dumps(sc.to_dict(), indent=1) + "\n")
-    paths = run_reference(gguf, out / "scenario.json", out)
+    paths = run_reference(gguf, out / "scenario.json", out, stderr_log=None)
     counts = []
     for p in paths:
         doc = json.loads(Path(p).read_text())

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 
 from ..errors import GGUFModelError
-from ..graph import GraphContext, GraphParams
+from ..graph import GraphContext, GraphParams, mul_mat_hadamard
 from ..ops import ggml as G
 from ..ops.ggml import (ggml_add, ggml_build_forward_expand, ggml_fill, ggml_get_rows, ggml_mul,
                         ggml_new_tensor_1d, ggml_new_tensor_2d, ggml_new_tensor_3d, ggml_reshape_2d,
@@ -163,6 +163,12 @@ class GraphBase(GraphContext):
             # route each layer's K/V to its sub-cache: SWA layers to the sliding cache
             is_swa = self.use_iswa and hp.is_swa(il)
             slot = self.inp_attn.slot(is_swa)
+            # a quantized cache holds rotated rows, as build_attn writes them
+            k_rot, v_rot = self.inp_attn.get_k_rot(is_swa), self.inp_attn.get_v_rot(is_swa)
+            if k_rot is not None:
+                Kcur = mul_mat_hadamard(ctx, Kcur, k_rot)
+            if v_rot is not None:
+                Vcur = mul_mat_hadamard(ctx, Vcur, v_rot)
             ggml_build_forward_expand(self.gf, slot.cache.cpy_k(ctx, Kcur, self.inp_attn.get_k_idxs(is_swa), il))
             ggml_build_forward_expand(self.gf, slot.cache.cpy_v(ctx, Vcur, self.inp_attn.get_v_idxs(is_swa), il))
         self.res.t_embd = inp_g

@@ -16,7 +16,7 @@ import math
 import numpy as np
 
 from ..errors import GGUFModelError
-from ..graph import GraphContext, GraphParams, rope_params
+from ..graph import GraphContext, GraphParams, mul_mat_hadamard, rope_params
 from ..ops import ggml as G
 from ..ops.ggml import (ggml_add, ggml_argmax, ggml_build_forward_expand, ggml_cast, ggml_concat, ggml_cont,
                         ggml_cont_1d, ggml_cont_2d, ggml_fill, ggml_get_rows, ggml_mul, ggml_mul_mat,
@@ -354,8 +354,11 @@ class _GraphBackbone(GraphContext):
         return inp_tokens
 
     def write_injected(self, kv, il: int):
-        """Write an injected K into the sliding-window cache (Hadamard k_rot is null for f16/f32)."""
+        """Write an injected K into the sliding-window cache, rotated when the cache is quantized."""
         swa = self.inp_attn.swa
+        k_rot = self.inp_attn.get_k_rot(True)
+        if k_rot is not None:
+            kv = mul_mat_hadamard(self.ctx0, kv, k_rot)
         ggml_build_forward_expand(self.gf, swa.cache.cpy_k(self.ctx0, kv, self.inp_attn.get_k_idxs(True), il))
 
     def build_dsv4_ffn(self, cur, il: int):

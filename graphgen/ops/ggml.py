@@ -72,6 +72,8 @@ ggml_dsv4_hc_post = _declare("ggml_dsv4_hc_post", [_ctx_p, _tensor_p, _tensor_p,
 ggml_swiglu_clamp = _declare("ggml_swiglu_clamp", [_ctx_p, _tensor_p, _tensor_p, ctypes.c_float], _tensor_p)
 ggml_rope_set_offset = _declare("ggml_rope_set_offset", [_tensor_p, ctypes.c_int], _tensor_p)
 ggml_prec_set_acc_c = _declare("ggml_prec_set_acc", [_tensor_p, ctypes.c_int], ctypes.c_bool)
+# what a matmul's first operand is, for backends that take a faster path (the Hadamard rotations)
+ggml_mul_mat_set_hint = _declare("ggml_mul_mat_set_hint", [_tensor_p, ctypes.c_int], None)
 
 
 def _probe_ids() -> dict[str, int]:

@@ -43,7 +43,8 @@ REQUIRED_LIBRARIES = ("ggml-base", "ggml-cpu", "ggml")
 
 # graphgen's own calls beyond ggml-python's bindings: the fused ops of the DeepSeek-V4 graphs
 FUSED_FUNCTIONS = ("ggml_dsv4_hc_pre", "ggml_dsv4_hc_pre_gated", "ggml_dsv4_hc_comb", "ggml_dsv4_hc_post",
-                   "ggml_swiglu_clamp", "ggml_rope_set_offset", "ggml_version")
+                   "ggml_swiglu_clamp", "ggml_rope_set_offset", "ggml_prec_set_acc", "ggml_mul_mat_set_hint",
+                   "ggml_version")
 
 
 class GGMLRuntimeError(GraphgenError, RuntimeError):

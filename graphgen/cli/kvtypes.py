@@ -1,0 +1,37 @@
+"""--type-kv / --type-k / --type-v: the KV cache types, as llama.cpp's -ctk / -ctv take them."""
+
+from __future__ import annotations
+
+from ..scenario import KV_QUANTIZED, KV_TYPES
+
+
+def add_kv_type_flags(p, default: str | None = None) -> None:
+    """--type-kv sets both caches; --type-k and --type-v set one each and win over it.
+    default None: the scenario's types stand unless a flag is given."""
+    both = f" (default {default})" if default else " (default: the scenario's)"
+    p.add_argument("--type-kv", choices=KV_TYPES, default=default, metavar="TYPE",
+                   help=f"K and V cache type: {', '.join(KV_TYPES)}{both}")
+    p.add_argument("--type-k", choices=KV_TYPES, default=None, metavar="TYPE",
+                   help="K cache type (wins over --type-kv)")
+    p.add_argument("--type-v", choices=KV_TYPES, default=None, metavar="TYPE",
+                   help="V cache type (wins over --type-kv); a quantized V needs --flash-attn on")
+
+
+def kv_types(args, type_k: str, type_v: str, flash_attn: bool) -> tuple[str, str]:
+    """The flags laid over (type_k, type_v), with llama.cpp's flash-attention rule for V checked
+    here so the command refuses in one line before loading anything."""
+    if args.type_kv is not None:
+        type_k = type_v = args.type_kv
+    type_k = args.type_k or type_k
+    type_v = args.type_v or type_v
+    if type_v in KV_QUANTIZED and not flash_attn:
+        raise ValueError(f"--type-v {type_v}: a quantized V cache requires flash attention (--flash-attn on)")
+    return type_k, type_v
+
+
+def apply_to_scenario(args, sc) -> bool:
+    """Lay the flags over a scenario; True when they changed it."""
+    k, v = kv_types(args, sc.type_k, sc.type_v, sc.flash_attn)
+    changed = (k, v) != (sc.type_k, sc.type_v)
+    sc.type_k, sc.type_v = k, v
+    return changed
