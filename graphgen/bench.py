@@ -4,6 +4,10 @@ Each repetition replays the whole scenario from an empty KV cache in every engin
 taking turns (graphgen, llama.cpp, graphgen, ...), so both see the same machine state. A step's
 time covers what a driver pays per batch: setting the inputs, computing, reading the outputs.
 llama.cpp runs in a child process (graphgen.reference.bench_worker) fed one line per repetition.
+
+Each step's wall time is split into compute (inside ggml's scheduler, timed the same way on both
+sides: see graphgen.reference.compute_timer) and host overhead (the rest: batch checks, KV-cache
+bookkeeping, inputs, outputs); graphgen's overhead is further split by phase (Session.timings).
 """
 
 from __future__ import annotations
@@ -27,13 +31,31 @@ from .runtime.session import Session
 from .scenario import Scenario, parse_scenario
 
 
+PHASES = ("validate", "kv", "graph", "inputs", "outputs")  # graphgen's host overhead, by phase
+
+
 @dataclass
 class StepStats:
     label: str
-    times: dict = field(default_factory=dict)   # engine -> [seconds]
+    times: dict = field(default_factory=dict)    # engine -> [seconds], wall time of the step
+    compute: dict = field(default_factory=dict)  # engine -> [seconds] inside the scheduler's compute
+    phases: dict = field(default_factory=dict)   # graphgen's phase -> [seconds]
 
     def median(self, engine):
         t = self.times.get(engine)
+        return statistics.median(t) if t else None
+
+    def compute_median(self, engine):
+        t = self.compute.get(engine)
+        return statistics.median(t) if t else None
+
+    def overhead_median(self, engine):
+        """Median over repetitions of (wall - compute): the host's share of the step."""
+        t, c = self.times.get(engine), self.compute.get(engine)
+        return statistics.median(a - b for a, b in zip(t, c)) if t and c else None
+
+    def phase_median(self, phase):
+        t = self.phases.get(phase)
         return statistics.median(t) if t else None
 
     def best(self, engine):
@@ -66,16 +88,27 @@ class BenchResult:
             yield st, g, l_, (g / l_ if g and l_ else None)
 
     def format_text(self) -> str:
-        out = [f"bench {self.model} on {self.backend}, {self.repeat} repetitions (median±IQR; ratio of medians, and of minimums)"]
-        out.append(f"  {'step':<22} {'graphgen ms':>16} {'llama.cpp ms':>16} {'ratio':>7} {'min ratio':>9} {'build ms':>9}")
+        def ms(v):
+            return f"{v * 1e3:.3f}" if v is not None else "-"
+        out = [f"bench {self.model} on {self.backend}, {self.repeat} repetitions "
+               "(median±IQR; ratio of medians, and of minimums; compute and host overhead are medians)"]
+        out.append(f"  {'step':<22} {'graphgen ms':>16} {'llama.cpp ms':>16} {'ratio':>7} {'min ratio':>9} "
+                   f"{'compute g/l ms':>15} {'overhead g/l ms':>15} {'build ms':>9}")
         for st, g, l_, r in self.rows():
             gs = f"{g * 1e3:.3f}±{st.spread('graphgen') * 1e3:.3f}" if g else "-"
             ls = f"{l_ * 1e3:.3f}±{st.spread('llama.cpp') * 1e3:.3f}" if l_ else "-"
             b = self.build_ms.get(st.label)
             mg, ml = st.best("graphgen"), st.best("llama.cpp")
             mr = f"{mg / ml:.3f}" if mg and ml else "-"
+            comp = f"{ms(st.compute_median('graphgen'))}/{ms(st.compute_median('llama.cpp'))}"
+            over = f"{ms(st.overhead_median('graphgen'))}/{ms(st.overhead_median('llama.cpp'))}"
             out.append(f"  {st.label:<22} {gs:>16} {ls:>16} {f'{r:.3f}' if r else '-':>7} {mr:>9} "
-                       f"{f'{b:.2f}' if b is not None else '-':>9}")
+                       f"{comp:>15} {over:>15} {f'{b:.2f}' if b is not None else '-':>9}")
+        if any(st.phases for st in self.steps):
+            out.append("  graphgen's host overhead by phase, us (median): "
+                       + "; ".join(st.label + ": " + ", ".join(f"{ph} {st.phase_median(ph) * 1e6:.0f}"
+                                                                for ph in PHASES if st.phases.get(ph))
+                                   for st in self.steps))
         for e in self.engines:
             cb = self.compute_buffer_mib.get(e)
             rss = self.peak_rss_mib.get(e)
@@ -88,6 +121,9 @@ class BenchResult:
                 "steps": [{"step": st.label, "median_s": {e: st.median(e) for e in st.times},
                            "min_s": {e: st.best(e) for e in st.times},
                            "iqr_s": {e: st.spread(e) for e in st.times}, "ratio": r,
+                           "compute_median_s": {e: st.compute_median(e) for e in st.compute},
+                           "overhead_median_s": {e: st.overhead_median(e) for e in st.compute},
+                           "graphgen_phases_median_s": {ph: st.phase_median(ph) for ph in PHASES if st.phases.get(ph)},
                            "build_ms": self.build_ms.get(st.label)} for st, _, _, r in self.rows()],
                 "compute_buffer_mib": self.compute_buffer_mib, "peak_rss_mib": self.peak_rss_mib}
 
@@ -148,10 +184,11 @@ class _LlamaWorker:
             self.proc.kill()
 
 
-def _replay(sess: Session, sc: Scenario, feats: dict) -> list[float]:
+def _replay(sess: Session, sc: Scenario, feats: dict) -> tuple[list[float], list[float], list[dict]]:
+    """Wall time, compute time and the phases of graphgen's overhead, per step."""
     for c in sess.caches.values():
         c.clear()
-    times = []
+    times, computes, phases = [], [], []
     for st in sc.steps:
         if st.kind == "seq_rm":
             sess.seq_rm(st.seq, st.pos0, st.p1)
@@ -164,7 +201,9 @@ def _replay(sess: Session, sc: Scenario, feats: dict) -> list[float]:
         else:
             sess.block_multi([(b.seq, b.tokens, b.pos0) for b in st.blocks])
         times.append(time.perf_counter() - t0)
-    return times
+        computes.append(sess.timings.get("compute", 0.0))
+        phases.append(dict(sess.timings))
+    return times, computes, phases
 
 
 def _fresh_build_ms(sess: Session, sc: Scenario, feats: dict, reps: int = 5) -> dict:
@@ -215,7 +254,8 @@ def run_bench(model, scenario: Scenario, *, repeat: int = 20, backend: str = "cp
     model = Path(model)
     engines = tuple(engines)
     sess = Session(model, n_ctx=scenario.n_ctx, n_ubatch=scenario.n_ubatch, flash_attn=scenario.flash_attn,
-                   type_kv=scenario.type_kv, n_seq=scenario.n_seq, n_threads=scenario.n_threads, backend=backend)
+                   type_k=scenario.type_k, type_v=scenario.type_v, n_seq=scenario.n_seq, n_threads=scenario.n_threads,
+                   backend=backend)
     feats = {st.index: scenario.features(st, sess.hparams.n_embd_inp_enc)
              for st in scenario.steps if st.kind in ("inject", "encoder")}
     labels = _labels(scenario)
@@ -233,14 +273,22 @@ def run_bench(model, scenario: Scenario, *, repeat: int = 20, backend: str = "cp
         for rep in range(warmup + repeat):
             for engine in engines:
                 if engine == "graphgen":
-                    times = _replay(sess, scenario, feats)
+                    times, computes, phases = _replay(sess, scenario, feats)
                 else:
-                    times = worker.ask("rep")["times"]
+                    out = worker.ask("rep")
+                    times, computes, phases = out["times"], out["compute"], None
                 if rep >= warmup:
-                    for st, t in zip(steps, times):
+                    for k, (st, t, c) in enumerate(zip(steps, times, computes)):
                         st.times.setdefault(engine, []).append(t)
+                        st.compute.setdefault(engine, []).append(c)
+                        for ph in PHASES if phases else ():
+                            st.phases.setdefault(ph, []).append(phases[k].get(ph, 0.0))
             if progress and rep >= warmup:
                 progress(rep - warmup + 1, repeat)
+        if "llama.cpp" in engines and not any(c for st in steps for c in st.compute.get("llama.cpp", ())):
+            # the split into compute and overhead would be meaningless: say so rather than print it
+            raise RuntimeError("the compute timer saw no graph compute in the llama.cpp engine "
+                               "(libllama did not bind to graphgen's ggml_backend_sched_graph_compute_async)")
         res = BenchResult(model.name, scenario.to_dict(), backend, repeat, steps, engines=engines)
         res.build_ms = _fresh_build_ms(sess, scenario, feats)
         res.compute_buffer_mib["graphgen"] = sess.compute_buffer_size() / 2**20
@@ -268,3 +316,117 @@ def machine_description() -> str:
     except OSError:
         pass
     return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, {platform.system()} {platform.release()}"
+
+
+def context_scenario(base: Scenario, n_kv: int, chunk: int = 512) -> Scenario:
+    """The scenario's block after a prompt that fills the KV cache to n_kv cells (a multiple of
+    256, the padding of n_kv), injected in batches of at most `chunk` rows as a driver would."""
+    if n_kv < 256 or n_kv % 256:
+        raise ValueError(f"n_kv must be a multiple of 256, got {n_kv}")
+    doc = base.to_dict()
+    block = next(st["block"] for st in doc["steps"] if "block" in st)
+    n_block = len(block["seqs"][0]["tokens"]) if "seqs" in block else len(block["tokens"])
+    n_prompt = n_kv - n_block - 1   # prompt + block end one cell short of n_kv: n_kv pads to it
+    if n_prompt < 1:
+        raise ValueError(f"n_kv {n_kv} leaves no room for a prompt before a block of {n_block}")
+    steps = [{"inject": {"n_tokens": min(chunk, n_prompt - p0), "pos0": p0}} for p0 in range(0, n_prompt, chunk)]
+    tokens = block["seqs"][0]["tokens"] if "seqs" in block else block["tokens"]
+    steps.append({"block": {"tokens": tokens, "pos0": n_prompt}})
+    doc.update(steps=steps, n_ctx=n_kv, n_ubatch=max(doc["n_ubatch"], min(chunk, n_prompt), n_block))
+    return parse_scenario(doc)
+
+
+@dataclass
+class ScalePoint:
+    """One block step of a scale sweep: its size and both engines' figures."""
+    axis: str            # "n_kv" or "n_seq"
+    value: int
+    result: BenchResult
+
+    def block(self) -> StepStats:
+        return [st for st in self.result.steps if st.label.startswith("block")][-1]
+
+
+def scale_markdown(points: list[ScalePoint]) -> str:
+    out = []
+    for axis, title in (("n_kv", "context length (cells the block attends to), n_seq 1"),
+                        ("n_seq", "sequences in one block batch")):
+        pts = [p for p in points if p.axis == axis]
+        if not pts:
+            continue
+        out += [f"Block step against {title}:", "",
+                f"| {axis} | graphgen ms | llama.cpp ms | ratio | graphgen overhead ms | llama.cpp overhead ms "
+                "| graphgen buffer MiB | llama.cpp buffer MiB | graphgen RSS MiB | llama.cpp RSS MiB |",
+                "|---|---|---|---|---|---|---|---|---|---|"]
+        for p in pts:
+            st, r = p.block(), p.result
+
+            def f(v, k=1e3, fmt="{:.3f}"):
+                return fmt.format(v * k) if v is not None else "-"
+            g, l_ = st.median("graphgen"), st.median("llama.cpp")
+            out.append(f"| {p.value} | {f(g)} | {f(l_)} | {f(g / l_ if g and l_ else None, 1)} "
+                       f"| {f(st.overhead_median('graphgen'))} | {f(st.overhead_median('llama.cpp'))} "
+                       f"| {f(r.compute_buffer_mib.get('graphgen'), 1, '{:.2f}')} "
+                       f"| {f(r.compute_buffer_mib.get('llama.cpp'), 1, '{:.2f}')} "
+                       f"| {f(r.peak_rss_mib.get('graphgen'), 1, '{:.0f}')} "
+                       f"| {f(r.peak_rss_mib.get('llama.cpp'), 1, '{:.0f}')} |")
+        out.append("")
+    return "\n".join(out) + "\n"
+
+
+def scale_svg(points: list[ScalePoint], title: str = "") -> str:
+    """Two panels (block step ms against n_kv, and against n_seq), log-log, one line per engine
+    for the whole step (solid) and for its host overhead (dashed)."""
+    import math
+    panels = [(axis, [p for p in points if p.axis == axis]) for axis in ("n_kv", "n_seq")]
+    panels = [(a, pts) for a, pts in panels if pts]
+    W, H, M = 420, 300, 50
+    colours = {"graphgen": "#1f77b4", "llama.cpp": "#d62728"}
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W * len(panels)}" height="{H + 30}" '
+             'font-family="sans-serif" font-size="11">',
+             f'<text x="10" y="16" font-size="13">{html_escape(title)}</text>']
+    for k, (axis, pts) in enumerate(panels):
+        x0 = k * W
+        series = {}
+        for e in ("graphgen", "llama.cpp"):
+            series[(e, "step")] = [(p.value, p.block().median(e)) for p in pts]
+            series[(e, "overhead")] = [(p.value, p.block().overhead_median(e)) for p in pts]
+        ys = [v for s in series.values() for _, v in s if v]
+        if not ys:
+            continue
+        xs = [p.value for p in pts]
+        lx0, lx1 = math.log2(min(xs)), math.log2(max(xs)) if max(xs) > min(xs) else math.log2(min(xs)) + 1
+        ly0, ly1 = math.floor(math.log10(min(ys) * 1e3)), math.ceil(math.log10(max(ys) * 1e3))
+        ly1 = ly1 if ly1 > ly0 else ly0 + 1
+
+        def px(v):
+            return x0 + M + (math.log2(v) - lx0) / (lx1 - lx0) * (W - 2 * M)
+
+        def py(v):
+            return 30 + (H - M) - (math.log10(v * 1e3) - ly0) / (ly1 - ly0) * (H - M - 20)
+        parts.append(f'<rect x="{x0 + M}" y="40" width="{W - 2 * M}" height="{H - M - 20}" fill="none" stroke="#999"/>')
+        for d in range(ly0, ly1 + 1):
+            y = py(10 ** d / 1e3)
+            parts.append(f'<line x1="{x0 + M}" x2="{x0 + W - M}" y1="{y:.1f}" y2="{y:.1f}" stroke="#eee"/>'
+                         f'<text x="{x0 + M - 6}" y="{y + 4:.1f}" text-anchor="end">{10 ** d:g} ms</text>')
+        for v in xs:
+            parts.append(f'<text x="{px(v):.1f}" y="{H + 2}" text-anchor="middle">{v}</text>')
+        parts.append(f'<text x="{x0 + W / 2}" y="{H + 18}" text-anchor="middle">{axis} (log scale)</text>')
+        for (e, kind), s in series.items():
+            pts_xy = [(px(x), py(v)) for x, v in s if v]
+            if len(pts_xy) < 1:
+                continue
+            dash = ' stroke-dasharray="5,3"' if kind == "overhead" else ""
+            parts.append(f'<polyline fill="none" stroke="{colours[e]}" stroke-width="2"{dash} points="'
+                         + " ".join(f"{x:.1f},{y:.1f}" for x, y in pts_xy) + '"/>')
+            parts += [f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2.5" fill="{colours[e]}"/>' for x, y in pts_xy]
+        for j, e in enumerate(("graphgen", "llama.cpp")):
+            ly = 52 + 14 * j
+            parts.append(f'<line x1="{x0 + M + 8}" x2="{x0 + M + 28}" y1="{ly}" y2="{ly}" stroke="{colours[e]}" stroke-width="2"/>'
+                         f'<text x="{x0 + M + 32}" y="{ly + 4}">{e} (dashed: host overhead)</text>')
+    parts.append("</svg>")
+    return "\n".join(parts) + "\n"
+
+
+def html_escape(s: str) -> str:
+    return s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")

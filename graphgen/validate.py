@@ -10,7 +10,7 @@ import re
 
 import numpy as np
 
-from .errors import BatchError, GGUFModelError
+from .errors import BatchError, GGUFModelError, GraphgenError
 
 POS_MAX = 2**31 - 1          # llama_pos is int32
 N_DIMS_MAX = 4               # GGML_MAX_DIMS
@@ -138,6 +138,36 @@ def check_batch(pos: np.ndarray, seq: np.ndarray, n_ubatch: int, n_seq: int) -> 
         raise BatchError(f"sequence id {int(seq[bad][0])} is outside [0, {n_seq})")
 
 
+def _positions_ok(pos: np.ndarray, seq: np.ndarray, cache_pos_max, mrope: bool, is_embd: bool) -> bool:
+    """True when the batch passes every rule of check_seq_positions, in O(tokens) numpy work.
+
+    Any doubt returns False, and the rule-by-rule walk finds the first rule broken and says so."""
+    if pos.size == 0:
+        return False
+    if seq[0] == seq[-1] and (seq == seq[0]).all():
+        groups = [(int(seq[0]), pos)]
+    else:
+        order = np.argsort(seq, kind="stable")
+        ss, ps = seq[order], pos[order]
+        cuts = np.flatnonzero(np.diff(ss)) + 1
+        groups = [(int(g[0]), p) for g, p in zip(np.split(ss, cuts), np.split(ps, cuts))]
+    for s, p in groups:
+        d = np.diff(p)
+        if (d < 0).any():
+            return False  # decreasing: the walk names the row
+        y, x = int(p[0]), int(cache_pos_max(s))
+        if mrope:
+            if x >= 0 and (x > y if is_embd else x >= y):
+                return False
+            continue
+        if x >= 0 and y != x + 1:
+            return False
+        # non-decreasing, so the distinct positions are the first one and every increase
+        if int(p[-1]) - y + 1 > 1 + int(np.count_nonzero(d)):
+            return False
+    return True
+
+
 def check_seq_positions(pos: np.ndarray, seq: np.ndarray, cache_pos_max, mrope: bool, is_embd: bool) -> None:
     """The position rules llama.cpp's batch allocator applies before a batch runs, in its order.
 
@@ -149,6 +179,8 @@ def check_seq_positions(pos: np.ndarray, seq: np.ndarray, cache_pos_max, mrope: 
     batch that breaks one of these (llama_process returns -1), so graphgen does too."""
     pos = np.asarray(pos, dtype=np.int64)
     seq = np.asarray(seq, dtype=np.int64)
+    if _positions_ok(pos, seq, cache_pos_max, mrope, is_embd):
+        return
     for s in sorted(set(seq.tolist())):
         p = pos[seq == s]
         y, x = int(p.min()), int(cache_pos_max(s))
@@ -195,6 +227,93 @@ def check_features(x, width: int) -> np.ndarray:
 EQUAL_BLOCK_HEADS = ("dflash2", "dspark")
 
 
+def quick_blocks(blocks, variant: str, n_vocab: int, block_size: int, n_ubatch: int, n_seq: int):
+    """(tokens, positions, sequence ids, runs) for a batch of plainly valid blocks of distinct
+    sequences, checked in Python at the cost of a few comparisons per block; None for anything
+    else, which block_arrays and check_batch then check one rule at a time (naming the problem).
+    Covers block_arrays' and check_batch's rules; the positions against the cache are
+    runs_follow_cache's."""
+    if type(blocks) not in (list, tuple) or not blocks:
+        return None
+    runs, toks, seen, n = [], [], set(), 0
+    for b in blocks:
+        if type(b) not in (list, tuple) or len(b) != 3:
+            return None
+        s, t, p0 = b
+        if type(s) is not int or type(p0) is not int or type(t) not in (list, tuple) or not t:
+            return None
+        if s in seen or not 0 <= s < n_seq or p0 < 0 or p0 + len(t) - 1 > POS_MAX:
+            return None
+        if not all(type(x) is int for x in t) or min(t) < 0 or max(t) >= n_vocab:
+            return None
+        seen.add(s)
+        runs.append((s, p0, len(t)))
+        toks.extend(t)
+        n += len(t)
+    if n > n_ubatch:
+        return None
+    if variant in EQUAL_BLOCK_HEADS and (n % len(runs) or (variant == "dflash2" and block_size > 0
+                                                             and n // len(runs) > block_size)):
+        return None
+    if len(runs) == 1:
+        s, p0, k = runs[0]
+        pos, seq = np.arange(p0, p0 + k, dtype=np.int32), np.full(k, s, dtype=np.int32)
+    else:
+        pos = np.concatenate([np.arange(p0, p0 + k, dtype=np.int32) for _, p0, k in runs])
+        seq = np.repeat(np.array([s for s, _, _ in runs], dtype=np.int32), [k for _, _, k in runs])
+    return np.array(toks, dtype=np.int32), pos, seq, runs
+
+
+def runs_follow_cache(runs, cache_pos_max, mrope: bool, is_embd: bool) -> bool:
+    """check_seq_positions' rules for runs of consecutive positions of distinct sequences: each
+    run must follow its sequence's last cached position. False: let check_seq_positions say why."""
+    for s, p0, _ in runs:
+        x = cache_pos_max(s)
+        if mrope:
+            if x >= 0 and (x > p0 if is_embd else x >= p0):
+                return False
+        elif x >= 0 and p0 != x + 1:
+            return False
+    return True
+
+
+def _block_arrays_fast(blocks, n_vocab: int):
+    """block_arrays' result in a few numpy calls when every entry is plainly valid, else None
+    (and the entry-by-entry walk names the first problem)."""
+    toks, pos, seq = [], [], []
+    for b in blocks:
+        if type(b) not in (list, tuple) or len(b) != 3 or type(b[0]) is not int or type(b[2]) is not int:
+            return None
+        s, t, p0 = b
+        if isinstance(t, np.ndarray):
+            if t.ndim != 1 or t.dtype.kind not in "iu":
+                return None
+        elif type(t) not in (list, tuple) or not all(type(x) is int for x in t):
+            return None
+        n = len(t)
+        if not 0 <= s <= POS_MAX or p0 < 0 or p0 + max(n, 1) - 1 > POS_MAX:
+            return None
+        toks.append(np.asarray(t, dtype=np.int64))
+        pos.append(np.arange(p0, p0 + n, dtype=np.int32))
+        seq.append(np.full(n, s, dtype=np.int32))
+    t = np.concatenate(toks) if len(toks) > 1 else toks[0]
+    if t.size and (t.min() < 0 or t.max() >= n_vocab):
+        return None
+    return (t.astype(np.int32), np.concatenate(pos) if len(pos) > 1 else pos[0],
+            np.concatenate(seq) if len(seq) > 1 else seq[0])
+
+
+def _blocks_divide(seq: np.ndarray, variant: str, block_size: int) -> bool:
+    """The equal-blocks rules of block_arrays hold (or do not apply)."""
+    if variant not in EQUAL_BLOCK_HEADS or seq.size == 0:
+        return True
+    n_blocks = len(np.unique(seq)) if seq[0] != seq[-1] or not (seq == seq[0]).all() else 1
+    n = int(seq.size)
+    if n % n_blocks:
+        return False
+    return not (variant == "dflash2" and block_size > 0 and n // n_blocks > block_size)
+
+
 def block_arrays(blocks, variant: str, n_vocab: int,
                  block_size: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """[(seq, tokens, pos0), ...] -> int32 tokens, positions, sequence ids, checked before any cast.
@@ -206,6 +325,9 @@ def block_arrays(blocks, variant: str, n_vocab: int,
     every token, since llama.cpp reads one lattice row per token and aborts otherwise."""
     if not isinstance(blocks, (list, tuple)) or not blocks:
         raise BatchError("a block batch needs at least one (seq, tokens, pos0) entry")
+    fast = _block_arrays_fast(blocks, n_vocab)
+    if fast is not None and _blocks_divide(fast[2], variant, block_size):
+        return fast
     toks, pos, seq = [], [], []
     for k, b in enumerate(blocks):
         if not isinstance(b, (list, tuple)) or len(b) != 3:
@@ -399,3 +521,34 @@ def check_gguf_layout(path, data=None) -> None:
             expected += -(-nbytes // alignment) * alignment
     finally:
         buf.close()
+
+
+class KVCacheTypeError(GraphgenError, ValueError):
+    """KV cache types llama.cpp refuses for this draft (or computes garbage with)."""
+
+
+# ggml's block size for each quantized cache type graphgen takes (all hold 32 values a block)
+_KV_BLOCK = {"q8_0": 32, "q4_0": 32, "q4_1": 32, "q5_0": 32, "q5_1": 32, "iq4_nl": 32}
+
+
+def check_kv_types(hp, type_k: str, type_v: str, flash_attn: bool, k_only: bool = False) -> None:
+    """llama.cpp's context checks on the cache types: a quantized V cache needs flash attention,
+    and a quantized head must hold whole blocks. llama.cpp checks the heads only with flash
+    attention; without it, it takes such a K cache and scores against K rows that start inside a
+    block (garbage, and not reproducible), which graphgen refuses instead. The same holds for a
+    K-only cache (the DSpark backbones read V as a view of K): llama.cpp does not check its
+    quantized K without flash attention, and then copies it transposed, block by block."""
+    if type_v in _KV_BLOCK and not flash_attn:
+        raise KVCacheTypeError(f"type_v {type_v}: a quantized V cache requires flash attention (flash_attn on)")
+    if getattr(hp, "n_lora_kv", 0) > 0 and type_k != type_v:
+        # llama.cpp's check for MLA models (Mistral Large 4 here): one latent cache, one type
+        raise KVCacheTypeError(f"type_k {type_k} / type_v {type_v}: an MLA draft does not support different K "
+                               "and V cache types")
+    if k_only and type_k in _KV_BLOCK and not flash_attn:
+        raise KVCacheTypeError(f"type_k {type_k}: this backbone reads V from the K cache, so a quantized K cache "
+                         "requires flash attention (flash_attn on)")
+    for key, name, head in (("type_k", type_k, hp.n_embd_head_k), ("type_v", type_v, hp.n_embd_head_v)):
+        blck = _KV_BLOCK.get(name)
+        if blck is not None and head % blck != 0:
+            what = "n_embd_head_k" if key == "type_k" else "n_embd_head_v"
+            raise KVCacheTypeError(f"{key} {name}: its block size {blck} does not divide {what}={head}")

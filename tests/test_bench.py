@@ -42,3 +42,71 @@ def test_bench_cli_against_llama_cpp(tiny, tmp_path):
     assert "ratio" in p.stdout and "llama.cpp" in p.stdout
     text = md.read_text()
     assert "| block 4 |" in text and "| block 16 x4seq |" in text and "compute buffer MiB" in text
+    assert "compute / overhead ms" in text and "host overhead by phase" in text
+
+
+def test_step_time_splits_into_compute_and_phases(tiny):
+    """graphgen's side: compute and the overhead phases are measured inside the step's wall time."""
+    from graphgen.bench import PHASES
+    res = run_bench(tiny, default_scenario(), repeat=4, engines=("graphgen",), warmup=1)
+    for st in res.steps:
+        for k, wall in enumerate(st.times["graphgen"]):
+            compute = st.compute["graphgen"][k]
+            phases = sum(st.phases[ph][k] for ph in PHASES)
+            assert 0 < compute < wall and 0 < phases < wall
+            assert compute + phases <= wall
+        assert all(st.phase_median(ph) > 0 for ph in PHASES)
+        assert 0 < st.overhead_median("graphgen") < st.median("graphgen")
+
+
+def test_context_scenario_fills_the_cache_to_n_kv(tiny):
+    from graphgen.bench import context_scenario
+    from graphgen.runtime.session import Session
+    base = default_scenario()
+    for n_kv in (256, 768):
+        sc = context_scenario(base, n_kv, chunk=100)
+        injects = [st for st in sc.steps if st.kind == "inject"]
+        assert all(st.n_tokens <= 100 for st in injects)
+        with Session(tiny, n_ctx=sc.n_ctx, n_ubatch=sc.n_ubatch) as s:
+            for st in sc.steps:
+                if st.kind == "inject":
+                    s.inject(sc.features(st, s.hparams.n_embd_inp_enc), st.pos0, st.seq)
+                else:
+                    b = st.blocks[0]
+                    s.block(b.tokens, b.pos0, b.seq)
+            assert s.caches["base"].get_n_kv() == n_kv
+            assert s.caches["base"].used() == n_kv - 1
+
+
+@pytest.mark.reference
+def test_llama_cpp_compute_is_timed_inside_its_steps(tiny):
+    res = run_bench(tiny, default_scenario(), repeat=3, engines=("llama.cpp",), warmup=1)
+    for st in res.steps:
+        for wall, compute in zip(st.times["llama.cpp"], st.compute["llama.cpp"]):
+            assert 0 < compute < wall
+
+
+@pytest.mark.reference
+def test_bench_json_on_stdout_and_scale_plot(tiny, tmp_path):
+    import json
+    svg = tmp_path / "scale.svg"
+    md = tmp_path / "B.md"
+    p = subprocess.run([sys.executable, "-m", "graphgen.cli", "bench", str(tiny), "--repeat", "2", "--prompt", "6",
+                        "--n-seq", "1,2", "--n-kv", "256,512", "--json", "--markdown", str(md), "--svg", str(svg)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert [r.get("n_seq", r.get("n_kv")) for r in doc["runs"]] == [1, 2, 256, 512]
+    block = [s for s in doc["runs"][3]["steps"] if s["step"].startswith("block")][0]
+    assert set(block["overhead_median_s"]) == {"graphgen", "llama.cpp"}
+    text = md.read_text()
+    assert "Block step against context length" in text and "| 512 |" in text and "| 2 |" in text
+    assert svg.read_text().count("<polyline") == 8  # 2 panels x 2 engines x (step, overhead)
+
+
+def test_bench_refuses_prompt_with_scenario(tiny, tmp_path):
+    scen = tmp_path / "s.json"
+    scen.write_text('{"steps": [{"inject": {"n_tokens": 2, "pos0": 0}}]}')
+    p = subprocess.run([sys.executable, "-m", "graphgen.cli", "bench", str(tiny), "--scenario", str(scen),
+                        "--prompt", "8"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "--prompt" in p.stderr and len(p.stderr.strip().splitlines()) == 1

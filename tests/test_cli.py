@@ -149,3 +149,22 @@ def test_reporting_commands_print_json(tmp_path):
     xd = run("xdiff", str(model), "--scenario", str(REF_DIR / "dflash-fa-off" / "scenario.json"),
              "--backends", "cpu,cpu", "--json")
     assert xd["ok"] and [g["graph"] for g in xd["graphs"]] == ["inject", "block"]
+
+
+def test_draft_stops_at_n_predict_and_says_why(tmp_path):
+    model = tmp_path / "d.gguf"
+    assert subprocess.run(CLI + ["make-model", str(model)], capture_output=True).returncode == 0
+    base = CLI + ["draft", str(model), "--prompt-tokens", "1,2,3,4,5,6", "--quiet"]
+    # whole drafts of 3 plus the target's token: 1 + 4 * 8 would be 33 tokens, cut at 32
+    p = subprocess.run(base + ["--n-predict", "32", "--json"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["generated_tokens"] == 32 == len(doc["tokens"]) - 6 and doc["stop_reasons"] == ["n_predict"]
+    p = subprocess.run(base + ["--n-predict", "32"], capture_output=True, text=True, timeout=300)
+    assert "generated        32 tokens" in p.stdout and "stopped          --n-predict 32 reached" in p.stdout
+    # a continuation shorter than --n-predict: the run ends with it, and says so
+    p = subprocess.run(base + ["--n-predict", "32", "--target-tokens", "9,8,7"], capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0 and p.stderr == ""
+    assert "stopped          --target-tokens ran out after 3 of --n-predict 32 tokens" in p.stdout
+    assert p.stdout.rstrip().endswith("tokens           1,2,3,4,5,6,9,8,7")

@@ -10,6 +10,7 @@ from graphgen.dump import load_dump
 from graphgen.engine import run_scenario
 from graphgen.scenario import parse_scenario
 from graphgen.synth import make_model
+from kv_draw import draw_kv_types
 from parity_check import assert_parity
 
 pytestmark = [pytest.mark.reference]
@@ -63,8 +64,9 @@ def random_head_config(variant: str, seed: int):
         steps.append({"inject": {"n_tokens": n, "pos0": 0, "seq": s}})
         seqs.append({"seq": s, "tokens": [int(rng.integers(0, mask))] + [mask] * (bs - 1), "pos0": n})
     steps.append({"block": {"seqs": seqs}})
-    sc = {"n_ctx": 256, "n_ubatch": 64, "n_seq": n_blocks, "flash_attn": "on" if rng.random() < 0.5 else "off",
-          "type_kv": "f16" if rng.random() < 0.7 else "f32", "seed": seed, "steps": steps}
+    fa = "on" if rng.random() < 0.5 else "off"
+    sc = {"n_ctx": 256, "n_ubatch": 64, "n_seq": n_blocks, "flash_attn": fa,
+          **draw_kv_types(rng, fa, kw.get("head_dim", n_embd // n_head)), "seed": seed, "steps": steps}
     return kw, sc
 
 
@@ -101,8 +103,28 @@ def test_lilicorr_context_row_is_the_injected_feature(tmp_path):
     results = run_scenario(model, parse_scenario(sc), tmp_path / "ours")
     assert_parity(diff_paths(tmp_path / "ref", tmp_path / "ours"), "lilicorr one-token prompt")
     # the row the block was fed is the inject's context feature, bit for bit
-    inject, block = results[0][1], results[1]
+    inject = results[0][1]
     with load_dump(results[1][2]) as d:
         state = next(d.values(i) for i, n in enumerate(d.nodes) if n.op == "RESHAPE" and n.src[:1]
                      and n.src[0].startswith("leaf") and n.ne[:2] == [32, 4])
     assert np.array_equal(state.reshape(4, 32)[0], inject.h_nextn[0])
+
+
+@pytest.mark.parametrize("conf", [False, True])
+def test_dspark_block_longer_than_trained_matches_llama_cpp(conf, tmp_path):
+    """A block longer than dflash.block_size: the Markov head steps aside and the backbone's own
+    logits are the output, computed as llama.cpp computes them (the rest of the last layer, the
+    output norm, the lm head)."""
+    from graphgen.reference.runner import run_reference
+    kw = {"n_embd": 32, "n_layer": 2, "n_head": 2, "n_head_kv": 1, "n_ff": 64, "n_vocab": 96,
+          "block_size": 3, "target_layers": [0, 1], "seed": 5, "conf": conf}
+    model = tmp_path / "draft.gguf"
+    make_model(model, "dspark", **kw)
+    sc = {"n_ctx": 256, "n_ubatch": 64, "flash_attn": "off", "seed": 5,
+          "steps": [{"inject": {"n_tokens": 5, "pos0": 0}}, {"block": {"tokens": [4] + [95] * 5, "pos0": 5}}]}
+    scen = tmp_path / "scenario.json"
+    scen.write_text(json.dumps(sc))
+    run_reference(model, scen, tmp_path / "ref")
+    results = run_scenario(model, parse_scenario(sc), tmp_path / "ours")
+    assert_parity(diff_paths(tmp_path / "ref", tmp_path / "ours"), f"dspark block of 6, trained 3, conf {conf}")
+    assert results[1][1].logits.shape == (6, 96)

@@ -109,3 +109,64 @@ def test_drafting_rounds_keep_positions_consecutive(tiny):
         assert s.seq_pos_max(0) == 11 and s.seq_pos_max(1) == 11
         with pytest.raises(BatchError, match="sequence 1: .*X = 11 .*Y = 13"):
             s.block([7, 255, 255, 255], 13, seq=1)
+
+
+def test_results_keep_their_values_after_later_batches(tmp_path):
+    """Outputs are read lazily; a Result read only after its graph computed again (and after the
+    session closed) still holds its own batch's values."""
+    from graphgen.synth import make_model
+    from graphgen.runtime.session import Session
+    path = tmp_path / "d.gguf"
+    make_model(path, variant="dflash", block_size=4)
+    with Session(path, n_ctx=256, n_ubatch=64) as s:
+        rng = np.random.default_rng(1)
+        x = rng.standard_normal((6, s.hparams.n_embd_inp_enc)).astype(np.float32)
+        s.inject(x, 0)
+        first = s.block([1, 2, 3, 4], 6)           # not read yet
+        s.seq_rm(0, 6, -1)
+        eager = s.block([1, 2, 3, 4], 6).logits.copy()  # the same cache state: same values
+        s.seq_rm(0, 6, -1)
+        s.block([5, 6, 7, 8], 6)
+        np.testing.assert_array_equal(first.logits, eager)
+        s.seq_rm(0, 6, -1)
+        later = s.block([5, 6, 7, 8], 6)
+    assert later.logits is not None and later.embd is not None
+    assert not np.array_equal(later.logits, eager)
+
+
+def test_shared_compute_buffer_gives_the_schedulers_values(tiny):
+    """On one backend the graph kinds share one compute buffer and compute without the
+    scheduler; steps whose graphs grow the buffer (and move the other kinds' graphs) must give
+    exactly what separate schedulers give."""
+    rng = np.random.default_rng(12)
+    steps = []
+    pos = 0
+    for n_inj, n_blk in ((3, 4), (2, 4), (9, 4), (1, 4), (30, 4), (2, 4)):
+        steps.append(("inject", rng.standard_normal((n_inj, 128), dtype=np.float32), pos))
+        pos += n_inj
+        steps.append(("block", [int(t) for t in rng.integers(0, 256, n_blk)], pos))
+    outs = {}
+    for shared in (True, False):
+        with Session(tiny, n_ctx=256, n_ubatch=64) as s:
+            s._share_sched = shared
+            got = []
+            for kind, data, p in steps:
+                if kind == "inject":
+                    got.append(s.inject(data, p))
+                else:
+                    r = s.block(data, p)
+                    s.seq_rm(0, p, -1)
+                    got.append(r)
+            outs[shared] = [(r.embd, r.logits) for r in got]
+            if shared:
+                assert len({slot.sched for slot in s._scheds.values()}) == 1
+                shared_size = s.compute_buffer_size()
+            else:
+                assert len({slot.sched for slot in s._scheds.values()}) == 2
+                separate_size = s.compute_buffer_size()
+    for (e1, l1), (e2, l2) in zip(outs[True], outs[False]):
+        for a, b in ((e1, e2), (l1, l2)):
+            assert (a is None) == (b is None)
+            if a is not None:
+                np.testing.assert_array_equal(a, b)
+    assert shared_size < separate_size

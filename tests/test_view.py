@@ -3,9 +3,11 @@
 import dataclasses
 import io
 import json
+import math
 import os
 import re
 import shutil
+import struct
 import subprocess
 import sys
 import time
@@ -19,6 +21,7 @@ from conftest import REF_DIR
 from graphgen.cli import main as cli_main
 from graphgen.diff import diff_dumps
 from graphgen.dump import FORMAT, Dump, Node, dump_files, load_dump, write_dump
+from graphgen.opparams import decode_op_params, format_op_params
 from graphgen.view import dot as D
 from graphgen.view import graph as V
 from graphgen.view.diffmap import STATUS_COLOURS, diff_map
@@ -30,7 +33,8 @@ from graphgen.view.trace import header_line, value_lines
 CASES = sorted(p.name for p in REF_DIR.iterdir() if (p / "case.json").is_file())
 REF_FILES = [f for c in CASES for f in dump_files(REF_DIR / c)]
 IDS = [f"{f.parent.name}/{f.stem}" for f in REF_FILES]
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
+NO_CHROMIUM = "no Chromium binary (chromium, chromium-browser or google-chrome) on PATH"
 
 
 def _page_data(page: str) -> dict:
@@ -174,11 +178,27 @@ def test_diff_statuses_and_colours(tmp_path):
 def test_html_every_reference_dump(path):
     d = load_dump(path)
     page = to_html(d)
-    assert "http://" not in page and "https://" not in page and "<link" not in page  # no network
+    # no network: nothing fetched, linked or imported (the SVG namespace URI is a name, not a fetch)
+    assert not re.search(r"""(?:src|href|action)\s*=\s*["']?(?:https?:)?//""", page)
+    assert "<link" not in page and "@import" not in page and "fetch(" not in page and "XMLHttpRequest" not in page
+    assert "<svg id=\"canvas\"" in page and "function layoutGroup" in page  # the drawing code is inlined
     data = _page_data(page)
     f = {k: i for i, k in enumerate(data["fields"])}
     assert [r[f["name"]] for r in data["rows"]] == [n.name for n in d.nodes]
     assert sorted(r[f["ref"]] for r in data["rows"]) == list(range(len(d.nodes)))
+    title = re.search(r"<title>(.*?)</title>", page).group(1)
+    assert title == f"{d.graph} graph of {d.model}, {d.source['engine']} {d.source['version']}"
+    for n, r in zip(d.nodes, data["rows"]):
+        if n.op in ("RMS_NORM", "NORM", "L2_NORM"):
+            assert r[f["params"]].startswith("eps=")
+        if d.has_values and d.values(n.index) is not None:
+            vals = d.values(n.index).astype(np.float64).ravel()
+            # JSON has no NaN or Infinity: the page gets them as the strings Python prints
+            assert r[f["vals"]] == [pytest.approx(x, rel=1e-6) if np.isfinite(x) else str(x) for x in vals[:8]]
+            fin = vals[np.isfinite(vals)]
+            if fin.size:
+                assert r[f["stats"]][:3] == pytest.approx([fin.min(), fin.max(), fin.mean()], rel=1e-6, abs=1e-9)
+            assert r[f["stats"]][3:] == [np.isnan(vals).sum(), np.isinf(vals).sum(), vals.size]
 
 
 def _chromium(url: str, tmp_path: Path) -> str:
@@ -190,26 +210,30 @@ def _chromium(url: str, tmp_path: Path) -> str:
     return p.stdout
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed")
+@pytest.mark.skipif(CHROMIUM is None, reason=NO_CHROMIUM)
 def test_html_diff_in_headless_chromium(tmp_path):
     ref, ours = _seeded(tmp_path)
     page = tmp_path / "diff.html"
     page.write_text(to_html(ref, ours))
+    data = _page_data(page.read_text())
+    f = {k: i for i, k in enumerate(data["fields"])}
+    # the page opens at the first divergence (node 20, a value change): drawn, highlighted, selected
+    dom = _chromium(page.as_uri(), tmp_path)
+    first = re.findall(r'<g class="gnode([^"]*first-divergence[^"]*)" data-row="(\d+)"', dom)
+    assert [data["rows"][int(k)][f["ref"]] for _, k in first] == [20] and "selected" in first[0][0]
+    assert re.search(rf'<h3 data-row="{first[0][1]}">{re.escape(ref.nodes[20].name)} \u2014 first divergence</h3>', dom)
     dom = _chromium(page.as_uri() + "#search=kq_soft_max-1", tmp_path)
     assert 'data-ready="1"' in dom, "the page script did not finish"
     errors = re.search(r'<div id="errors"[^>]*>(.*?)</div>', dom, re.S)
     assert errors and errors.group(1).strip() == "", f"JS errors: {errors.group(1) if errors else dom[:500]}"
-    # the first divergence (node 20, a value change) is highlighted
-    first = re.findall(r'<div class="node[^"]*first-divergence[^"]*" data-row="(\d+)"[^>]*>'
-                       r'<span class="idx">#(\d+)</span><span class="nm">([^<]*)', dom)
-    assert len(first) == 1 and first[0][1] == "20" and first[0][2] == ref.nodes[20].name
     # the search found the node, selected it and listed it
-    hit = re.findall(r'<div class="node[^"]*\bhit\b[^"]*"[^>]*><span class="idx">#(\d+)</span>'
-                     r'<span class="nm">([^<]*)', dom)
-    assert hit == [(str(next(n.index for n in ref.nodes if n.name == "kq_soft_max-1")), "kq_soft_max-1")]
+    hit = re.findall(r'<g class="gnode[^"]*\bhit\b[^"]*" data-row="(\d+)"', dom)
+    assert [data["rows"][int(k)][f["name"]] for k in hit] == ["kq_soft_max-1"]
     assert re.search(r'<div id="results"><p>1 match</p>', dom)
-    # other layers stay collapsed
-    assert len(re.findall(r'class="layer"', dom)) >= 1
+    assert re.search(r'<h3 data-row="(\d+)">kq_soft_max-1</h3>', dom)
+    # only the layers holding the first divergence and the hit are open
+    opened = re.findall(r'<g class="glayer open[^"]*" data-group="\d+" data-layer="([^"]+)"', dom)
+    assert sorted(opened) == ["layer 0", "layer 1"]
 
 
 def _big_dump(n=100_000, per_layer=100) -> Dump:
@@ -230,17 +254,21 @@ def test_100k_nodes_overview_and_html(tmp_path):
     text = D.overview_dot(d.nodes, "big")
     assert time.perf_counter() - t0 < 2.0
     assert text.count("nodes\\n") == 1000 and "layer_0 -> layer_1;" in text
+    t0 = time.perf_counter()
     page = to_html(d)
+    assert time.perf_counter() - t0 < 10
     (tmp_path / "big.html").write_text(page)
     if CHROMIUM is None:
-        pytest.skip("chromium is not installed")
+        pytest.skip(NO_CHROMIUM)
     t0 = time.perf_counter()
     dom = _chromium((tmp_path / "big.html").as_uri() + "#search=x5-999", tmp_path)
     assert time.perf_counter() - t0 < 60
     assert 'data-ready="1"' in dom
-    # collapsed by default: only the searched node's layer was put in the page
-    assert len(re.findall(r'class="layer', dom)) == 1000
-    assert 0 < len(re.findall(r'<div class="node', dom)) <= 100
+    # every layer drawn as a box; only the searched node's layer opened, and only its nodes drawn
+    assert len(re.findall(r'<g class="glayer', dom)) == 1000
+    assert re.findall(r'<g class="glayer open[^"]*" data-group="\d+" data-layer="([^"]+)"', dom) == ["layer 999"]
+    rows = [int(k) for k in re.findall(r'<g class="gnode[^"]*" data-row="(\d+)"', dom)]
+    assert rows and all(99_900 <= k < 100_000 for k in rows)
 
 
 # ---- Model Explorer ---------------------------------------------------------------------------
@@ -259,6 +287,15 @@ def test_explorer_every_reference_dump(path, tmp_path):
         if n["id"].isdigit():
             il = g.nodes[int(n["id"])]["layer"]
             assert n["namespace"] == ("" if il is None else f"layer_{il}")
+            attrs = {a["key"]: a["value"] for a in n["attrs"]}
+            node = d.nodes[int(n["id"])]
+            if node.op == "RMS_NORM":
+                assert attrs["op_params"] == "eps=1e-06"
+            if node.op == "VIEW" and node.view_offs:
+                assert attrs["op_params"] == f"offset={node.view_offs}"
+            if node.op in ("ADD", "MUL", "GET_ROWS", "RESHAPE"):
+                assert "op_params" not in attrs
+            assert ("op_params_raw" in attrs) == any(node.op_params)
             for e in n["incomingEdges"]:
                 assert e["sourceNodeId"] in set(ids)
     overlay = json.loads((tmp_path / f"{path.stem}.nmse.json").read_text())
@@ -297,6 +334,152 @@ def test_explorer_files_load_in_model_explorer(tmp_path):
     for p in paths[1:]:
         cfg.add_node_data_from_path(str(p))
     assert len(cfg.node_data_sources) == 3
+
+
+# ---- op_params --------------------------------------------------------------------------------
+
+def _gguf_kv(case: str, models_dir) -> dict:
+    import gguf
+    from make_references import build_model
+    r = gguf.GGUFReader(str(build_model(REF_DIR / case, models_dir)))
+    return {k: f.contents() for k, f in r.fields.items() if k.startswith("dflash.")}
+
+
+def _f32(x: float) -> float:
+    return float(np.float32(x))
+
+
+def _nodes(case: str, graph: str = "01-block", op: str | None = None) -> tuple[Dump, list[Node]]:
+    d = load_dump(REF_DIR / case / f"{graph}.json")
+    return d, [n for n in d.nodes if op is None or n.op == op]
+
+
+@pytest.mark.parametrize("case", ["dflash-fa-off", "dflash-fa-on", "dsv4-fa-off", "dsv4-fa-on"])
+def test_op_params_norm_rope_attention_from_the_gguf(case, models_dir):
+    kv = _gguf_kv(case, models_dir)
+    eps = _f32(kv["dflash.attention.layer_norm_rms_epsilon"])
+    head_dim = kv.get("dflash.attention.key_length", kv["dflash.embedding_length"] // kv["dflash.attention.head_count"])
+    n_rot = kv.get("dflash.rope.dimension_count", head_dim)
+    d, _ = _nodes(case)
+    norms = [n for n in d.nodes if n.op == "RMS_NORM"]
+    assert norms and all(decode_op_params(n.op, n.op_params) == {"eps": eps} for n in norms)
+    assert format_op_params("RMS_NORM", norms[0].op_params) == "eps=1e-06"
+    ropes = [decode_op_params(n.op, n.op_params) for n in d.nodes if n.op in ("ROPE", "ROPE_BACK")]
+    assert ropes
+    for r in ropes:
+        assert r["n_dims"] == n_rot and r["freq_base"] == kv["dflash.rope.freq_base"]
+        assert (r["freq_scale"], r["attn_factor"], r["ext_factor"]) == (1.0, 1.0, 0.0)
+        if case.startswith("dsv4"):
+            # DeepSeek-V4 ropes the tail of each head: normal mode, no YaRN, offset by the nope part
+            assert (r["mode"], r["n_ctx_orig"], r["n_offs"]) == ("NORMAL", 0, head_dim - n_rot)
+        else:
+            # the DFlash backbone is Qwen3's: NeoX rope over the training context, YaRN's defaults
+            assert (r["mode"], r["n_ctx_orig"], r["n_offs"]) == ("NEOX", kv["dflash.context_length"], 0)
+            assert (r["beta_fast"], r["beta_slow"]) == (32.0, 1.0)
+    attn = [n for n in d.nodes if n.op in ("FLASH_ATTN_EXT", "SOFT_MAX") and n.name.startswith("kq")
+            or n.op == "FLASH_ATTN_EXT"]
+    assert attn
+    for n in attn:
+        p = decode_op_params(n.op, n.op_params)
+        assert p["scale"] == _f32(1 / math.sqrt(head_dim)) and p["max_bias"] == 0.0
+        if n.op == "FLASH_ATTN_EXT":
+            assert p["logit_softcap"] == 0.0 and p["precision"] == "F32"  # llama.cpp asks F32 accumulation
+    if case == "dflash-fa-off":
+        kq = [n for n in d.nodes if n.op == "MUL_MAT" and re.fullmatch(r"kq-\d+", n.name)]
+        assert kq and all(decode_op_params("MUL_MAT", n.op_params)["prec"] == "F32" for n in kq)
+        assert format_op_params("MUL_MAT", kq[0].op_params) == "prec=F32"
+
+
+def test_op_params_deepseek4_fused_ops_from_the_gguf(models_dir):
+    kv = _gguf_kv("dsv4-fa-on", models_dir)
+    d, _ = _nodes("dsv4-fa-on")
+    by_op: dict[str, list[dict]] = {}
+    for n in d.nodes:
+        by_op.setdefault(n.op, []).append(decode_op_params(n.op, n.op_params, n.ne))
+    assert by_op["DSV4_HC_COMB"] and all(
+        p == {"eps": _f32(kv["dflash.hyper_connection.epsilon"]),
+              "n_iter": kv["dflash.hyper_connection.sinkhorn_iterations"]} for p in by_op["DSV4_HC_COMB"])
+    assert all(p == {"scale": 1.0, "gated": False} for p in by_op["DSV4_HC_PRE"])
+    assert all(p == {} for p in by_op["DSV4_HC_POST"])
+    assert by_op["SWIGLU_CLAMP"] and all(
+        p == {"glu": "SWIGLU_CLAMP", "swapped": False, "limit": kv["dflash.swiglu_clamp_exp"]}
+        for p in by_op["SWIGLU_CLAMP"])
+    assert any(p["s"] == kv["dflash.expert_weights_scale"] and p["b"] == 0.0 for p in by_op["SCALE"])
+    # the MoE weight sum is clamped below at the smallest normal f16, unbounded above
+    assert all(p == {"min": 6.103515625e-5, "max": math.inf} for p in by_op["CLAMP"])
+    clamp = next(n for n in d.nodes if n.op == "CLAMP")
+    assert format_op_params("CLAMP", clamp.op_params) == "min=6.103516e-05 max=inf"
+    # the experts are picked by a descending sort
+    assert by_op["ARGSORT"] and all(p == {"order": "DESC"} for p in by_op["ARGSORT"])
+
+
+@pytest.mark.parametrize("path", REF_FILES, ids=IDS)
+def test_op_params_against_each_node_structure(path):
+    """What a node's shape and op name say about its params, for every op that has them."""
+    d = load_dump(path)
+    latest = {}
+    for n in d.nodes:
+        p = decode_op_params(n.op, n.op_params, n.ne)
+        srcs = [latest.get(s) for s in n.src]
+        if n.op == "VIEW":
+            assert p == {"offset": n.view_offs}
+        elif n.op == "PERMUTE" and srcs[0] is not None:
+            assert sorted(p["axes"]) == [0, 1, 2, 3]
+            assert [n.ne[p["axes"][i]] for i in range(4)] == srcs[0].ne
+        elif n.op == "CONCAT" and all(s is not None for s in srcs[:2]):
+            dim = p["dim"]
+            assert n.ne[dim] == srcs[0].ne[dim] + srcs[1].ne[dim]
+        elif n.op == "PAD" and srcs[0] is not None:
+            assert [srcs[0].ne[i] + p[f"lp{i}"] + p[f"rp{i}"] for i in range(4)] == n.ne
+        elif n.op in ("SILU", "SIGMOID", "SOFTPLUS", "STEP"):  # ggml_op_desc printed the unary op's name
+            assert p == {"unary": n.op}
+        elif n.op in ("SWIGLU", "SWIGLU_CLAMP"):
+            assert p["glu"] == n.op and p["swapped"] is False
+        elif n.op == "TOP_K":
+            assert p == {"k": n.ne[0]}
+        elif n.op == "ARANGE":
+            assert math.ceil((p["stop"] - p["start"]) / p["step"]) == n.ne[0]
+        elif n.op in ("GET_ROWS", "SET_ROWS", "CPY", "ADD", "MUL", "RESHAPE", "CONT"):
+            assert p == {}
+            assert format_op_params(n.op, n.op_params) == ""
+        latest[n.name] = n
+
+
+def test_op_params_layouts_by_hand():
+    def ints(fmt, *vals):
+        raw = struct.pack("<" + fmt, *vals)
+        return list(struct.unpack(f"<{len(raw) // 4}i", raw))
+    # a view past 4 GiB keeps the high half of its size_t offset in the second slot
+    assert decode_op_params("VIEW", ints("Q", 5 * 2**32 + 12)) == {"offset": 5 * 2**32 + 12}
+    rope = ints("5i6f4ii", 0, 128, 8, 0, 32768, 1e6, 0.25, 1.0, 1.5, 32.0, 1.0, 24, 20, 20, 0, 0)
+    p = decode_op_params("ROPE", rope)
+    assert (p["mode"], p["sections"], p["freq_base"], p["freq_scale"], p["n_ctx_orig"]) == (
+        "MROPE", [24, 20, 20, 0], 1e6, 0.25, 32768)
+    assert format_op_params("ROPE", rope) == (
+        "n_dims=128 mode=MROPE n_ctx_orig=32768 freq_base=1000000 freq_scale=0.25 "
+        "ext_factor=1 attn_factor=1.5 beta_fast=32 beta_slow=1 sections=[24,20,20,0]")
+    assert "sections" not in format_op_params("ROPE", ints("3i", 0, 64, 2))
+    assert decode_op_params("GLU", ints("ii", 1, 1)) == {"glu": "GEGLU", "swapped": True}
+    assert decode_op_params("SWIGLU_OAI", ints("iiff", 3, 0, 1.702, 7.0)) == {
+        "glu": "SWIGLU_OAI", "swapped": False, "alpha": _f32(1.702), "limit": 7.0}
+    assert decode_op_params("UNARY", [10]) == {"unary": "SILU"}
+    assert decode_op_params("SOFT_MAX", ints("ff", 0.125, 8.0)) == {"scale": 0.125, "max_bias": 8.0}
+    assert decode_op_params("SCALE", ints("ff", 2.0, -1.0)) == {"s": 2.0, "b": -1.0}
+    assert decode_op_params("FILL", ints("f", -math.inf)) == {"c": -math.inf}
+    assert decode_op_params("CONCAT", [2]) == {"dim": 2}
+    assert decode_op_params("ARGSORT", [0]) == {"order": "ASC"}
+    assert decode_op_params("PAD", ints("9i", 1, 2, 0, 0, 0, 0, 0, 3, 1))["circular"] is True
+    assert format_op_params("PAD", ints("8i", 0, 2, 0, 0, 0, 0, 0, 0)) == "rp0=2"
+    assert decode_op_params("MUL_MAT", [10, 1, 0, 30]) == {"prec": "F32", "hint": "SRC0_IS_HADAMARD", "prec_src1": "Q8"}
+    # an op without a layout keeps its ints; an enum value this ggml does not know stays a number
+    assert decode_op_params("WIN_PART", [7, 0, 3] + [0] * 13) == {"raw": [7, 0, 3]}
+    assert format_op_params("WIN_PART", [7, 0, 3]) == "op_params=[7,0,3]"
+    assert format_op_params("WIN_PART", [0] * 16) == ""
+    assert decode_op_params("UNARY", [99]) == {"unary": 99}
+    for bad, what in (([0] * 17, "at most 16"), ([2**31], r"op_params\[0\] of ROPE"), ([0, 1.5], r"op_params\[1\]"),
+                      ("0000", "at most 16"), ([True], r"op_params\[0\]")):
+        with pytest.raises(ValueError, match=what):
+            decode_op_params("ROPE", bad)
 
 
 # ---- eval-callback format ---------------------------------------------------------------------
@@ -556,6 +739,56 @@ def test_view_cli(tmp_path, capsys):
     assert cli_main(["view", str(case / "01-block.json"), "--format", "html"]) == 2
 
 
+def test_view_cli_rules_and_title(tmp_path, capsys):
+    ref, ours = _seeded(tmp_path)
+    doc = json.loads(ours.path.read_text())
+    doc["source"] = {"engine": "graphgen", "version": "0.1.0", "ggml": "0.27.0"}
+    ours.path.write_text(json.dumps(doc))
+    ours = load_dump(ours.path)
+    rules = tmp_path / "rules.json"
+    rules.write_text(json.dumps({"rules": [{"name": "extra_scale", "reason": "ours scales once more",
+                                            "ref": [], "ours": [{"op": "SCALE", "name": "extra_scale-1"}]}]}))
+    out = tmp_path / "d.html"
+
+    def statuses(*extra):
+        assert cli_main(["view", str(ref.path), str(ours.path), "--out", str(out), *extra]) == 0
+        data = _page_data(out.read_text())
+        f = {k: i for i, k in enumerate(data["fields"])}
+        return [r[f["status"]] for r in data["rows"]], out.read_text()
+    plain, _ = statuses()
+    assert plain.count("extra") == 1 and "explained" not in plain
+    ruled, page = statuses("--rules", str(rules))
+    assert "extra" not in ruled and ruled.count("explained") == 1
+    assert ruled.count("missing") == plain.count("missing") == 1  # the rule covers only what it names
+    # the title names each side's engine and the model, not the file names
+    want = f"block graph of {ref.model}: llama.cpp b11739 vs graphgen 0.1.0"
+    assert re.search(r"<title>(.*?)</title>", page).group(1) == html_escape(want)
+    assert "01-block.json vs" not in page
+    # dot and the Model Explorer export take the same rules
+    capsys.readouterr()
+    assert cli_main(["view", str(ref.path), str(ours.path), "--format", "dot", "--rules", str(rules)]) == 0
+    dot = capsys.readouterr().out
+    assert dot.startswith(f"digraph {json.dumps(want)}")
+    assert cli_main(["view", str(ref.path), str(ours.path), "--format", "explorer", "--rules", str(rules),
+                     "--out", str(tmp_path / "me")]) == 0
+    capsys.readouterr()
+    # bad rules, or rules without a second dump: one line, exit 2
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"rules": [{"name": "x"}]}')
+    assert cli_main(["view", str(ref.path), str(ours.path), "--out", str(out), "--rules", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("graphgen: error: ") and str(bad) in err and len(err.strip().splitlines()) == 1
+    assert cli_main(["view", str(ref.path), "--out", str(out), "--rules", str(rules)]) == 2
+    assert "--rules needs two dumps" in capsys.readouterr().err
+    assert cli_main(["view", str(ref.path), str(ours.path), "--out", str(out), "--rules", str(tmp_path / "no.json")]) == 2
+    assert "no.json: no such file" in capsys.readouterr().err
+
+
+def html_escape(s: str) -> str:
+    import html
+    return html.escape(s)
+
+
 def test_trace_abort_on_nan(tmp_path, models_dir, capsys):
     import gguf
     from make_references import build_model
@@ -574,3 +807,21 @@ def test_trace_abort_on_nan(tmp_path, models_dir, capsys):
     assert "blk.1.attn_norm.weight" in last and out[-2].endswith("nan")
     block = out[out.index("graphgen trace: graph 01-block"):]
     assert 0 < sum(ln.startswith("common_debug_cb_eval") for ln in block) < 84  # stopped inside the block
+
+
+def test_trace_json_lines_match_the_reference_dump(tmp_path, models_dir):
+    """trace --json: one object a node, in evaluation order, as the reference's dump has them
+    (name, op, type, shape, op_params), with the digest of the node's bytes."""
+    from make_references import build_model
+    case = REF_DIR / "dflash-fa-off"
+    model = build_model(case, models_dir)
+    p = subprocess.run([sys.executable, "-m", "graphgen.cli", "trace", str(model), "--scenario",
+                        str(case / "scenario.json"), "--json"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    rows = [json.loads(line) for line in p.stdout.splitlines()]
+    for graph, ref_file in (("00-inject", "00-inject.json"), ("01-block", "01-block.json")):
+        ref = load_dump(case / ref_file)
+        got = [r for r in rows if r["graph"] == graph]
+        assert [(r["name"], r["op"], r["type"], r["ne"], r["op_params"]) for r in got] == \
+            [(n.name, n.op, n.type, n.ne, n.op_params) for n in ref.nodes]
+        assert all(r.get("digest") == n.digest for r, n in zip(got, ref.nodes) if n.digest)

@@ -27,4 +27,5 @@ for w in f16 q8_0; do
   graphgen make-model "$work/realistic-$w.gguf" --variant dflash --preset realistic --wtype "$w" >/dev/null
   graphgen bench "$work/realistic-$w.gguf" --repeat "$repeat" --prompt 64 --n-seq 1,4 --threads "$threads" --markdown "$out"
 done
+graphgen bench "$work/realistic-f16.gguf" --repeat "$repeat" --prompt 64 --n-seq 1 --threads "$threads" --flash-attn on --type-kv q8_0 --markdown "$out"
 echo "wrote $out" >&2

@@ -42,11 +42,14 @@ class Mutation:
 
 PARITY = ("tests/test_parity.py",)
 DSV4 = ("tests/test_backbones.py", "tests/test_reference_dsv4.py")
-SEED_ONLY = ("tests/test_backbones.py", "tests/test_heads.py")
+SEED_ONLY = ("tests/test_backbones.py", "tests/test_heads.py", "tests/test_seed_reference.py")
 RANDOM = ("tests/test_reference_random.py",)
 HEADS = ("tests/test_reference_random_heads.py",)
 ROPE = ("tests/test_reference_rope.py",)
 DIFF = ("tests/test_diff.py",)
+SEEDREF = ("tests/test_seed_reference.py",)
+KVCACHE = ("tests/test_kvcache.py",)
+SESSION = ("tests/test_session.py",)
 
 MUTATIONS = [
     # --- the base backbone (graph_base) ---
@@ -100,10 +103,30 @@ MUTATIONS = [
              ("tests/test_yardstick.py",)),
     # --- KV cache and masks ---
     Mutation("mask_causal_off_by_one", "graphgen/runtime/kvcache.py",
-             "keep &= pos[None, :] <= p1", "keep &= pos[None, :] < p1", RANDOM + ("tests/test_session.py",)),
+             "seen = (pc <= qc) if causal else", "seen = (pc < qc) if causal else", RANDOM + KVCACHE),
     Mutation("mask_swa_window_widened", "graphgen/runtime/kvcache.py",
-             "keep &= (p1 - pos[None, :]) < self.n_swa", "keep &= (p1 - pos[None, :]) <= self.n_swa",
-             PARITY + RANDOM),
+             "seen &= (qc - pc) < self.n_swa", "seen &= (qc - pc) <= self.n_swa", PARITY + RANDOM + KVCACHE),
+    Mutation("mask_edge_cells_short", "graphgen/runtime/kvcache.py",
+             "edge = base & (((pos > lo_lo) & (pos <= lo_hi)) | ((pos > hi_lo) & (pos <= hi_hi)))",
+             "edge = base & (((pos > lo_lo) & (pos <= lo_hi)) | ((pos > hi_lo) & (pos < hi_hi)))", KVCACHE + RANDOM),
+    # --- host-side bookkeeping (kept incrementally, journaled, checked on a fast path) ---
+    Mutation("kv_used_max_not_advanced", "graphgen/runtime/kvcache.py",
+             "st[1] = max(st[1], int(idx.max()) + 1)", "st[1] = max(st[1], int(idx.min()) + 1)", KVCACHE),
+    Mutation("kv_seq_pos_max_stale", "graphgen/runtime/kvcache.py",
+             "st[2][s0] = max(st[2][s0], int(pos.max()))", "st[2][s0] = max(st[2][s0], int(pos.min()))", KVCACHE),
+    Mutation("kv_seq_rm_keeps_last_cell", "graphgen/runtime/kvcache.py",
+             "if nz.size and int(nz[-1]) + 1 == st[1]:", "if nz.size and int(nz[-1]) == st[1]:", KVCACHE),
+    Mutation("kv_restore_skips_mask", "graphgen/runtime/kvcache.py",
+             "self.seq_mask[:mask.shape[0], idx] = mask", "pass", KVCACHE),
+    Mutation("quick_blocks_vocab_unchecked", "graphgen/validate.py",
+             "if not all(type(x) is int for x in t) or min(t) < 0 or max(t) >= n_vocab:",
+             "if not all(type(x) is int for x in t) or min(t) < 0:", ("tests/test_refusals.py", "tests/test_errors.py")),
+    Mutation("runs_gap_accepted", "graphgen/validate.py",
+             "elif x >= 0 and p0 != x + 1:", "elif x >= 0 and p0 <= x:", ("tests/test_refusals.py",)),
+    Mutation("results_not_settled", "graphgen/runtime/session.py",
+             "            if other.results and other.sched == slot.sched:", "            if False:", SESSION),
+    Mutation("moved_graph_not_unplaced", "graphgen/runtime/session.py",
+             "                    self._unplace(other.graph)", "                    pass", SESSION),
     Mutation("mask_block_uniform_last_row", "graphgen/runtime/kvcache.py",
              "out[rows] = out[rows[0]]", "out[rows] = out[rows[-1]]", SEED_ONLY),
     # --- DeepSeek-V4 backbone ---
@@ -138,6 +161,55 @@ MUTATIONS = [
              "anchor_out = ggml_l2_norm(ctx0, anchor_out, 0.0)", PARITY + HEADS),
     Mutation("dflash2_conv_base_dropped", "graphgen/models/dflash2.py",
              "weight_all = ggml_add(ctx0, coeff_all, base_side)", "weight_all = coeff_all", PARITY + HEADS),
+    # --- the seed-only graphs against the seed reference (tests/seedref) ---
+    Mutation("seedref_rnn_hidden_of_the_anchor", "graphgen/models/dspark.py",
+             "block_drafts * G.nb(hidden, 1), i * G.nb(hidden, 1))", "block_drafts * G.nb(hidden, 1), 0)",
+             SEEDREF),
+    Mutation("seedref_rnn_markov_from_cand_chunk", "graphgen/models/dspark.py",
+             "markov = ggml_tanh(ctx0, chunk(2))", "markov = ggml_tanh(ctx0, chunk(1))", SEEDREF),
+    Mutation("seedref_ml4_softcap_tanh_dropped", "graphgen/models/dspark.py",
+             "            logits = ggml_tanh(ctx, logits)", "            logits = logits", SEEDREF),
+    Mutation("seedref_ml4_mask_embd_ignored", "graphgen/models/dspark.py",
+             "if block_drafts > 0 and n_tokens % n_blocks == 0 and block_drafts <= hp.block_size:",
+             "if False:", SEEDREF),
+    Mutation("seedref_dsv41_block_uniform_off", "graphgen/models/dspark.py",
+             "inpL = self.build_hc_init(inp_tokens)\n        # every query of a block attends like its anchor does "
+             "(block-uniform mask)\n        self.inp_attn.block_uniform = True",
+             "inpL = self.build_hc_init(inp_tokens)\n        self.inp_attn.block_uniform = False", SEEDREF),
+    Mutation("seedref_ml4_block_uniform_off", "graphgen/models/dspark.py",
+             "inpL = self.build_inp_noise(inp_tokens)\n        # every query of a block attends like its anchor does "
+             "(block-uniform mask)\n        self.inp_attn.block_uniform = True",
+             "inpL = self.build_inp_noise(inp_tokens)\n        self.inp_attn.block_uniform = False", SEEDREF),
+    Mutation("seedref_dsv41_ffn_premix_not_lagged", "graphgen/models/dspark.py",
+             "cur = build_hc_pre_weighted(self, inpL, attn_mix.pre, il)",
+             "cur = build_hc_pre_weighted(self, inpL, ffn_mix.pre, il)", SEEDREF),
+    Mutation("seedref_dsv41_next_stage_premix", "graphgen/models/dspark.py",
+             "pre_prev = ffn_mix.pre", "pre_prev = attn_mix.pre", SEEDREF),
+    Mutation("seedref_dsv41_q_rms_norm_kept", "graphgen/models/dspark.py",
+             "q_norm=False, name_qr=False)", "q_norm=True, name_qr=False)", SEEDREF),
+    Mutation("seedref_dsv4_derope_dropped", "graphgen/models/deepseek4.py",
+             "out = dsv4_rope(g, out, inp_pos, back=True)", "out = out", SEEDREF),
+    Mutation("seedref_dsv4_wo_a_groups_not_interleaved", "graphgen/models/deepseek4.py",
+             "oa = ggml_permute(ctx, oa, 0, 2, 1, 3)", "oa = oa", SEEDREF),
+    Mutation("seedref_ml4_kq_scale_of_the_latent_key", "graphgen/models/dspark.py",
+             "kq_scale = 1.0 / math.sqrt(float(k_mla))", "kq_scale = 1.0 / math.sqrt(float(hp.n_embd_head_k))",
+             SEEDREF),
+    Mutation("seedref_ml4_q_pe_not_roped", "graphgen/models/dspark.py",
+             "q_pe = self.rope(q_pe)", "q_pe = q_pe", SEEDREF),
+    Mutation("seedref_markov_chain_on_unbiased_logits", "graphgen/models/dspark.py",
+             "prev = ggml_argmax(ctx0, col)", "prev = ggml_argmax(ctx0, base_i)", SEEDREF),
+    Mutation("seedref_markov_bias_subtracted", "graphgen/models/dspark.py",
+             "col = ggml_add(ctx0, base_i, bias)", "col = ggml_sub(ctx0, base_i, bias)", SEEDREF),
+    Mutation("seedref_ml4_rnn_fed_pre_norm", "graphgen/models/dspark.py",
+             "build_dspark_markov_head(self, model, inp_tokens, cur)",
+             "build_dspark_markov_head(self, model, inp_tokens, inpL)", SEEDREF),
+    Mutation("seedref_dsv4_kq_scale_of_the_nope_dims", "graphgen/models/deepseek4.py",
+             "1.0 / math.sqrt(float(n_embd_head)), il)", "1.0 / math.sqrt(float(n_embd_head - hp.n_rot)), il)",
+             SEEDREF),
+    Mutation("seedref_dsv41_window_not_widened", "graphgen/models/dspark.py",
+             "        n_swa += 1\n", "        n_swa += 0\n", SEEDREF),
+    Mutation("seedref_ml4_window_not_widened", "graphgen/models/dspark.py",
+             "hp.set_swa_uniform(n_swa + 1)", "hp.set_swa_uniform(n_swa)", SEEDREF),
     # --- drafting drivers ---
     Mutation("drafter_p_min_inclusive", "graphgen/runtime/drafters.py",
              "if probs[0] < F32(p.p_min):", "if probs[0] <= F32(p.p_min):", ("tests/test_drafters.py",)),

@@ -48,6 +48,16 @@ def build_parser() -> argparse.ArgumentParser:
         parser.add_argument("--llama", metavar="DIR", default=default,
                             help="run the reference engine on the libllama.so in DIR (a build with b11739's "
                                  "C API); also $GRAPHGEN_LLAMA_DIR. Alone, graphgen also computes on its ggml")
+    for parser, default in [(ap, False)] + [(p, argparse.SUPPRESS) for p in sub.choices.values()]:
+        for flag, text in (("--quiet", "nothing on stderr but warnings and errors (no progress, no per-round lines)"),
+                           ("--progress", "print progress lines on stderr even when it is not a terminal and the "
+                                          "work is quick (by default, only work past 2 s on a terminal shows them)")):
+            own = parser._option_string_actions.get(flag)
+            if own is not None:
+                # a command's own flag of that name: the value given before the command name still counts
+                own.default = default
+                continue
+            parser.add_argument(flag, action="store_true", default=default, help=text)
     return ap
 
 
@@ -76,11 +86,13 @@ def _closed_pipe() -> int:
 
 
 def main(argv=None) -> int:
+    from .. import progress
     from ..dump import DumpError
     from ..errors import GraphgenError
     from ..scenario import ScenarioError
 
     args = build_parser().parse_args(argv)
+    progress.set_mode(progress.mode_from_flags(args.quiet, args.progress))
     try:
         apply_library_options(args)
         return args.fn(args)

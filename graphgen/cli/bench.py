@@ -7,59 +7,101 @@ import json
 import sys
 from pathlib import Path
 
+from .kvtypes import add_kv_type_flags, apply_to_scenario
+
 
 def _cmd_bench(args) -> int:
-    from ..bench import machine_description, multi_seq_scenario, run_bench
+    from ..bench import ScalePoint, context_scenario, machine_description, multi_seq_scenario, run_bench
+    from ..progress import task as progress_task
     from ..scenario import default_scenario, load_scenario
     from ..runtime.model import load
 
+    if args.scenario and args.prompt is not None:
+        raise ValueError("--prompt sets the inject length of the default scenario; it cannot change --scenario")
+    if args.n_kv and args.scenario:
+        raise ValueError("--n-kv builds its own prompts; it cannot be combined with --scenario")
     if args.scenario:
         base = load_scenario(args.scenario)
     else:
         hp = load(args.model).hparams
         base = default_scenario(block_size=hp.block_size or 4, mask_token=max(hp.mask_token_id, 0),
-                                n_prompt=args.prompt)
+                                n_prompt=64 if args.prompt is None else args.prompt)
     if args.threads:
         base.n_threads = args.threads
-    engines = args.engines
+    if args.flash_attn is not None:
+        base.flash_attn = args.flash_attn == "on"
+    apply_to_scenario(args, base)
+    # each run: (label, axis, value, scenario); the n_seq runs come first, as the command lists them
+    runs = [(f"n_seq {n}", "n_seq", n, base if n == 1 else multi_seq_scenario(base, n)) for n in args.n_seq]
+    runs += [(f"n_kv {n}", "n_kv", n, context_scenario(base, n)) for n in args.n_kv or ()]
     results = []
-    for n_seq in args.n_seq:
-        sc = base if n_seq == 1 else multi_seq_scenario(base, n_seq)
+    for label, axis, value, sc in runs:
+        # loading both engines, building the graphs and the warm-up runs come before the first repetition
+        with progress_task(f"bench {label}") as task:
+            task.update("loading the draft, warming up, first repetition")
 
-        def progress(done, total, n_seq=n_seq):
-            if done == total or done % max(1, total // 5) == 0:
-                print(f"  n_seq {n_seq}: {done}/{total} repetitions", file=sys.stderr)
-        res = run_bench(args.model, sc, repeat=args.repeat, backend=args.backend, engines=engines, progress=progress)
-        results.append((n_seq, res))
-        print(res.format_text() if n_seq == 1 else res.format_text().split("\n", 1)[1])
+            def progress(done, total, task=task):
+                task.update(f"repetitions {done}/{total}")
+            res = run_bench(args.model, sc, repeat=args.repeat, backend=args.backend, engines=args.engines,
+                            progress=progress)
+        results.append(ScalePoint(axis, value, res))
+        if not args.json:
+            print(f"[{label}] " + res.format_text())
     if args.json:
-        Path(args.json).write_text(json.dumps({"machine": machine_description(),
-                                               "runs": [dict(r.to_dict(), n_seq=n) for n, r in results]}, indent=1))
+        json.dump({"machine": machine_description(),
+                   "runs": [dict(p.result.to_dict(), **{p.axis: p.value}) for p in results]}, sys.stdout, indent=1)
+        print()
     if args.markdown:
         with open(args.markdown, "a") as f:
             f.write(markdown_section(args, results))
+    if args.svg:
+        from ..bench import scale_svg
+        Path(args.svg).write_text(scale_svg(results, f"{Path(args.model).name}: block step time against context "
+                                                     "length and sequences"))
     return 0
 
 
 def markdown_section(args, results) -> str:
-    """A BENCHMARKS.md section for one draft: the command, then one table per n_seq."""
-    out = [f"### {Path(args.model).name}", "",
-           f"`graphgen bench {Path(args.model).name} --repeat {args.repeat} --n-seq {','.join(map(str, args.n_seq))}"
-           + (f" --threads {args.threads}" if args.threads else "") + "`", ""]
-    for n_seq, res in results:
-        out += [f"n_seq {n_seq}:", "",
-                "| step | graphgen ms (median ± IQR) | llama.cpp ms (median ± IQR) | ratio (medians) | ratio (minimums) | fresh build ms |",
-                "|---|---|---|---|---|---|"]
+    """A BENCHMARKS.md section for one draft: the command, one table per run, then the scale
+    tables when the command swept n_seq or n_kv."""
+    from ..bench import PHASES, scale_markdown
+    cmd = (f"graphgen bench {Path(args.model).name} --repeat {args.repeat} --n-seq {','.join(map(str, args.n_seq))}"
+           + (f" --n-kv {','.join(map(str, args.n_kv))}" if args.n_kv else "")
+           + (f" --threads {args.threads}" if args.threads else "")
+           + "".join(f" --{k.replace('_', '-')} {getattr(args, k)}"
+                     for k in ("flash_attn", "type_kv", "type_k", "type_v") if getattr(args, k, None)))
+    out = [f"### {Path(args.model).name}" + (f", KV cache {args.type_kv}" if args.type_kv else ""), "", f"`{cmd}`", ""]
+
+    def ms(v):
+        return f"{v * 1e3:.3f}" if v is not None else "-"
+    for pt in results:
+        res = pt.result
+        out += [f"{pt.axis} {pt.value}:", "",
+                "| step | graphgen ms (median ± IQR) | llama.cpp ms (median ± IQR) | ratio (medians) | ratio (minimums) "
+                "| graphgen compute / overhead ms | llama.cpp compute / overhead ms | fresh build ms |",
+                "|---|---|---|---|---|---|---|---|"]
         for st, g, l_, r in res.rows():
+            if pt.axis == "n_kv" and not st.label.startswith("block"):
+                continue  # the prompt's chunks are there to fill the cache
             gs = f"{g * 1e3:.3f} ± {st.spread('graphgen') * 1e3:.3f}" if g else "-"
             ls = f"{l_ * 1e3:.3f} ± {st.spread('llama.cpp') * 1e3:.3f}" if l_ else "-"
             b = res.build_ms.get(st.label)
             mg, ml = st.best("graphgen"), st.best("llama.cpp")
             mr = f"{mg / ml:.3f}" if mg and ml else "-"
-            out.append(f"| {st.label} | {gs} | {ls} | {f'{r:.3f}' if r else '-'} | {mr} | {f'{b:.2f}' if b is not None else '-'} |")
+            out.append(f"| {st.label} | {gs} | {ls} | {f'{r:.3f}' if r else '-'} | {mr} "
+                       f"| {ms(st.compute_median('graphgen'))} / {ms(st.overhead_median('graphgen'))} "
+                       f"| {ms(st.compute_median('llama.cpp'))} / {ms(st.overhead_median('llama.cpp'))} "
+                       f"| {f'{b:.2f}' if b is not None else '-'} |")
+        phases = [st for st in res.steps if st.phases and (pt.axis != "n_kv" or st.label.startswith("block"))]
+        if phases:
+            out += ["", "graphgen's host overhead by phase, us (median): " + "; ".join(
+                st.label + ": " + ", ".join(f"{ph} {st.phase_median(ph) * 1e6:.0f}" for ph in PHASES if st.phases.get(ph))
+                for st in phases)]
         cb, rss = res.compute_buffer_mib, res.peak_rss_mib
         out += ["", "compute buffer MiB: " + ", ".join(f"{e} {v:.2f}" for e, v in cb.items() if v is not None)
                 + "; peak RSS MiB: " + ", ".join(f"{e} {v:.0f}" for e, v in rss.items() if v is not None), ""]
+    if len(results) > 1:
+        out.append(scale_markdown(results))
     return "\n".join(out) + "\n"
 
 
@@ -80,6 +122,14 @@ def _n_seq(text: str) -> list[int]:
     return [_positive(x.strip()) for x in text.split(",")]
 
 
+def _n_kv(text: str) -> list[int]:
+    out = [_positive(x.strip()) for x in text.split(",")]
+    bad = [n for n in out if n % 256]
+    if bad:
+        raise argparse.ArgumentTypeError(f"n_kv is padded to multiples of 256 cells; got {bad[0]}")
+    return out
+
+
 def _engines(text: str) -> tuple[str, ...]:
     engines = tuple(e.strip() for e in text.split(",") if e.strip())
     bad = [e for e in engines if e not in ENGINES]
@@ -92,13 +142,20 @@ def register(sub) -> None:
     p = sub.add_parser("bench", help="time graphgen against llama.cpp on the same draft and scenario")
     p.add_argument("model")
     p.add_argument("--scenario", help="scenario JSON (default: inject --prompt rows, then one block)")
-    p.add_argument("--prompt", type=int, default=64, help="inject length of the default scenario")
+    p.add_argument("--prompt", type=_positive, default=None, help="inject length of the default scenario (64)")
     p.add_argument("--backend", default="cpu")
     p.add_argument("--repeat", type=_positive, default=20)
     p.add_argument("--threads", type=_positive, default=None, help="override the scenario's n_threads")
     p.add_argument("--engines", type=_engines, default=("graphgen", "llama.cpp"),
                    help="graphgen, llama.cpp or both (default both)")
     p.add_argument("--n-seq", type=_n_seq, default=[1], help="block batches of this many sequences, e.g. 1,4,16")
-    p.add_argument("--json", help="write the figures as JSON")
-    p.add_argument("--markdown", help="append a table to this Markdown file")
+    p.add_argument("--flash-attn", choices=("on", "off"), default=None,
+                   help="override the scenario's flash attention (a quantized V cache needs it on)")
+    add_kv_type_flags(p)
+    p.add_argument("--n-kv", type=_n_kv, default=None, metavar="N,...",
+                   help="also time the block after a prompt filling the cache to N cells (multiples of 256), "
+                        "e.g. 256,1024,4096,8192: how a step grows with context")
+    p.add_argument("--json", action="store_true", help="print the figures as JSON on stdout instead of tables")
+    p.add_argument("--markdown", help="append the tables to this Markdown file")
+    p.add_argument("--svg", help="write a plot of the block step against n_seq and n_kv (SVG)")
     p.set_defaults(fn=_cmd_bench)

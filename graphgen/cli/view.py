@@ -54,16 +54,14 @@ def _render_one(args, ref: Dump, ours: Dump | None) -> tuple[str, str | bytes | 
     """(extension, content) for dot/svg/html; explorer writes files itself and returns None."""
     from ..view import dot as D
     from ..view import graph as V
+    from ..view.html import page_title
     fmt = args.format
-    res = None
-    if ours is not None:
-        from ..diff import diff_dumps
-        res = diff_dumps(ref, ours)
+    res = _diff(args, ref, ours)
     if fmt == "html":
         from ..view.html import to_html
         return "html", to_html(ref, ours, res)
     if fmt in ("dot", "svg"):
-        title = ref.path.stem if ours is None else f"{ref.path.stem} vs {ours.path.stem}"
+        title = page_title(ref, ours)
         whole = args.layer is None and args.around is None
         if whole and (args.overview or len(ref.nodes) > D.FULL_LIMIT):
             text = D.overview_dot(ref.nodes, title)
@@ -96,7 +94,22 @@ def _render_one(args, ref: Dump, ours: Dump | None) -> tuple[str, str | bytes | 
     raise ValueError(f"unknown format {fmt!r}")
 
 
+def _diff(args, ref: Dump, ours: Dump | None):
+    """The diff a two-dump view shows, with the equivalence rules of --rules as `diff` applies them."""
+    if ours is None:
+        return None
+    from ..diff import diff_dumps
+    return diff_dumps(ref, ours, rules=args.rules_list)
+
+
 def _cmd_view(args) -> int:
+    from ..diff import RulesError, load_rules
+    if args.rules and not args.ours:
+        raise ValueError("--rules needs two dumps (view REF OURS): rules explain differences between them")
+    try:
+        args.rules_list = load_rules(args.rules) if args.rules else []
+    except RulesError as e:
+        raise ValueError(" ".join(str(e).split())) from None
     refs = _pick(load_any(args.dump), args.graph)
     ours_list = _pick(load_any(args.ours), args.graph) if args.ours else None
     if ours_list is not None:
@@ -108,7 +121,7 @@ def _cmd_view(args) -> int:
     if args.format == "explorer":
         from ..view.explorer import export
         out = Path(args.out or "model-explorer")
-        written = [p for r, o in pairs for p in export(out, r, o)]
+        written = [p for r, o in pairs for p in export(out, r, o, _diff(args, r, o))]
         for p in written:
             print(p)
         return 0
@@ -165,14 +178,17 @@ def _cmd_trace(args) -> int:
     if not Path(args.model).is_file():
         raise FileNotFoundError(f"{args.model}: no such model file")
     sc = load_scenario(args.scenario)
-    return run_trace(args.model, sc, sys.stdout, args.filter, args.abort_on_nan, args.dump, args.backend)
+    return run_trace(args.model, sc, sys.stdout, args.filter, args.abort_on_nan, args.dump, args.backend,
+                     as_json=args.json)
 
 
 def _cmd_import(args) -> int:
     from ..view.importers import import_file, write_imported
     dumps = import_file(args.file, args.format, args.graph)
     for p, d in zip(write_imported(dumps, args.out), dumps):
-        print(f"{p}: {d.graph}, {len(d.nodes)} nodes ({d.source['import']['format']}, structure only)")
+        imp = d.source["import"]
+        print(f"{p}: {d.graph}, {len(d.nodes)} nodes ({imp['format']}, structure only: "
+              f"{', '.join(f for f in imp['fields'] if f != 'backend')})")
     return 0
 
 
@@ -182,6 +198,9 @@ def register(sub) -> None:
     p.add_argument("dump", help="dump file or folder (or an eval-callback / dot / sched-debug file)")
     p.add_argument("ours", nargs="?", help="a second dump: show the diff of DUMP (ref) and this")
     p.add_argument("--format", choices=VIEW_FORMATS, default="html")
+    p.add_argument("--rules", metavar="FILE", default=None,
+                   help="with two dumps: equivalence rules (JSON) that explain known structural differences, "
+                        "as for diff")
     p.add_argument("--out", help="output file (dot/svg/html) or folder (several graphs, explorer)")
     p.add_argument("--graph", help="only this graph of a folder: NN, kind (inject/block/encoder) or file stem")
     p.add_argument("--layer", help="dot/svg: only this layer (N, or 'global' for nodes outside layers)")
@@ -199,6 +218,9 @@ def register(sub) -> None:
     p.add_argument("--abort-on-nan", action="store_true", help="stop (exit 1) at the first node whose sum is NaN")
     p.add_argument("--dump", metavar="DIR", help="also write the graphs as dumps")
     p.add_argument("--backend", default="cpu", help="ggml backend to compute on (as for dump)")
+    p.add_argument("--json", action="store_true",
+                   help="one JSON object a node (JSON Lines: graph, name, op, type, ne, src, op_params, digest, "
+                        "stats, first values) instead of the eval-callback text")
     p.set_defaults(fn=_cmd_trace)
 
     p = sub.add_parser("import", help="convert eval-callback text, a ggml dot file or a GGML_SCHED_DEBUG log "

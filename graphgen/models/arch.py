@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from ..errors import GGUFModelError
 from ..graph import GraphContext, GraphParams
+from ..ops.ggml import ggml_build_forward_expand
 from . import dflash, dflash2, dspark, lilicorr
 
 VARIANT_DFLASH, VARIANT_DFLASH2, VARIANT_DSPARK, VARIANT_LILICORR = "dflash", "dflash2", "dspark", "lilicorr"
@@ -78,4 +79,14 @@ def build_arch_graph(params: GraphParams) -> GraphContext:
         return BACKBONE_GRAPHS[model.backbone](params)
     if model.variant not in HEAD_GRAPHS:
         raise NotImplementedError(f"the {model.variant} head is not supported by this graphgen build")
-    return HEAD_GRAPHS[model.variant](params)
+    return _expand_outputs(HEAD_GRAPHS[model.variant](params))
+
+
+def _expand_outputs(g: GraphContext) -> GraphContext:
+    """The outputs are in the graph even when a head leaves them out: DSpark's Markov head
+    returns early on a block longer than the trained one, and llama.cpp still computes the
+    backbone's logits (the rest of the last layer, the output norm, the lm head) after it."""
+    for t in (g.res.t_logits, g.res.t_embd):
+        if t is not None:
+            ggml_build_forward_expand(g.gf, t)
+    return g

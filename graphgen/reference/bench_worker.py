@@ -1,8 +1,8 @@
 """llama.cpp's side of `graphgen bench`: a child process that replays a scenario on command.
 
 The parent writes one line per repetition ("rep") and reads back one JSON line with the wall
-time of every step (batch setup + llama_process + reading the outputs), so both engines run
-interleaved in one bench run. "info" returns the compute buffer sizes llama.cpp logged and the
+time of every step (batch setup + llama_process + reading the outputs) and the part of it spent
+in ggml's scheduler compute (see compute_timer), so both engines run interleaved in one bench run. "info" returns the compute buffer sizes llama.cpp logged and the
 process's peak RSS; "quit" ends it.
 """
 
@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from ..scenario import load_scenario
+from .compute_timer import ComputeTimer
 from .libload import load_llama
 from .runner import GGML_TYPE_IDS, _model_meta
 
@@ -25,6 +26,7 @@ from .runner import GGML_TYPE_IDS, _model_meta
 def main(argv) -> int:
     model, scen_path = Path(argv[0]), argv[1]
     sc = load_scenario(scen_path)
+    timer = ComputeTimer()  # before libllama, so that libllama binds to it
     ffi, lib, _ = load_llama()
     logs: list[str] = []
 
@@ -44,7 +46,7 @@ def main(argv) -> int:
     cp.n_seq_max, cp.kv_unified = sc.n_seq, True
     cp.n_threads = cp.n_threads_batch = sc.n_threads
     cp.flash_attn_type = 1 if sc.flash_attn else 0
-    cp.type_k = cp.type_v = GGML_TYPE_IDS[sc.type_kv]
+    cp.type_k, cp.type_v = GGML_TYPE_IDS[sc.type_k], GGML_TYPE_IDS[sc.type_v]
     ctx = lib.llama_init_from_model(mdl, cp)
     if ctx == ffi.NULL:
         print(json.dumps({"error": "llama.cpp could not create a context"}), flush=True)
@@ -53,31 +55,49 @@ def main(argv) -> int:
     n_vocab = lib.llama_vocab_n_tokens(lib.llama_model_get_vocab(mdl))
     feats = {s.index: np.ascontiguousarray(sc.features(s, n_embd_inp)) for s in sc.steps if s.kind == "inject"}
 
-    def replay() -> list[float]:
+    # positions and feature rows are laid out once, as a C driver holds them in its own arrays;
+    # the timed part is what every step pays: filling the batch, llama_process, reading outputs
+    mrope = meta["mrope"]
+    prepared = []
+    for step in sc.steps:
+        if step.kind == "inject":
+            p = np.arange(step.pos0, step.pos0 + step.n_tokens, dtype=np.int32)
+            pos = np.stack([p, p, p, np.zeros_like(p)] if mrope else [p] + [np.zeros_like(p)] * 3, axis=1)
+            x = feats[step.index]
+            rows = [{"data": ffi.cast("float *", x[i:].ctypes.data), "n_rows": 1, "n_embd": n_embd_inp}
+                    for i in range(step.n_tokens)]
+            prepared.append((ffi.new("llama_pos[]", pos.ravel().tolist()), rows, None))
+        elif step.kind == "block":
+            toks = [(b.seq, tok) for b in step.blocks for tok in b.tokens]
+            p = np.concatenate([np.arange(b.pos0, b.pos0 + len(b.tokens), dtype=np.int32) for b in step.blocks])
+            pos = np.stack([p] + [np.zeros_like(p)] * 3, axis=1)
+            prepared.append((ffi.new("llama_pos[]", pos.ravel().tolist()), None, toks))
+        else:
+            prepared.append(None)
+
+    def replay() -> tuple[list[float], list[float]]:
         lib.llama_memory_clear(mem, True)
-        times = []
-        for step in sc.steps:
+        times, computes = [], []
+        for step, prep in zip(sc.steps, prepared):
             if step.kind == "seq_rm":
                 lib.llama_memory_seq_rm(mem, step.seq, step.pos0, step.p1)
                 continue
+            pos, rows, toks = prep
+            c0 = timer.ns()
             t0 = time.perf_counter()
             batch = lib.llama_batch_ext_init(ctx)
             n_out = 0
             if step.kind == "inject":
-                x = feats[step.index]
-                for i in range(step.n_tokens):
-                    idx = lib.llama_batch_ext_add_embd(batch, step.seq, {"data": ffi.cast("float *", x[i:].ctypes.data),
-                                                                       "n_rows": 1, "n_embd": n_embd_inp})
-                    p = step.pos0 + i
-                    lib.llama_batch_ext_set_pos(batch, idx, ffi.new("llama_pos[4]", [p, p, p, 0] if meta["mrope"] else [p, 0, 0, 0]))
+                for i, row in enumerate(rows):
+                    idx = lib.llama_batch_ext_add_embd(batch, step.seq, row)
+                    lib.llama_batch_ext_set_pos(batch, idx, pos + 4 * i)
                 lib.llama_set_causal_attn(ctx, True)
             else:
-                for b in step.blocks:
-                    for i, tok in enumerate(b.tokens):
-                        idx = lib.llama_batch_ext_add_token(batch, b.seq, tok)
-                        lib.llama_batch_ext_set_pos(batch, idx, ffi.new("llama_pos[4]", [b.pos0 + i, 0, 0, 0]))
-                        lib.llama_batch_ext_set_output_logits(batch, idx, True)
-                        n_out += 1
+                for i, (seq, tok) in enumerate(toks):
+                    idx = lib.llama_batch_ext_add_token(batch, seq, tok)
+                    lib.llama_batch_ext_set_pos(batch, idx, pos + 4 * i)
+                    lib.llama_batch_ext_set_output_logits(batch, idx, True)
+                n_out = len(toks)
                 lib.llama_set_causal_attn(ctx, meta["causal"])
             ret = lib.llama_process(ctx, lib.LLAMA_PROCESS_TYPE_DECODE, batch)
             lib.llama_batch_ext_free(batch)
@@ -87,12 +107,14 @@ def main(argv) -> int:
                 ptr = lib.llama_get_logits(ctx)
                 np.frombuffer(ffi.buffer(ptr, 4 * n_out * n_vocab), dtype=np.float32).copy()
             times.append(time.perf_counter() - t0)
-        return times
+            computes.append((timer.ns() - c0) * 1e-9)
+        return times, computes
 
     for line in sys.stdin:
         cmd = line.strip()
         if cmd == "rep":
-            print(json.dumps({"times": replay()}), flush=True)
+            times, computes = replay()
+            print(json.dumps({"times": times, "compute": computes}), flush=True)
         elif cmd == "info":
             sizes = [float(m.group(1)) for ln in logs for m in [re.search(r"compute buffer size =\s*([\d.]+) MiB", ln)] if m]
             print(json.dumps({"compute_buffer_mib": sizes[-1] if sizes else None,

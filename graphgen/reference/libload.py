@@ -138,29 +138,33 @@ def weaken_version_need(path: Path, version_name: bytes) -> int:
     return patched
 
 
+def build_c_library(name: str, source: str, why: str) -> Path:
+    """Compile `source` into a shared object once, cached by its digest; `why` names the need."""
+    digest = hashlib.sha256(source.encode()).hexdigest()[:12]
+    lib = cache_root() / f"{name}-{digest}" / f"lib{name.replace('-', '_')}.so"
+    if lib.exists():
+        return lib
+    cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    if cc is None:
+        raise ReferenceUnavailable(f"{why}: a C compiler (cc or gcc) is required to build {lib.name}")
+    lib.parent.mkdir(parents=True, exist_ok=True)
+    tmp = lib.parent / f"build.{os.getpid()}"
+    (tmp.with_suffix(".c")).write_text(source)
+    proc = subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", str(tmp), str(tmp.with_suffix(".c")), "-ldl"],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise ReferenceUnavailable(f"building {lib.name} failed: {proc.stderr.strip()}")
+    os.replace(tmp, lib)
+    return lib
+
+
 def glibc_shim() -> Path | None:
     """The shim defining the four C23 names, built once into the cache; None on glibc >= 2.38."""
     glibc = glibc_version()
     if glibc is None or glibc >= (2, 38):
         return None
-    digest = hashlib.sha256(SHIM_SOURCE.encode()).hexdigest()[:12]
-    shim = cache_root() / f"glibc-shim-{digest}" / "libgraphgen_glibc_shim.so"
-    if shim.exists():
-        return shim
-    cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
-    if cc is None:
-        raise ReferenceUnavailable(
-            f"glibc {glibc[0]}.{glibc[1]} is older than 2.38, which the reference wheel needs; "
-            "a C compiler (cc or gcc) is required to build the compatibility shim")
-    shim.parent.mkdir(parents=True, exist_ok=True)
-    tmp = shim.parent / f"shim.{os.getpid()}"
-    (tmp.with_suffix(".c")).write_text(SHIM_SOURCE)
-    proc = subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", str(tmp), str(tmp.with_suffix(".c"))],
-                          capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise ReferenceUnavailable(f"building the glibc shim failed: {proc.stderr.strip()}")
-    os.replace(tmp, shim)
-    return shim
+    return build_c_library("glibc-shim", SHIM_SOURCE,
+                           f"glibc {glibc[0]}.{glibc[1]} is older than 2.38, which the reference wheel needs")
 
 
 def prepare_libraries() -> tuple[Path, Path | None]:

@@ -20,11 +20,11 @@ from pathlib import Path
 import numpy as np
 
 from ..record import NodeRecorder, cpu_features, n_kv_from_nodes
-from ..scenario import Scenario, load_scenario
+from ..scenario import KV_TYPE_IDS, Scenario, load_scenario
 from .libload import (REFERENCE_BUILD, REFERENCE_VERSION, ReferenceUnavailable, custom_llama_dir, lib_file, load_llama,
                       reference_label)
 
-GGML_TYPE_IDS = {"f32": 0, "f16": 1}
+GGML_TYPE_IDS = KV_TYPE_IDS
 LLAMA_TOKEN_NULL = -1
 # the child appends llama.cpp's warnings and errors here (one JSON object a line), so that the
 # parent has them even when the child dies in an assertion
@@ -109,8 +109,8 @@ class _LogCapture:
             self.file.flush()
 
 
-def run_child(model: Path, scenario: Scenario, out: Path, max_data: int) -> list[Path]:
-    from ..dump import write_dump
+def run_child(model: Path, scenario: Scenario, out: Path, max_data: int, scenario_path=None) -> list[Path]:
+    from ..dump import provenance, write_dump
 
     ffi, lib, libdir = load_llama()
     log = _LogCapture(ffi, lib)
@@ -155,8 +155,8 @@ def run_child(model: Path, scenario: Scenario, out: Path, max_data: int) -> list
     cparams.n_threads = scenario.n_threads
     cparams.n_threads_batch = scenario.n_threads
     cparams.flash_attn_type = 1 if scenario.flash_attn else 0
-    cparams.type_k = GGML_TYPE_IDS[scenario.type_kv]
-    cparams.type_v = GGML_TYPE_IDS[scenario.type_kv]
+    cparams.type_k = GGML_TYPE_IDS[scenario.type_k]
+    cparams.type_v = GGML_TYPE_IDS[scenario.type_v]
     cparams.cb_eval = cb_eval
     cparams.cb_eval_user_data = ffi.NULL
     ctx = lib.llama_init_from_model(mdl, cparams)
@@ -175,6 +175,7 @@ def run_child(model: Path, scenario: Scenario, out: Path, max_data: int) -> list
         "source": source,
         "model": model.name,
         "cpu_features": feats,
+        **provenance(model, scenario, scenario_path),
     }
     written = []
     keep = []  # host buffers must outlive llama_process
@@ -232,7 +233,6 @@ def run_child(model: Path, scenario: Scenario, out: Path, max_data: int) -> list
         if ret != 0:
             raise ReferenceFailed(f"llama_process returned {ret} at step {step.index} ({step.kind})")
         if step.kind == "inject" and meta["lilicorr"]:
-            get = lib.llama_get_embeddings_ith
             for i in range(step.n_tokens):
                 # the injected chunk's context features are h_nextn of each row
                 ptr = _nextn_row(llama_dl, ffi, ctx, i)
@@ -240,8 +240,8 @@ def run_child(model: Path, scenario: Scenario, out: Path, max_data: int) -> list
                     context_rows[(step.seq, step.pos0 + i)] = np.ctypeslib.as_array(
                         ptr, shape=(meta["n_embd"],)).copy()
             del get
-        settings = {"flash_attn": scenario.flash_attn, "type_k": scenario.type_kv,
-                    "type_v": scenario.type_kv, "n_ctx": scenario.n_ctx, "n_ubatch": scenario.n_ubatch,
+        settings = {"flash_attn": scenario.flash_attn, "type_k": scenario.type_k,
+                    "type_v": scenario.type_v, "n_ctx": scenario.n_ctx, "n_ubatch": scenario.n_ubatch,
                     "n_kv": n_kv_from_nodes(rec.nodes), "causal": meta["causal"] if step.kind == "block" else True}
         path = write_dump(out, seq_no, step.kind, dict(header, settings=settings), rec.nodes, rec.values)
         written.append(path)
@@ -299,11 +299,20 @@ def _error_text(log_path: Path, stderr: str) -> tuple[str, str]:
     return headline, text
 
 
-def run_reference(model, scenario_path, out, max_data: int = 262144, timeout: float = 600) -> list[Path]:
+# the file in the dump folder that keeps the reference's standard error: llama.cpp's log and what
+# GGML_SCHED_DEBUG prints (`graphgen import` reads the latter)
+STDERR_LOG = "llama.cpp.log"
+
+
+def run_reference(model, scenario_path, out, max_data: int = 262144, timeout: float = 600,
+                  stderr_log: str | None = STDERR_LOG) -> list[Path]:
     """Run the reference in a child process; raise ReferenceFailed/ReferenceUnavailable on failure.
 
     ReferenceFailed's first line summarises llama.cpp's error, the lines after it (and its
-    `reason`) hold the whole of it."""
+    `reason`) hold the whole of it. The child's standard error is written, as it comes, to
+    `out/stderr_log` (None: kept only in ReferenceFailed.stderr), and one line on stderr says so."""
+    from .. import progress
+
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob("[0-9][0-9]-*.json"):
@@ -315,24 +324,102 @@ def run_reference(model, scenario_path, out, max_data: int = 262144, timeout: fl
     os.close(fd)
     log_path = Path(log_name)
     try:
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=timeout,
-                                  env=dict(os.environ, PYTHONUNBUFFERED="1", **{ENV_ERROR_LOG: log_name}))
-        except subprocess.TimeoutExpired as e:
-            stderr = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+        n_steps = len(load_scenario(scenario_path).steps)
+    except Exception:  # noqa: BLE001 -- the child reports a bad scenario in its own words
+        n_steps = None
+    keep = open(out / stderr_log, "wb") if stderr_log else None
+    try:
+        with progress.task(f"llama.cpp on {Path(model).name}") as task:
+            task.update("loading the model")
+            rc, stdout, stderr = _run_child(cmd, dict(os.environ, PYTHONUNBUFFERED="1", **{ENV_ERROR_LOG: log_name}),
+                                            keep, timeout, lambda: task.update(_phase(log_path, n_steps)))
+            # the last phase the child reached, even when it ran between two polls
+            task.update(_phase(log_path, n_steps))
+        if keep is not None:
+            keep.close()
+            progress.note(f"llama.cpp's stderr is in {out / stderr_log}")
+        if rc is None:
             _, text = _error_text(log_path, stderr)
             raise ReferenceFailed(f"{reference_label()} did not finish within {timeout:.0f} s"
-                                  + (f"\n{text}" if text else ""), text, stderr) from None
-        if proc.returncode == 3:
-            raise ReferenceUnavailable(proc.stderr.strip().splitlines()[-1])
-        if proc.returncode != 0:
-            how = f"signal {-proc.returncode}" if proc.returncode < 0 else f"exit {proc.returncode}"
-            headline, text = _error_text(log_path, proc.stderr)
-            raise ReferenceFailed(f"{reference_label()} failed ({how}): {headline}\n{text}", text, proc.stderr,
-                                  proc.returncode)
+                                  + (f"\n{text}" if text else ""), text, stderr)
+        if rc == 3:
+            raise ReferenceUnavailable(stderr.strip().splitlines()[-1])
+        if rc != 0:
+            how = f"signal {-rc}" if rc < 0 else f"exit {rc}"
+            headline, text = _error_text(log_path, stderr)
+            raise ReferenceFailed(f"{reference_label()} failed ({how}): {headline}\n{text}", text, stderr, rc)
     finally:
+        if keep is not None:
+            keep.close()
         log_path.unlink(missing_ok=True)
-    return [Path(p) for p in json.loads(proc.stdout.strip().splitlines()[-1])]
+    return [Path(p) for p in json.loads(stdout.strip().splitlines()[-1])]
+
+
+def _run_child(cmd, env, keep, timeout: float, poll) -> tuple[int | None, str, str]:
+    """Run the child, copying its stderr into `keep` as it comes and calling `poll` while it runs;
+    (return code or None on timeout, stdout, stderr)."""
+    import threading
+    import time
+
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    got = {"out": [], "err": []}
+
+    def pump(src, chunks, copy):
+        for data in iter(lambda: src.read1(1 << 16), b""):
+            chunks.append(data)
+            if copy is not None:
+                copy.write(data)
+                copy.flush()
+
+    pumps = [threading.Thread(target=pump, args=(proc.stdout, got["out"], None), daemon=True),
+             threading.Thread(target=pump, args=(proc.stderr, got["err"], keep), daemon=True)]
+    for t in pumps:
+        t.start()
+    deadline = time.monotonic() + timeout
+    rc = None
+    try:
+        while True:
+            try:
+                rc = proc.wait(timeout=0.2)
+                break
+            except subprocess.TimeoutExpired:
+                if time.monotonic() > deadline:
+                    proc.kill()
+                    proc.wait()
+                    break
+                poll()
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    finally:
+        for t in pumps:
+            t.join()
+        proc.stdout.close()
+        proc.stderr.close()
+    return rc, b"".join(got["out"]).decode(errors="replace"), b"".join(got["err"]).decode(errors="replace")
+
+
+def _phase(log_path: Path, n_steps: int | None) -> str:
+    """What the child is doing, from the last phase it logged."""
+    phase = "load"
+    try:
+        for line in log_path.read_text(encoding="utf-8", errors="replace").splitlines():
+            if '"phase"' in line:
+                try:
+                    phase = json.loads(line).get("phase", phase)
+                except json.JSONDecodeError:
+                    continue
+    except OSError:
+        pass
+    if phase == "load":
+        return "loading the model"
+    if phase == "context":
+        return "creating the context"
+    step = phase[5:] if phase.startswith("step ") else ""
+    if step.isdigit():
+        return f"computing step {int(step) + 1}" + (f" of {n_steps}" if n_steps else "")
+    return f"computing {phase}"
 
 
 def main(argv=None) -> int:
@@ -343,7 +430,7 @@ def main(argv=None) -> int:
     ap.add_argument("--max-data", type=int, default=262144)
     a = ap.parse_args(argv)
     try:
-        paths = run_child(Path(a.model), load_scenario(a.scenario), Path(a.out), a.max_data)
+        paths = run_child(Path(a.model), load_scenario(a.scenario), Path(a.out), a.max_data, a.scenario)
     except ReferenceUnavailable as e:
         print(f"graphgen: error: {e}", file=sys.stderr)
         return 3

@@ -8,6 +8,7 @@ With flash attention off the V cache is transposed, one row per head element.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,6 +27,9 @@ class UBatch:
     tokens: np.ndarray | None = None   # int32 [n_tokens] for token batches
     embd: np.ndarray | None = None     # float32 [n_tokens, n_embd_inp] for injection batches
     embd_state: np.ndarray | None = None  # float32 [n_tokens, n_embd] (LiliCorr blocks)
+    # (seq, pos0, n) per run of consecutive positions, when the batch is such runs of distinct
+    # sequences (what drivers send): its position checks then cost O(runs)
+    runs: list | None = None
 
     @property
     def n_tokens(self) -> int:
@@ -50,17 +54,38 @@ class KVCache:
         self.layer_ids = list(layer_ids)
         self.size = kv_size
         self.type_k, self.type_v = type_k, type_v
+        self.n_rot_k, self.n_rot_v = self._rotations()
         self.v_trans = v_trans
         self.n_swa = n_swa
         self.pos = np.full(kv_size, -1, dtype=np.int64)
         self.seq_mask = np.zeros((n_seq_max, kv_size), dtype=bool)
         self.head = 0
+        self._stats = None     # [cells used, last used cell + 1, pos max per seq, pos min per seq]
+        self._journal = None   # changes since the outermost open snapshot
         self.k: dict[int, object] = {}
         self.v: dict[int, object] = {}
         self._ctx = None
         self._buf = None
         if backend is not None and self.layer_ids:
             self._alloc(backend)
+
+    def _rotations(self) -> tuple[int, int]:
+        """Orders of the Hadamard rotations applied before a quantized cache (0: none), as
+        llama_kv_cache sizes them. Rotating spreads outliers over a head, so the blocks quantize
+        with less error; K takes the largest power of two >= 64 dividing the head, V takes 64.
+        LLAMA_ATTN_ROT_DISABLE turns them off here as it does in llama.cpp."""
+        if not self.layer_ids or int(os.environ.get("LLAMA_ATTN_ROT_DISABLE", "0") or 0):
+            return 0, 0
+        hp = self.hparams
+        n_rot_k = n_rot_v = 0
+        if G.ggml_is_quantized(self.type_k) and hp.n_embd_head_k % 64 == 0:
+            n_rot_k = 64
+            while hp.n_embd_head_k % (2 * n_rot_k) == 0:
+                n_rot_k *= 2
+        # a K-only cache has no V rows of its own (V is a view of the rotated K)
+        if not self.k_only and G.ggml_is_quantized(self.type_v) and hp.n_embd_head_v % 64 == 0:
+            n_rot_v = 64
+        return n_rot_k, n_rot_v
 
     # -- storage ----------------------------------------------------------------------------
     def _alloc(self, backend):
@@ -97,31 +122,47 @@ class KVCache:
     # -- cells ------------------------------------------------------------------------------
     # A cell holds a position (-1 when empty) and a set of sequences, kept as a bool matrix
     # [n_seq_max, size] so every query below is one numpy expression rather than a Python loop.
+    # What every batch asks (cells used, the last used cell, each sequence's first and last
+    # position) is kept up to date as batches land, so a step costs O(tokens), not O(cells);
+    # seq_rm and restore recompute it on the next query. Changes made while a snapshot is open
+    # are journaled (the cells a batch takes, with what they held), so restoring undoes them
+    # without copying the whole cache.
     def _ensure_seq(self, seq: int):
         if seq >= self.seq_mask.shape[0]:
+            self._journal_full()
             grow = np.zeros((seq + 1 - self.seq_mask.shape[0], self.size), dtype=bool)
             self.seq_mask = np.vstack([self.seq_mask, grow])
+            self._stats = None
+
+    def _compute_stats(self):
+        used = self.pos >= 0
+        nz = np.flatnonzero(used)
+        held = np.where(self.seq_mask, self.pos[None, :], -1)
+        pmax = held.max(axis=1) if self.size else np.full(self.seq_mask.shape[0], -1)
+        pmin = np.where(self.seq_mask, self.pos[None, :], np.iinfo(np.int64).max).min(axis=1) \
+            if self.size else np.full(self.seq_mask.shape[0], -1)
+        pmin = np.where(pmax >= 0, pmin, -1)
+        self._stats = [int(nz.size), int(nz[-1]) + 1 if nz.size else 0, pmax.astype(np.int64), pmin.astype(np.int64)]
+        return self._stats
+
+    def _get_stats(self):
+        return self._stats if self._stats is not None else self._compute_stats()
 
     def used(self) -> int:
-        return int(np.count_nonzero(self.pos >= 0))
+        return self._get_stats()[0]
 
     def used_max_p1(self) -> int:
-        nz = np.flatnonzero(self.pos >= 0)
-        return int(nz[-1]) + 1 if nz.size else 0
+        return self._get_stats()[1]
 
     def seq_pos_max(self, seq: int) -> int:
-        if seq >= self.seq_mask.shape[0]:
-            return -1
-        ps = self.pos[self.seq_mask[seq]]
-        return int(ps.max()) if ps.size else -1
+        pmax = self._get_stats()[2]
+        return int(pmax[seq]) if 0 <= seq < pmax.shape[0] else -1
 
     def seq_pos_min(self, seq: int) -> int:
-        if seq >= self.seq_mask.shape[0]:
-            return -1
-        ps = self.pos[self.seq_mask[seq]]
-        return int(ps.min()) if ps.size else -1
+        pmin = self._get_stats()[3]
+        return int(pmin[seq]) if 0 <= seq < pmin.shape[0] else -1
 
-    def find_slot(self, ub: UBatch) -> list[int]:
+    def find_slot(self, ub: UBatch) -> np.ndarray:
         """Cells for the batch's tokens, searched from head as upstream's find_slot (non-contiguous)."""
         n = ub.n_tokens
         if n > self.size:
@@ -136,27 +177,48 @@ class KVCache:
             single = (counts == 1) & ~can_use
             if single.any():
                 owner = np.argmax(self.seq_mask, axis=0)
-                pmax = np.array([self.seq_pos_max(q) for q in range(self.seq_mask.shape[0])], dtype=np.int64)
+                pmax = self._get_stats()[2]
                 can_use |= single & ((pmax[owner] + 1 - self.pos) >= self.n_swa)
-        order = np.concatenate([np.arange(head, self.size), np.arange(0, head)])
-        found = order[can_use[order]][:n]
+        found = np.flatnonzero(can_use[head:])[:n] + head
+        if found.size < n:
+            found = np.concatenate([found, np.flatnonzero(can_use[:head])[:n - found.size]])
         if found.size < n:
             raise KVCacheFullError(f"the KV cache ({self.size} cells, {self.used()} used) has no room "
                                    f"for {n} more tokens; remove a sequence or raise n_ctx")
-        return [int(i) for i in found]
+        return found.astype(np.int64)
 
-    def apply_ubatch(self, idxs: list[int], ub: UBatch):
+    def apply_ubatch(self, idxs, ub: UBatch):
         idx = np.asarray(idxs, dtype=np.int64)
+        seqs = np.asarray(ub.seq, dtype=np.int64)
+        self._ensure_seq(int(seqs.max()))
+        old_pos = self.pos[idx]
+        if self._journal is not None:
+            self._journal.append(("cells", idx, old_pos.copy(), self.seq_mask[:, idx].copy()))
         rm_max: dict[int, int] = {}
-        taken = idx[self.pos[idx] >= 0]
+        taken = idx[old_pos >= 0]
         for c in taken:  # reused out-of-window cells (one sequence each)
             q = int(np.argmax(self.seq_mask[:, c]))
             rm_max[q] = max(rm_max.get(q, -1), int(self.pos[c]))
         self.seq_mask[:, idx] = False
-        self.pos[idx] = np.asarray(ub.pos, dtype=np.int64)
-        seqs = np.asarray(ub.seq, dtype=np.int64)
-        self._ensure_seq(int(seqs.max()))
+        pos = np.asarray(ub.pos, dtype=np.int64)
+        self.pos[idx] = pos
         self.seq_mask[seqs, idx] = True
+        if taken.size:
+            self._stats = None
+        elif self._stats is not None:
+            st = self._stats
+            st[0] += int(idx.size)
+            st[1] = max(st[1], int(idx.max()) + 1)
+            s0 = int(seqs[0])
+            if (seqs == s0).all():
+                st[2][s0] = max(st[2][s0], int(pos.max()))
+                st[3][s0] = int(pos.min()) if st[3][s0] < 0 else min(st[3][s0], int(pos.min()))
+            else:
+                np.maximum.at(st[2], seqs, pos)
+                lo = st[3].copy()
+                lo[lo < 0] = np.iinfo(np.int64).max
+                np.minimum.at(lo, seqs, pos)
+                st[3] = np.where(lo == np.iinfo(np.int64).max, -1, lo)
         # a sequence's overwritten (out-of-window) positions are purged as a range
         for q, pmax in rm_max.items():
             pmin = self.seq_pos_min(q)
@@ -164,22 +226,47 @@ class KVCache:
                 self.seq_rm(q, pmin, pmax + 1)
         self.head = int(idx[-1]) + 1
 
+    def _journal_full(self):
+        if self._journal is not None:
+            self._journal.append(("full", self.pos.copy(), self.seq_mask.copy()))
+
     def snapshot(self):
-        return self.pos.copy(), self.seq_mask.copy(), self.head
+        """Open a snapshot: restore(snap) undoes every change since; commit(snap) keeps them."""
+        if self._journal is None:
+            self._journal = []
+        return len(self._journal), self.head
 
     def restore(self, snap):
-        self.pos, self.seq_mask, self.head = snap[0].copy(), snap[1].copy(), snap[2]
+        mark, head = snap
+        while len(self._journal) > mark:
+            entry = self._journal.pop()
+            if entry[0] == "full":
+                self.pos, self.seq_mask = entry[1], entry[2]
+            else:
+                _, idx, pos, mask = entry
+                self.pos[idx] = pos
+                self.seq_mask[:mask.shape[0], idx] = mask
+                self.seq_mask[mask.shape[0]:, idx] = False
+        self.head = head
+        self._stats = None
+        if mark == 0:
+            self._journal = None
+
+    def commit(self, snap):
+        if snap[0] == 0:
+            self._journal = None
 
     def seq_rm(self, seq: int, p0: int, p1: int) -> bool:
         p0 = max(p0, 0)
         p1 = np.iinfo(np.int64).max if p1 < 0 else p1
         in_range = (self.pos >= 0) & (self.pos >= p0) & (self.pos < p1)
+        if seq >= self.seq_mask.shape[0]:
+            return True
+        self._journal_full()
         if seq < 0:
             hit = in_range
             self.seq_mask[:, hit] = False
         else:
-            if seq >= self.seq_mask.shape[0]:
-                return True
             hit = in_range & self.seq_mask[seq]
             self.seq_mask[seq, hit] = False
         freed = hit & ~self.seq_mask.any(axis=0)
@@ -187,12 +274,26 @@ class KVCache:
         nz = np.flatnonzero(freed)
         if nz.size and nz[0] < self.head:
             self.head = int(nz[0])
+        st = self._stats
+        if seq < 0 or st is None:
+            self._stats = None
+        else:
+            # only `seq` lost positions; cells it shared with others stay used
+            st[0] -= int(nz.size)
+            if nz.size and int(nz[-1]) + 1 == st[1]:
+                used = np.flatnonzero(self.pos[:st[1]] >= 0)
+                st[1] = int(used[-1]) + 1 if used.size else 0
+            ps = self.pos[self.seq_mask[seq]]
+            st[2][seq], st[3][seq] = (int(ps.max()), int(ps.min())) if ps.size else (-1, -1)
         return True
 
     def clear(self):
+        self._journal_full()
         self.pos[:] = -1
         self.seq_mask[:] = False
         self.head = 0
+        n = self.seq_mask.shape[0]
+        self._stats = [0, 0, np.full(n, -1, dtype=np.int64), np.full(n, -1, dtype=np.int64)]
 
     def get_n_kv(self) -> int:
         used = self.used_max_p1()
@@ -275,14 +376,33 @@ class KVCache:
                 rows = np.nonzero(seq == s)[0]
                 out[rows] = out[rows[0]]
             return out.astype(dtype)
+        # A query at position p sees a cell of its sequence at position q when q <= p (causal)
+        # and p - q < n_swa (sliding window). Within a sequence the queries' positions span a
+        # short range, so almost every cell is seen by all of the sequence's rows or by none:
+        # one row is computed per sequence and copied, and only the cells whose position falls
+        # inside the queries' range are decided per row. O(n_kv) per sequence plus the copy.
         pos = self.pos[:n_kv]
-        seq = np.asarray(ub.seq, dtype=np.int64)
+        seq, p1 = ub.seq, ub.pos.astype(np.int64)
         self._ensure_seq(int(seq.max()))
-        keep = self.seq_mask[seq, :n_kv] & (pos >= 0)[None, :]   # [n_tokens, n_kv]
-        p1 = np.asarray(ub.pos, dtype=np.int64)[:, None]
-        if causal:
-            keep &= pos[None, :] <= p1
-        if self.n_swa > 0:
-            keep &= (p1 - pos[None, :]) < self.n_swa
-        out = np.where(keep, np.float32(0.0), np.float32(-np.inf))
-        return out.astype(dtype)
+        zero, ninf = np.array([0.0, -np.inf], dtype=dtype)
+        out = np.empty((seq.shape[0], n_kv), dtype=dtype)
+        held = pos >= 0
+        big = np.iinfo(np.int64).max // 2
+        s0 = int(seq[0])
+        groups = [(s0, slice(None))] if (seq == s0).all() else [(int(q), np.flatnonzero(seq == q)) for q in np.unique(seq)]
+        for s, rows in groups:
+            base = self.seq_mask[s, :n_kv] & held
+            q = p1[rows]
+            hi_lo, hi_hi = (int(q.min()), int(q.max())) if causal else (big, big)
+            lo_lo, lo_hi = (int(q.min()) - self.n_swa, int(q.max()) - self.n_swa) if self.n_swa > 0 else (-big, -big)
+            out[rows] = np.where(base & (pos > lo_hi) & (pos <= hi_lo), zero, ninf)
+            edge = base & (((pos > lo_lo) & (pos <= lo_hi)) | ((pos > hi_lo) & (pos <= hi_hi)))
+            cells = np.flatnonzero(edge)
+            if cells.size:
+                pc, qc = pos[cells][None, :], q[:, None]
+                seen = (pc <= qc) if causal else np.ones((q.shape[0], cells.size), dtype=bool)
+                if self.n_swa > 0:
+                    seen &= (qc - pc) < self.n_swa
+                at = np.ix_(np.arange(seq.shape[0]), cells) if isinstance(rows, slice) else np.ix_(rows, cells)
+                out[at] = np.where(seen, zero, ninf)
+        return out

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from dataclasses import dataclass, field
+import time
+import weakref
 
 import numpy as np
 
@@ -20,18 +21,44 @@ from ..ops import ggml as G
 from .backends import open_backend
 from .kvcache import KVCache, UBatch
 from .model import Model, load
+from ..scenario import KV_TYPE_IDS
 
-KV_TYPES = {"f32": G.GGML_TYPE_F32, "f16": G.GGML_TYPE_F16}
+KV_TYPES = dict(KV_TYPE_IDS)
 
 
-@dataclass
 class Result:
-    graph: str
-    logits: np.ndarray | None = None     # [n_tokens, n_vocab]
-    embd: np.ndarray | None = None       # [n_tokens, n_embd]
-    h_nextn: np.ndarray | None = None
-    n_nodes: int = 0
-    extra: dict = field(default_factory=dict)
+    """One batch's outputs: logits [n_tokens, n_vocab], embd [n_tokens, n_embd] (result_norm),
+    h_nextn, each None when the graph has none.
+
+    An output is read back from the backend when first asked for: a drafter wants the block's
+    logits, not result_norm, and reading what nobody uses is a cost on every step. Whatever was
+    not read yet is read before the graph that holds it computes again or is freed, so a Result
+    keeps its values however long it is kept."""
+
+    __slots__ = ("graph", "n_nodes", "_tensors", "_values", "__weakref__")
+    OUTPUTS = ("logits", "embd", "h_nextn")
+
+    def __init__(self, graph: str, n_nodes: int = 0, tensors: dict | None = None):
+        self.graph, self.n_nodes = graph, n_nodes
+        self._tensors = tensors or {}
+        self._values: dict[str, np.ndarray | None] = {}
+
+    def _get(self, name: str) -> np.ndarray | None:
+        if name not in self._values:
+            self._values[name] = _read(self._tensors.get(name))
+        return self._values[name]
+
+    def _materialize(self) -> None:
+        for name in self.OUTPUTS:
+            self._get(name)
+        self._tensors = {}
+
+    logits = property(lambda self: self._get("logits"))
+    embd = property(lambda self: self._get("embd"))
+    h_nextn = property(lambda self: self._get("h_nextn"))
+
+    def __repr__(self) -> str:
+        return f"Result(graph={self.graph!r}, n_nodes={self.n_nodes})"
 
 
 def _read(t, shape_from=None) -> np.ndarray | None:
@@ -41,22 +68,39 @@ def _read(t, shape_from=None) -> np.ndarray | None:
     out = np.empty((c.ne[3], c.ne[2], c.ne[1], c.ne[0]), dtype=np.float32)
     if c.type != G.GGML_TYPE_F32:
         return None
-    G.ggml_backend_tensor_get(t, out.ctypes.data, 0, out.nbytes)
+    G.ggml_backend_tensor_get(t, _address(out), 0, out.nbytes)
     return out.reshape(-1, c.ne[0]) if c.ne[2] * c.ne[3] == 1 else out
+
+
+def _address(arr: np.ndarray) -> int:
+    """The data address of a C-contiguous array (arr.ctypes.data costs several times more)."""
+    if arr.flags.writeable and arr.nbytes:
+        return ctypes.addressof(ctypes.c_char.from_buffer(arr))
+    return arr.ctypes.data
 
 
 _NO_CALLBACK = G.ggml_backend_sched_eval_callback(0)
 
 
 class GraphSlot:
-    """A scheduler and the graph it last allocated."""
+    """A graph kind's scheduler and its last graph."""
 
     def __init__(self, sched):
         self.sched = sched
         self.graph = None
         self.sig = None
+        self.results: list[weakref.ref] = []   # Results whose outputs live in this graph
+
+    def settle(self):
+        """Read the outputs of earlier Results still held by someone, before they are overwritten."""
+        for ref in self.results:
+            r = ref()
+            if r is not None:
+                r._materialize()
+        self.results = []
 
     def drop(self):
+        self.settle()
         if self.graph is not None:
             self.graph.free()
         self.graph, self.sig = None, None
@@ -65,10 +109,13 @@ class GraphSlot:
 class Session:
     def __init__(self, model, *, n_ctx: int = 256, n_ubatch: int = 64, flash_attn: bool = False,
                  type_kv: str = "f16", n_seq: int = 1, n_threads: int = 1, backend: str = "cpu",
-                 reuse_graphs: bool = True):
-        if type_kv not in KV_TYPES:
-            raise ValueError(f"type_kv must be one of {', '.join(KV_TYPES)}, got {type_kv!r} "
-                             "(quantized caches need Hadamard rotations graphgen does not build)")
+                 reuse_graphs: bool = True, type_k: str | None = None, type_v: str | None = None):
+        # type_kv names both caches; type_k / type_v, when given, override it for one of them
+        type_k = type_kv if type_k is None else type_k
+        type_v = type_kv if type_v is None else type_v
+        for key, name in (("type_kv", type_kv), ("type_k", type_k), ("type_v", type_v)):
+            if name not in KV_TYPES:
+                raise V.KVCacheTypeError(f"{key} must be one of {', '.join(KV_TYPES)}, got {name!r}")
         if n_ctx < 1 or n_ubatch < 1 or n_seq < 1:
             raise ValueError("n_ctx, n_ubatch and n_seq must be positive")
         self._lock = threading.Lock()
@@ -81,14 +128,23 @@ class Session:
             G.ggml_backend_cpu_set_n_threads(cpu, n_threads)
             self.backends.append(cpu)
         self.model = model if isinstance(model, Model) else load(model)
+        try:
+            # llama.cpp refuses these at context creation, before any memory is taken
+            V.check_kv_types(self.model.hparams, type_k, type_v, flash_attn, k_only=self.model.backbone != "base")
+        except ValueError:
+            if self.model is not model:
+                self.model.close()
+            self.model = None
+            self.close()
+            raise
         if self.model.backend is None:
             self.model.upload(self.backend)
         self.hparams = hp = self.model.hparams
         self.n_ctx, self.n_ubatch, self.n_seq = n_ctx, n_ubatch, n_seq
         self.flash_attn = flash_attn
-        self.type_kv = type_kv
+        self.type_k, self.type_v = type_k, type_v
         self.n_threads = n_threads
-        t = KV_TYPES[type_kv]
+        tk, tv = KV_TYPES[type_k], KV_TYPES[type_v]
         v_trans = not flash_attn
         # llama.cpp pads the context to a multiple of 256 cells, and the caches take that size
         n_ctx = -(-n_ctx // 256) * 256
@@ -99,17 +155,24 @@ class Session:
             size_swa = n_ctx
             # the DSpark backbones keep K only (V is a view of K) on every layer, all sliding
             k_only = self.model.backbone != "base"
-            self.caches = {"base": KVCache(hp, base_layers, n_ctx, t, t, v_trans, 0, self.backend, k_only=k_only),
-                           "swa": KVCache(hp, swa_layers, size_swa, t, t, v_trans, hp.n_swa, self.backend,
+            self.caches = {"base": KVCache(hp, base_layers, n_ctx, tk, tv, v_trans, 0, self.backend, k_only=k_only),
+                           "swa": KVCache(hp, swa_layers, size_swa, tk, tv, v_trans, hp.n_swa, self.backend,
                                           k_only=k_only)}
         else:
-            self.caches = {"base": KVCache(hp, range(hp.n_layer), n_ctx, t, t, v_trans, 0, self.backend)}
-        # one scheduler per graph kind, each keeping its last graph: a drafting loop alternates
-        # inject and block graphs, and each is reused while its shapes repeat
+            self.caches = {"base": KVCache(hp, range(hp.n_layer), n_ctx, tk, tv, v_trans, 0, self.backend)}
+        # a slot per graph kind, each keeping its last graph: a drafting loop alternates inject
+        # and block graphs, and each is reused while its shapes repeat. On one backend the kinds
+        # share a scheduler (see _allocate); with a fallback backend the scheduler copies inputs
+        # between backends into tensors it makes anew, so each kind keeps its own.
         self._scheds: dict[str, GraphSlot] = {}
+        self._share_sched = len(self.backends) == 1
+        self._allocated: dict = {}   # scheduler -> the graph it holds
         self.stats = {"builds": 0, "allocs": 0, "reuses": 0}
         self.reuse_graphs = reuse_graphs
         self.last_graph = None
+        # seconds per phase of the last batch: validate, kv, graph, inputs, compute, outputs
+        self.timings: dict[str, float] = {}
+        self._t_lap = 0.0
 
     # -- batches ----------------------------------------------------------------------------
     def _check_common(self, pos, seq):
@@ -122,16 +185,23 @@ class Session:
         seq = V.check_seq(seq, self.n_seq)
         pos = np.arange(pos0, pos0 + n, dtype=np.int32)
         sq = np.full(n, seq, dtype=np.int32)
-        self._check_common(pos, sq)
-        return UBatch(pos=pos, seq=sq, embd=x)
+        if not 0 < n <= self.n_ubatch:
+            self._check_common(pos, sq)  # raises, naming the size
+        return UBatch(pos=pos, seq=sq, embd=x, runs=[(seq, pos0, n)])
 
     def make_block(self, blocks, embd_state=None) -> UBatch:
         """blocks: [(seq, tokens, pos0), ...] into one batch, in that order."""
-        tokens, pos_a, seq_a = V.block_arrays(blocks, self.model.variant, self.hparams.n_vocab,
-                                              self.hparams.block_size)
-        self._check_common(pos_a, seq_a)
+        quick = V.quick_blocks(blocks, self.model.variant, self.hparams.n_vocab, self.hparams.block_size,
+                               self.n_ubatch, self.n_seq)
+        if quick is not None:
+            tokens, pos_a, seq_a, runs = quick
+        else:
+            tokens, pos_a, seq_a = V.block_arrays(blocks, self.model.variant, self.hparams.n_vocab,
+                                                  self.hparams.block_size)
+            self._check_common(pos_a, seq_a)
+            runs = None
         st = V.check_embd_state(embd_state, tokens.size, self.hparams.n_embd)
-        return UBatch(pos=pos_a, seq=seq_a, tokens=tokens, embd_state=st)
+        return UBatch(pos=pos_a, seq=seq_a, tokens=tokens, embd_state=st, runs=runs)
 
     def seq_pos_max(self, seq: int) -> int:
         """The last position the KV cache holds for `seq`, -1 when it holds none."""
@@ -139,12 +209,28 @@ class Session:
 
     def _check_positions(self, ub: UBatch) -> None:
         # llama.cpp checks every batch's positions against the cache, the encoder's too
+        mrope = self.hparams.n_pos_per_embd > 1
+        if ub.runs is not None and V.runs_follow_cache(ub.runs, self.seq_pos_max, mrope, ub.is_embd):
+            return
         V.check_seq_positions(ub.pos, ub.seq, self.seq_pos_max, self.hparams.n_pos_per_embd > 1, ub.is_embd)
 
     # -- compute ----------------------------------------------------------------------------
-    def decode(self, ub: UBatch, recorder=None) -> Result:
+    def _lap(self, phase: str) -> None:
+        """Charge the time since the last lap to `phase` of the current batch (see `timings`)."""
+        t = time.perf_counter()
+        self.timings[phase] = self.timings.get(phase, 0.0) + t - self._t_lap
+        self._t_lap = t
+
+    def _start(self) -> None:
+        self.timings = {}
+        self._t_lap = time.perf_counter()
+
+    def decode(self, ub: UBatch, recorder=None, _started: bool = False) -> Result:
+        if not _started:
+            self._start()
         with self._lock:
             self._check_positions(ub)
+            self._lap("validate")
             snaps = {k: c.snapshot() for k, c in self.caches.items()}
             try:
                 mem = {}
@@ -152,11 +238,15 @@ class Session:
                     idxs = c.find_slot(ub)
                     c.apply_ubatch(idxs, ub)
                     mem[k] = MemSlot(c, idxs, c.get_n_kv())
-                return self._compute(ub, mem, recorder)
+                self._lap("kv")
+                res = self._compute(ub, mem, recorder)
             except BaseException:
                 for k, c in self.caches.items():
                     c.restore(snaps[k])
                 raise
+            for k, c in self.caches.items():
+                c.commit(snaps[k])
+            return res
 
     def _signature(self, ub: UBatch, mem: dict, graph_type: str) -> tuple:
         """What a graph's structure depends on: the batch's shapes, never its values."""
@@ -166,11 +256,66 @@ class Session:
     def _slot(self, kind: str) -> "GraphSlot":
         slot = self._scheds.get(kind)
         if slot is None:
-            n = len(self.backends)
-            arr = (ctypes.c_void_p * n)(*self.backends)
-            sched = G.ggml_backend_sched_new(arr, None, n, GRAPH_MAX_NODES, False, True)
-            slot = self._scheds[kind] = GraphSlot(sched)
+            shared = next(iter(self._scheds.values())).sched if self._scheds and self._share_sched else None
+            if shared is None:
+                n = len(self.backends)
+                arr = (ctypes.c_void_p * n)(*self.backends)
+                shared = G.ggml_backend_sched_new(arr, None, n, GRAPH_MAX_NODES, False, True)
+            slot = self._scheds[kind] = GraphSlot(shared)
         return slot
+
+    def _drop(self, slot: "GraphSlot") -> None:
+        if slot.graph is not None and self._allocated.get(slot.sched) is slot.graph:
+            self._allocated[slot.sched] = None
+        slot.drop()
+
+    def _unplace(self, g) -> None:
+        """Forget where the scheduler put g's tensors (its buffer moved), so that the next
+        allocation places them afresh; weights and KV cache tensors stay where they are."""
+        keep = {self.model._buf} | {c._buf for c in self.caches.values()}
+        # the scheduler's tensors are the nodes and the inputs (the other leaves are weights)
+        tensors = [G.ggml_graph_node(g.gf, i) for i in range(G.ggml_graph_n_nodes(g.gf))]
+        for t in tensors + [t for t, _ in g.res.inputs]:
+            c = t.contents
+            if c.buffer and c.buffer not in keep:
+                c.data = None
+                c.buffer = None
+        g.placed = False
+
+    def _sched_size(self, sched) -> int:
+        return sum(int(G.ggml_backend_sched_get_buffer_size(sched, b)) for b in self.backends)
+
+    def _allocate(self, slot: "GraphSlot", g, for_sched: bool) -> None:
+        """Give g's tensors their places in the compute buffer; for_sched: also make g the graph
+        the scheduler's own state (its splits) describes, which computing through it needs.
+
+        On one backend every graph kind shares one scheduler, so one compute buffer, as large as
+        the largest graph, as llama.cpp's. A graph placed once keeps its places (ggml's
+        allocator leaves tensors that have data alone, and only one graph computes at a time),
+        and is computed on the backend directly, so a drafting loop that alternates inject and
+        block graphs allocates nothing. Only a new graph that grows the buffer moves it; the
+        other kinds' graphs then lose their places and are placed afresh when next used."""
+        if self._allocated.get(slot.sched) is g or (g.placed and not for_sched):
+            return
+        # outputs still held in the buffer are read before it is reused or moved
+        for other in self._scheds.values():
+            if other.sched == slot.sched:
+                other.settle()
+        before = self._sched_size(slot.sched)
+        G.ggml_backend_sched_reset(slot.sched)
+        if not G.ggml_backend_sched_alloc_graph(slot.sched, g.gf):
+            self._allocated[slot.sched] = None
+            raise MemoryError("the scheduler could not allocate the graph")
+        self._allocated[slot.sched] = g
+        g.placed = True
+        self.stats["allocs"] += 1
+        if self._sched_size(slot.sched) > before:
+            for other in self._scheds.values():
+                if other is not slot and other.sched == slot.sched and other.graph is not None:
+                    self._unplace(other.graph)
+        if not hasattr(g, "live_inputs"):
+            # an input the graph does not use gets no memory and is never set
+            g.live_inputs = [(t, values) for t, values in g.res.inputs if t.contents.buffer]
 
     def _compute(self, ub: UBatch, mem: dict, recorder, graph_type: str = "decoder") -> Result:
         causal = self.hparams.causal_attn if not ub.is_embd else True
@@ -184,18 +329,22 @@ class Session:
             g.params = params
             self.stats["reuses"] += 1
         else:
-            slot.drop()
+            self._drop(slot)
             g = build_arch_graph(params)
             g.res.set_outputs()
             self.stats["builds"] += 1
             # the graph's own order, before a backend's graph_optimize permutes its nodes in place
             g.node_order = {G.addr(G.ggml_graph_node(g.gf, i)): i for i in range(G.ggml_graph_n_nodes(g.gf))}
-            G.ggml_backend_sched_reset(slot.sched)
-            if not G.ggml_backend_sched_alloc_graph(slot.sched, g.gf):
-                g.free()
-                raise MemoryError("the scheduler could not allocate the graph")
-            self.stats["allocs"] += 1
+            g.placed = False
             slot.graph, slot.sig = g, sig
+        # one backend, no eval callback: compute the graph on the backend directly (the
+        # scheduler would run it as one split on that backend all the same)
+        direct = self._share_sched and recorder is None
+        try:
+            self._allocate(slot, g, for_sched=not direct)
+        except MemoryError:
+            self._drop(slot)
+            raise
         cb_keep = None
         if recorder is not None:
             sched = slot.sched
@@ -210,54 +359,68 @@ class Session:
             G.ggml_backend_sched_set_eval_callback(slot.sched, cb_keep, None)
         else:
             G.ggml_backend_sched_set_eval_callback(slot.sched, _NO_CALLBACK, None)
+        # computing overwrites the scheduler's buffer: outputs held there are read first
+        for other in self._scheds.values():
+            if other.results and other.sched == slot.sched:
+                other.settle()
+        self._lap("graph")
         try:
             # the scheduler reuses input memory for later nodes: inputs are set before every compute
-            for t, values in g.res.inputs:
-                if not t.contents.buffer:
-                    continue  # an input the graph does not use has no memory
+            for t, values in g.live_inputs:
                 arr = np.ascontiguousarray(values(g.params))
-                G.ggml_backend_tensor_set(t, arr.ctypes.data, 0, arr.nbytes)
-            status = G.ggml_backend_sched_graph_compute(slot.sched, g.gf)
+                G.ggml_backend_tensor_set(t, _address(arr), 0, arr.nbytes)
+            self._lap("inputs")
+            if direct:
+                status = G.ggml_backend_graph_compute(self.backend, g.gf)
+            else:
+                status = G.ggml_backend_sched_graph_compute(slot.sched, g.gf)
+            self._lap("compute")
             if status != 0:
                 raise RuntimeError(f"ggml compute failed with status {status}")
             if recorder is not None and hasattr(recorder, "reorder"):
                 recorder.reorder(g.node_order)
-            res = Result(graph=kind, n_nodes=G.ggml_graph_n_nodes(g.gf))
-            res.logits = _read(g.res.t_logits)
-            res.embd = _read(g.res.t_embd)
-            res.h_nextn = _read(g.res.t_h_nextn)
+            res = Result(kind, G.ggml_graph_n_nodes(g.gf),
+                         {"logits": g.res.t_logits, "embd": g.res.t_embd, "h_nextn": g.res.t_h_nextn})
+            slot.results.append(weakref.ref(res))
             self.last_graph = {"n_nodes": res.n_nodes}
+            self._lap("outputs")
             return res
         except BaseException:
-            slot.drop()
+            self._drop(slot)
             raise
         finally:
             if cb_keep is not None:
                 G.ggml_backend_sched_set_eval_callback(slot.sched, _NO_CALLBACK, None)
             del cb_keep
 
+    @property
+    def type_kv(self) -> str:
+        """One name for both caches, or "K/V" when they differ."""
+        return self.type_k if self.type_k == self.type_v else f"{self.type_k}/{self.type_v}"
+
     def compute_buffer_size(self) -> int:
-        total = 0
-        for slot in self._scheds.values():
-            for b in self.backends:
-                total += int(G.ggml_backend_sched_get_buffer_size(slot.sched, b))
-        return total
+        return sum(self._sched_size(sched) for sched in {slot.sched for slot in self._scheds.values()})
 
     def encode(self, features, pos0: int = 0, seq: int = 0, recorder=None) -> Result:
         """The encoder graph: target features through fc and the encoder norm, no KV cache."""
+        self._start()
         ub = self.make_inject(features, pos0, seq)
         with self._lock:
             self._check_positions(ub)
+            self._lap("validate")
             return self._compute(ub, {}, recorder, graph_type="encoder")
 
     def inject(self, features, pos0: int, seq: int = 0, recorder=None) -> Result:
-        return self.decode(self.make_inject(features, pos0, seq), recorder)
+        self._start()
+        return self.decode(self.make_inject(features, pos0, seq), recorder, _started=True)
 
     def block(self, tokens, pos0: int, seq: int = 0, recorder=None, embd_state=None) -> Result:
-        return self.decode(self.make_block([(seq, tokens, pos0)], embd_state), recorder)
+        self._start()
+        return self.decode(self.make_block([(seq, tokens, pos0)], embd_state), recorder, _started=True)
 
     def block_multi(self, blocks, recorder=None, embd_state=None) -> Result:
-        return self.decode(self.make_block(blocks, embd_state), recorder)
+        self._start()
+        return self.decode(self.make_block(blocks, embd_state), recorder, _started=True)
 
     def seq_rm(self, seq: int, p0: int = -1, p1: int = -1):
         with self._lock:
@@ -265,14 +428,15 @@ class Session:
                 c.seq_rm(seq, p0, p1)
 
     def settings(self, graph: str) -> dict:
-        return {"flash_attn": self.flash_attn, "type_k": self.type_kv, "type_v": self.type_kv,
+        return {"flash_attn": self.flash_attn, "type_k": self.type_k, "type_v": self.type_v,
                 "n_ctx": self.n_ctx, "n_ubatch": self.n_ubatch, "n_kv": None,
                 "causal": self.hparams.causal_attn if graph == "block" else True}
 
     def close(self):
         for slot in getattr(self, "_scheds", {}).values():
             slot.drop()
-            G.ggml_backend_sched_free(slot.sched)
+        for sched in {slot.sched for slot in getattr(self, "_scheds", {}).values()}:
+            G.ggml_backend_sched_free(sched)
         self._scheds = {}
         for c in getattr(self, "caches", {}).values():
             c.free()

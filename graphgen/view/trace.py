@@ -9,6 +9,7 @@ the eval-callback importer reads as a graph boundary.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import sys
@@ -90,12 +91,15 @@ class TraceRecorder:
     """A recorder for Session: prints each node as the callback would, and keeps it as a dump Node."""
 
     def __init__(self, out: TextIO = sys.stdout, filter_patterns: list[str] | None = None,
-                 abort_on_nan: bool = False, max_data: int = 262144):
+                 abort_on_nan: bool = False, max_data: int = 262144, as_json: bool = False):
         from graphgen.ops import ggml as G
         from graphgen.record import NodeRecorder
         self._read_bytes = getattr(G, "read_tensor_bytes", None)  # device memory, where a backend has it
         self._rec = NodeRecorder(G.op_desc, G.type_name, max_data, self._read_bytes)
         self.out = out
+        # as_json: one JSON object a node (JSON Lines) instead of the eval-callback text
+        self.as_json = as_json
+        self.graph = None
         # upstream anchors each pattern at the start and then regex_searches
         self.filters = [re.compile("^" + p) for p in (filter_patterns or [])]
         self.abort_on_nan = abort_on_nan
@@ -135,13 +139,19 @@ class TraceRecorder:
         def src(k):
             s = t.src[k]
             return (s.contents.name.decode(errors="replace"), [int(x) for x in s.contents.ne]) if s else None
-        print(header_line(name, G.type_name(t.type), G.op_desc(addr), src(0), src(1), list(t.ne)), file=self.out)
         rb = self._read_bytes
         vals = read_values(t, 1 << 62, rb, addr) if rb else read_values(t, 1 << 62)
+        if self.as_json:
+            node = dict(self._rec.nodes[-1].to_dict(), graph=self.graph)
+            if vals is not None and vals.size:
+                node["first"] = [float(v) if np.isfinite(v) else str(v) for v in vals.ravel()[:8]]
+            print(json.dumps(node), file=self.out)
+        else:
+            print(header_line(name, G.type_name(t.type), G.op_desc(addr), src(0), src(1), list(t.ne)), file=self.out)
         if vals is None or vals.size == 0:
             return  # quantized types are not printed
-        lines = value_lines(vals)
-        print("\n".join(lines), file=self.out)
+        if not self.as_json:
+            print("\n".join(value_lines(vals)), file=self.out)
         if self.abort_on_nan and math.isnan(float(np.cumsum(vals.ravel(), dtype=np.float32)[-1])):
             # upstream exits here; an exception cannot cross the C callback, so later nodes
             # are ignored and run_trace stops after this graph
@@ -164,7 +174,7 @@ def _embd_state(sess, scenario, step, context_rows):
 
 
 def run_trace(model, scenario, out: TextIO = sys.stdout, filter_patterns=None, abort_on_nan: bool = False,
-              dump_dir=None, backend: str = "cpu") -> int:
+              dump_dir=None, backend: str = "cpu", as_json: bool = False) -> int:
     """Run the scenario, printing every node; 0 when done, 1 when --abort-on-nan stopped it."""
     from graphgen.dump import write_dump
     from graphgen.engine import engine_header
@@ -174,8 +184,9 @@ def run_trace(model, scenario, out: TextIO = sys.stdout, filter_patterns=None, a
     model = Path(model)
     kw = {} if backend == "cpu" else {"backend": backend}
     sess = Session(model, n_ctx=scenario.n_ctx, n_ubatch=scenario.n_ubatch, flash_attn=scenario.flash_attn,
-                   type_kv=scenario.type_kv, n_seq=scenario.n_seq, n_threads=scenario.n_threads, **kw)
-    rec = TraceRecorder(out, filter_patterns, abort_on_nan)
+                   type_k=scenario.type_k, type_v=scenario.type_v, n_seq=scenario.n_seq,
+                   n_threads=scenario.n_threads, **kw)
+    rec = TraceRecorder(out, filter_patterns, abort_on_nan, as_json=as_json)
     hp = sess.hparams
     context_rows: dict = {}
     seq_no = 0
@@ -184,7 +195,9 @@ def run_trace(model, scenario, out: TextIO = sys.stdout, filter_patterns=None, a
             if step.kind == "seq_rm":
                 sess.seq_rm(step.seq, step.pos0, step.p1)
                 continue
-            print(f"{GRAPH_MARK} {seq_no:02d}-{step.kind}", file=out)
+            rec.graph = f"{seq_no:02d}-{step.kind}"
+            if not as_json:
+                print(f"{GRAPH_MARK} {rec.graph}", file=out)
             rec.reset()
             if step.kind == "encoder":
                 sess.encode(scenario.features(step, hp.n_embd_inp_enc), step.pos0, step.seq, recorder=rec)
