@@ -81,6 +81,7 @@ class BenchResult:
     compute_buffer_mib: dict = field(default_factory=dict)
     peak_rss_mib: dict = field(default_factory=dict)
     engines: tuple = ("graphgen", "llama.cpp")
+    pinned: dict | None = None   # engine -> the CPU it ran on, for one-thread runs
 
     def rows(self):
         for st in self.steps:
@@ -109,6 +110,8 @@ class BenchResult:
                        + "; ".join(st.label + ": " + ", ".join(f"{ph} {st.phase_median(ph) * 1e6:.0f}"
                                                                 for ph in PHASES if st.phases.get(ph))
                                    for st in self.steps))
+        if self.pinned:
+            out.append(f"  one core each, swapped every repetition: CPUs {self.pinned['graphgen']} and {self.pinned['llama.cpp']}")
         for e in self.engines:
             cb = self.compute_buffer_mib.get(e)
             rss = self.peak_rss_mib.get(e)
@@ -125,7 +128,8 @@ class BenchResult:
                            "overhead_median_s": {e: st.overhead_median(e) for e in st.compute},
                            "graphgen_phases_median_s": {ph: st.phase_median(ph) for ph in PHASES if st.phases.get(ph)},
                            "build_ms": self.build_ms.get(st.label)} for st, _, _, r in self.rows()],
-                "compute_buffer_mib": self.compute_buffer_mib, "peak_rss_mib": self.peak_rss_mib}
+                "compute_buffer_mib": self.compute_buffer_mib, "peak_rss_mib": self.peak_rss_mib,
+                "pinned_cpus": self.pinned}
 
 
 def multi_seq_scenario(base: Scenario, n_seq: int) -> Scenario:
@@ -270,7 +274,10 @@ def run_bench(model, scenario: Scenario, *, repeat: int = 20, backend: str = "cp
             json.dump(scenario.to_dict(), tmp)
             tmp.close()
             worker = _LlamaWorker(model, tmp.name)
+        pinned = _pin(worker, scenario.n_threads)
         for rep in range(warmup + repeat):
+            if pinned:
+                _swap(worker, pinned, rep)
             for engine in engines:
                 if engine == "graphgen":
                     times, computes, phases = _replay(sess, scenario, feats)
@@ -290,6 +297,7 @@ def run_bench(model, scenario: Scenario, *, repeat: int = 20, backend: str = "cp
             raise RuntimeError("the compute timer saw no graph compute in the llama.cpp engine "
                                "(libllama did not bind to graphgen's ggml_backend_sched_graph_compute_async)")
         res = BenchResult(model.name, scenario.to_dict(), backend, repeat, steps, engines=engines)
+        res.pinned = pinned
         res.build_ms = _fresh_build_ms(sess, scenario, feats)
         res.compute_buffer_mib["graphgen"] = sess.compute_buffer_size() / 2**20
         res.peak_rss_mib["graphgen"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -304,6 +312,39 @@ def run_bench(model, scenario: Scenario, *, repeat: int = 20, backend: str = "cp
         if tmp is not None:
             os.unlink(tmp.name)
         sess.close()
+        _unpin()
+
+
+_AFFINITY: list = []
+
+
+def _pin(worker, n_threads: int) -> dict | None:
+    """One core each for a one-thread run, when the machine has two: the engines take turns, and
+    a process woken on the core the other just used finds its caches holding the other's weights
+    (measured: graphgen's kernels then ran 1.5-2x slower than the same kernels in llama.cpp, and
+    as fast when each had a core). The cores swap every repetition (_swap), so that a core that
+    is busier than the other slows both engines alike. Threaded runs keep the whole machine."""
+    if worker is None or n_threads != 1 or not hasattr(os, "sched_setaffinity"):
+        return None
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return None
+    _AFFINITY.append(set(cpus))
+    os.sched_setaffinity(0, {cpus[0]})
+    os.sched_setaffinity(worker.proc.pid, {cpus[1]})
+    return {"graphgen": cpus[0], "llama.cpp": cpus[1]}
+
+
+def _swap(worker, pinned: dict, rep: int) -> None:
+    a, b = pinned["graphgen"], pinned["llama.cpp"]
+    mine, theirs = (a, b) if rep % 2 == 0 else (b, a)
+    os.sched_setaffinity(0, {mine})
+    os.sched_setaffinity(worker.proc.pid, {theirs})
+
+
+def _unpin() -> None:
+    while _AFFINITY:
+        os.sched_setaffinity(0, _AFFINITY.pop())
 
 
 def machine_description() -> str:

@@ -233,7 +233,7 @@ class GraphContext:
         npe = self.hparams.n_pos_per_embd
 
         def values(params):
-            p = params.ubatch.pos.astype(np.int32)
+            p = np.asarray(params.ubatch.pos, dtype=np.int32)
             if npe == 1:
                 return p
             # M-RoPE: section-major rows; text positions fill 3 rows and the 4th is 0

@@ -84,7 +84,11 @@ def test_bookkeeping_matches_brute_force(seed):
             for s in seqs:
                 pos.append(ends[s])
                 ends[s] += 1
-            ub = UBatch(pos=np.array(pos, np.int32), seq=np.array(seqs, np.int32))
+            # half the batches say they are runs of distinct sequences, as drivers' batches are
+            runs = None
+            if rng.random() < 0.5:
+                runs = [(q, min(p for p, t in zip(pos, seqs) if t == q), seqs.count(q)) for q in sorted(set(seqs))]
+            ub = UBatch(pos=np.array(pos, np.int32), seq=np.array(seqs, np.int32), runs=runs)
             try:
                 idxs = c.find_slot(ub)
             except KVCacheFullError:

@@ -17,15 +17,26 @@ threads=$(nproc)
   echo "Each repetition replays the scenario (inject the prompt's target features, then one noise"
   echo "block) from an empty KV cache in both engines, taking turns; a step's time covers setting"
   echo "the inputs, computing and reading the outputs. Ratio = graphgen / llama.cpp (lower is"
-  echo "better). \"fresh build\" is the time graphgen takes to build the step's graph from nothing;"
-  echo "in steady state graphs are reused and nothing is built. KV cache f16, flash attention off."
+  echo "better). Each step's time is split into compute (inside ggml's scheduler; for llama.cpp"
+  echo "timed by a small library that libllama binds to, graphgen/reference/compute_timer.py) and"
+  echo "host overhead (the rest); graphgen's overhead is split further by phase. One-thread runs give"
+  echo "each engine a core of its own, the two swapping cores every repetition (taking turns on one"
+  echo "core, each found its caches holding the other's weights). \"fresh build\" is the time"
+  echo "graphgen takes to build the step's graph from nothing; in steady state graphs are reused and"
+  echo "nothing is built. The compute buffer and peak RSS are each engine's process. KV cache f16 and flash"
+  echo "attention off unless the command line says otherwise. The scale tables time the block step"
+  echo "after a prompt that fills the cache to n_kv cells, and with n_seq sequences in one batch."
+  echo
+  echo "![block step against n_kv and n_seq](docs/bench-scale.svg)"
   echo
 } > "$out"
 graphgen make-model "$work/tiny.gguf" --variant dflash --block-size 16 >/dev/null
-graphgen bench "$work/tiny.gguf" --repeat "$repeat" --prompt 64 --n-seq 1,4,16 --threads 1 --markdown "$out"
+mkdir -p docs
+graphgen --quiet bench "$work/tiny.gguf" --repeat "$repeat" --prompt 64 --n-seq 1,4,16,64 --n-kv 256,1024,4096,8192 \
+  --threads 1 --markdown "$out" --svg docs/bench-scale.svg
 for w in f16 q8_0; do
   graphgen make-model "$work/realistic-$w.gguf" --variant dflash --preset realistic --wtype "$w" >/dev/null
-  graphgen bench "$work/realistic-$w.gguf" --repeat "$repeat" --prompt 64 --n-seq 1,4 --threads "$threads" --markdown "$out"
+  graphgen --quiet bench "$work/realistic-$w.gguf" --repeat "$repeat" --prompt 64 --n-seq 1,4 --threads "$threads" --markdown "$out"
 done
-graphgen bench "$work/realistic-f16.gguf" --repeat "$repeat" --prompt 64 --n-seq 1 --threads "$threads" --flash-attn on --type-kv q8_0 --markdown "$out"
+graphgen --quiet bench "$work/realistic-f16.gguf" --repeat "$repeat" --prompt 64 --n-seq 1 --threads "$threads" --flash-attn on --type-kv q8_0 --markdown "$out"
 echo "wrote $out" >&2

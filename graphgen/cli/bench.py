@@ -83,6 +83,8 @@ def markdown_section(args, results) -> str:
         for st, g, l_, r in res.rows():
             if pt.axis == "n_kv" and not st.label.startswith("block"):
                 continue  # the prompt's chunks are there to fill the cache
+            if pt.axis == "n_seq" and pt.value > 4 and st.label.startswith("inject") and not st.label.endswith(" seq0"):
+                continue  # one prompt per sequence: the first stands for the rest
             gs = f"{g * 1e3:.3f} ± {st.spread('graphgen') * 1e3:.3f}" if g else "-"
             ls = f"{l_ * 1e3:.3f} ± {st.spread('llama.cpp') * 1e3:.3f}" if l_ else "-"
             b = res.build_ms.get(st.label)
@@ -92,7 +94,9 @@ def markdown_section(args, results) -> str:
                        f"| {ms(st.compute_median('graphgen'))} / {ms(st.overhead_median('graphgen'))} "
                        f"| {ms(st.compute_median('llama.cpp'))} / {ms(st.overhead_median('llama.cpp'))} "
                        f"| {f'{b:.2f}' if b is not None else '-'} |")
-        phases = [st for st in res.steps if st.phases and (pt.axis != "n_kv" or st.label.startswith("block"))]
+        phases = [st for st in res.steps if st.phases and (pt.axis != "n_kv" or st.label.startswith("block"))
+                  and not (pt.axis == "n_seq" and pt.value > 4 and st.label.startswith("inject")
+                           and not st.label.endswith(" seq0"))]
         if phases:
             out += ["", "graphgen's host overhead by phase, us (median): " + "; ".join(
                 st.label + ": " + ", ".join(f"{ph} {st.phase_median(ph) * 1e6:.0f}" for ph in PHASES if st.phases.get(ph))

@@ -239,7 +239,6 @@ def run_child(model: Path, scenario: Scenario, out: Path, max_data: int, scenari
                 if ptr is not None:
                     context_rows[(step.seq, step.pos0 + i)] = np.ctypeslib.as_array(
                         ptr, shape=(meta["n_embd"],)).copy()
-            del get
         settings = {"flash_attn": scenario.flash_attn, "type_k": scenario.type_k,
                     "type_v": scenario.type_v, "n_ctx": scenario.n_ctx, "n_ubatch": scenario.n_ubatch,
                     "n_kv": n_kv_from_nodes(rec.nodes), "causal": meta["causal"] if step.kind == "block" else True}

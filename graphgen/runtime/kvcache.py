@@ -62,6 +62,7 @@ class KVCache:
         self.head = 0
         self._stats = None     # [cells used, last used cell + 1, pos max per seq, pos min per seq]
         self._journal = None   # changes since the outermost open snapshot
+        self._v_rows = None
         self.k: dict[int, object] = {}
         self.v: dict[int, object] = {}
         self._ctx = None
@@ -189,9 +190,12 @@ class KVCache:
 
     def apply_ubatch(self, idxs, ub: UBatch):
         idx = np.asarray(idxs, dtype=np.int64)
+        old_pos = self.pos[idx]
+        if ub.runs is not None and self._stats is not None and not (old_pos >= 0).any():
+            self._apply_runs(idx, ub)
+            return
         seqs = np.asarray(ub.seq, dtype=np.int64)
         self._ensure_seq(int(seqs.max()))
-        old_pos = self.pos[idx]
         if self._journal is not None:
             self._journal.append(("cells", idx, old_pos.copy(), self.seq_mask[:, idx].copy()))
         rm_max: dict[int, int] = {}
@@ -226,6 +230,28 @@ class KVCache:
                 self.seq_rm(q, pmin, pmax + 1)
         self.head = int(idx[-1]) + 1
 
+    def _apply_runs(self, idx: np.ndarray, ub: UBatch):
+        """apply_ubatch for a batch of runs (ub.runs) landing on empty cells, the common case:
+        the journal needs only the cells (they were empty), the bookkeeping only the runs."""
+        runs = ub.runs
+        top = max(s for s, _, _ in runs)
+        self._ensure_seq(top)
+        if self._journal is not None:
+            self._journal.append(("empty", idx))
+        st = self._get_stats()  # before the cells change (growing the sequence rows drops it)
+        self.pos[idx] = ub.pos
+        if len(runs) == 1:
+            s, p0, n = runs[0]
+            self.seq_mask[s, idx] = True
+        else:
+            self.seq_mask[ub.seq, idx] = True
+        st[0] += int(idx.size)
+        st[1] = max(st[1], int(idx.max()) + 1)
+        for s, p0, n in runs:
+            st[2][s] = max(int(st[2][s]), p0 + n - 1)
+            st[3][s] = p0 if st[3][s] < 0 else min(int(st[3][s]), p0)
+        self.head = int(idx[-1]) + 1
+
     def _journal_full(self):
         if self._journal is not None:
             self._journal.append(("full", self.pos.copy(), self.seq_mask.copy()))
@@ -242,6 +268,9 @@ class KVCache:
             entry = self._journal.pop()
             if entry[0] == "full":
                 self.pos, self.seq_mask = entry[1], entry[2]
+            elif entry[0] == "empty":
+                self.pos[entry[1]] = -1
+                self.seq_mask[:, entry[1]] = False
             else:
                 _, idx, pos, mask = entry
                 self.pos[idx] = pos
@@ -360,9 +389,9 @@ class KVCache:
     def v_idxs_values(self, idxs: list[int]) -> np.ndarray:
         if not self.v_trans:
             return np.asarray(idxs, dtype=np.int64)
-        n_gqa = self.hparams.n_embd_v_gqa
-        j = np.arange(n_gqa, dtype=np.int64)
-        return (j[None, :] * self.size + np.asarray(idxs, dtype=np.int64)[:, None]).reshape(-1)
+        if self._v_rows is None:  # the first row of each head element, in the transposed cache
+            self._v_rows = np.arange(self.hparams.n_embd_v_gqa, dtype=np.int64) * self.size
+        return (self._v_rows[None, :] + np.asarray(idxs, dtype=np.int64)[:, None]).reshape(-1)
 
     def kq_mask_values(self, ub: UBatch, n_kv: int, causal: bool, dtype, block_uniform: bool = False) -> np.ndarray:
         """[n_tokens, n_kv]: 0 where a query sees a key, -inf where it does not.

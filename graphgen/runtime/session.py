@@ -357,8 +357,7 @@ class Session:
                 return True
             cb_keep = G.ggml_backend_sched_eval_callback(_eval)
             G.ggml_backend_sched_set_eval_callback(slot.sched, cb_keep, None)
-        else:
-            G.ggml_backend_sched_set_eval_callback(slot.sched, _NO_CALLBACK, None)
+        # otherwise no callback is set: the one a recorder sets is unset when its compute ends
         # computing overwrites the scheduler's buffer: outputs held there are read first
         for other in self._scheds.values():
             if other.results and other.sched == slot.sched:
