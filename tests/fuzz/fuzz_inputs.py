@@ -309,7 +309,7 @@ def make_dump_case(case: dict, out_dir: Path) -> dict:
             na, nb = doc["nodes"][a], doc["nodes"][b]
             # an earlier edit may have broken these nodes already: nothing to link then
             if not (isinstance(na, dict) and isinstance(nb, dict) and isinstance(na.get("src", []), list)
-                    and isinstance(nb.get("src", []), list)):
+                    and isinstance(nb.get("src", []), list) and "name" in na and "name" in nb):
                 continue
             doc["nodes"][a]["src"] = [doc["nodes"][b]["name"]] + doc["nodes"][a].get("src", [])[1:]
             doc["nodes"][b]["src"] = [doc["nodes"][a]["name"]] + doc["nodes"][b].get("src", [])[1:]
