@@ -251,6 +251,12 @@ class GraphContext:
         def values(p):
             slot = p.mem[key]
             return slot.cache.kq_mask_values(p.ubatch, slot.n_kv, p.causal_attn, npdt)
+
+        def into(p, out):
+            slot = p.mem[key]
+            slot.cache.kq_mask_values(p.ubatch, slot.n_kv, p.causal_attn, npdt, out=out)
+        # the largest input: on a host backend it is written in place, not built and copied
+        values.into = into
         self.add_input(t, values)
         return t
 

@@ -393,18 +393,23 @@ class KVCache:
             self._v_rows = np.arange(self.hparams.n_embd_v_gqa, dtype=np.int64) * self.size
         return (self._v_rows[None, :] + np.asarray(idxs, dtype=np.int64)[:, None]).reshape(-1)
 
-    def kq_mask_values(self, ub: UBatch, n_kv: int, causal: bool, dtype, block_uniform: bool = False) -> np.ndarray:
-        """[n_tokens, n_kv]: 0 where a query sees a key, -inf where it does not.
+    def kq_mask_values(self, ub: UBatch, n_kv: int, causal: bool, dtype, block_uniform: bool = False,
+                       out: np.ndarray | None = None) -> np.ndarray:
+        """[n_tokens, n_kv]: 0 where a query sees a key, -inf where it does not; written into
+        `out` when given (the input tensor's own memory, on a host backend).
 
         block_uniform (the seed's DSV4.1 / ML4 SWA mask): every query row of a block, the batch's
         tokens of one sequence, is the row of the block's first query, the anchor."""
         if block_uniform:
-            out = self.kq_mask_values(ub, n_kv, causal, np.float32)
+            full = self.kq_mask_values(ub, n_kv, causal, np.float32)
             seq = np.asarray(ub.seq)
             for s in np.unique(seq):
                 rows = np.nonzero(seq == s)[0]
-                out[rows] = out[rows[0]]
-            return out.astype(dtype)
+                full[rows] = full[rows[0]]
+            if out is None:
+                return full.astype(dtype)
+            out[...] = full
+            return out
         # A query at position p sees a cell of its sequence at position q when q <= p (causal)
         # and p - q < n_swa (sliding window). Within a sequence the queries' positions span a
         # short range, so almost every cell is seen by all of the sequence's rows or by none:
@@ -414,7 +419,10 @@ class KVCache:
         seq, p1 = ub.seq, ub.pos.astype(np.int64)
         self._ensure_seq(int(seq.max()))
         zero, ninf = np.array([0.0, -np.inf], dtype=dtype)
-        out = np.empty((seq.shape[0], n_kv), dtype=dtype)
+        if out is None:
+            out = np.empty((seq.shape[0], n_kv), dtype=dtype)
+        elif out.shape != (seq.shape[0], n_kv) or out.dtype != np.dtype(dtype):
+            raise ValueError(f"mask output {out.shape} {out.dtype} is not [{seq.shape[0]}, {n_kv}] {np.dtype(dtype)}")
         held = pos >= 0
         big = np.iinfo(np.int64).max // 2
         s0 = int(seq[0])

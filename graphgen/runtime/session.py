@@ -79,6 +79,21 @@ def _address(arr: np.ndarray) -> int:
     return arr.ctypes.data
 
 
+_VIEW_DTYPES = {G.GGML_TYPE_F32: np.float32, G.GGML_TYPE_F16: np.float16}
+
+
+def _host_view(t) -> np.ndarray | None:
+    """A 2-D numpy view [ne1, ne0] of a contiguous f32/f16 tensor in host memory, else None."""
+    c = t.contents
+    if c.type not in _VIEW_DTYPES or not c.data or not G.ggml_backend_buffer_is_host(c.buffer):
+        return None
+    if c.ne[2] * c.ne[3] != 1 or not G.ggml_is_contiguous(t):
+        return None
+    dt = np.dtype(_VIEW_DTYPES[c.type])
+    raw = (ctypes.c_char * (c.ne[0] * c.ne[1] * dt.itemsize)).from_address(c.data)
+    return np.frombuffer(raw, dtype=dt).reshape(c.ne[1], c.ne[0])
+
+
 _NO_CALLBACK = G.ggml_backend_sched_eval_callback(0)
 
 
@@ -313,9 +328,10 @@ class Session:
             for other in self._scheds.values():
                 if other is not slot and other.sched == slot.sched and other.graph is not None:
                     self._unplace(other.graph)
-        if not hasattr(g, "live_inputs"):
-            # an input the graph does not use gets no memory and is never set
-            g.live_inputs = [(t, values) for t, values in g.res.inputs if t.contents.buffer]
+        # an input the graph does not use gets no memory and is never set; one that can be
+        # written in place gets a numpy view of its memory, valid while g keeps its places
+        g.live_inputs = [(t, values, _host_view(t) if hasattr(values, "into") else None)
+                         for t, values in g.res.inputs if t.contents.buffer]
 
     def _compute(self, ub: UBatch, mem: dict, recorder, graph_type: str = "decoder") -> Result:
         causal = self.hparams.causal_attn if not ub.is_embd else True
@@ -365,7 +381,10 @@ class Session:
         self._lap("graph")
         try:
             # the scheduler reuses input memory for later nodes: inputs are set before every compute
-            for t, values in g.live_inputs:
+            for t, values, view in g.live_inputs:
+                if view is not None:
+                    values.into(g.params, view)
+                    continue
                 arr = np.ascontiguousarray(values(g.params))
                 G.ggml_backend_tensor_set(t, _address(arr), 0, arr.nbytes)
             self._lap("inputs")
