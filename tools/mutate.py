@@ -116,6 +116,8 @@ MUTATIONS = [
              "st[2][s0] = max(st[2][s0], int(pos.max()))", "st[2][s0] = max(st[2][s0], int(pos.min()))", KVCACHE),
     Mutation("kv_seq_rm_keeps_last_cell", "graphgen/runtime/kvcache.py",
              "if nz.size and int(nz[-1]) + 1 == st[1]:", "if nz.size and int(nz[-1]) == st[1]:", KVCACHE),
+    Mutation("kv_runs_used_max_not_advanced", "graphgen/runtime/kvcache.py",
+             "st[1] = max(int(st[1]), int(idx.max()) + 1)", "st[1] = max(int(st[1]), int(idx.min()) + 1)", KVCACHE),
     Mutation("kv_runs_pos_max_past_the_run", "graphgen/runtime/kvcache.py",
              "st[2][s] = max(int(st[2][s]), p0 + n - 1)", "st[2][s] = max(int(st[2][s]), p0 + n)", KVCACHE),
     Mutation("kv_restore_empty_keeps_owner", "graphgen/runtime/kvcache.py",
@@ -132,7 +134,7 @@ MUTATIONS = [
     Mutation("moved_graph_not_unplaced", "graphgen/runtime/session.py",
              "                    self._unplace(other.graph)", "                    pass", SESSION),
     Mutation("mask_block_uniform_last_row", "graphgen/runtime/kvcache.py",
-             "out[rows] = out[rows[0]]", "out[rows] = out[rows[-1]]", SEED_ONLY),
+             "full[rows] = full[rows[0]]", "full[rows] = full[rows[-1]]", SEED_ONLY),
     # --- DeepSeek-V4 backbone ---
     Mutation("sinkhorn_eps_x5", "graphgen/models/deepseek4.py",
              "comb = ggml_dsv4_hc_comb(ctx, mixes, hc_scale, hc_base, hp.dsv4_hc_eps, hp.dsv4_hc_sinkhorn_iters)",

@@ -246,7 +246,7 @@ class KVCache:
         else:
             self.seq_mask[ub.seq, idx] = True
         st[0] += int(idx.size)
-        st[1] = max(st[1], int(idx.max()) + 1)
+        st[1] = max(int(st[1]), int(idx.max()) + 1)
         for s, p0, n in runs:
             st[2][s] = max(int(st[2][s]), p0 + n - 1)
             st[3][s] = p0 if st[3][s] < 0 else min(int(st[3][s]), p0)
