@@ -99,15 +99,20 @@ def read_array(t: TensorStruct, read_bytes=None, addr: int = 0) -> np.ndarray | 
     else:
         return None  # quantized: not compared by value
     nb = [int(x) for x in t.nb]
-    extent = sum((ne[i] - 1) * nb[i] for i in range(4)) + np.dtype(dt).itemsize
+    return _strided(t, (ne[3], ne[2], ne[1], ne[0]), dt, (nb[3], nb[2], nb[1], nb[0]), read_bytes, addr)
+
+
+def _strided(t: TensorStruct, shape, dtype, strides, read_bytes=None, addr: int = 0) -> np.ndarray | None:
+    """A numpy view of a node's bytes with these shape and strides: device memory through
+    `read_bytes(addr, nbytes)`, host memory in place; None when a host node has no data."""
+    extent = sum((n - 1) * st for n, st in zip(shape, strides)) + np.dtype(dtype).itemsize
     if read_bytes is not None:
         raw = read_bytes(addr, extent)
     else:
         if not t.data:
             return None
         raw = (ctypes.c_char * extent).from_address(t.data)
-    return np.ndarray(shape=(ne[3], ne[2], ne[1], ne[0]), dtype=dt, buffer=raw,
-                      strides=(nb[3], nb[2], nb[1], nb[0]))
+    return np.ndarray(shape=shape, dtype=dtype, buffer=raw, strides=strides)
 
 
 # ggml_type -> (values per block, bytes per block) of the block-quantized types (ggml.h's enum;
@@ -129,14 +134,7 @@ def read_quantized_rows(t: TensorStruct, read_bytes=None, addr: int = 0) -> np.n
         return None
     row = ne[0] // blck * size
     nb = [int(x) for x in t.nb]
-    extent = sum((ne[i] - 1) * nb[i] for i in range(1, 4)) + row
-    if read_bytes is not None:
-        raw = read_bytes(addr, extent)
-    else:
-        if not t.data:
-            return None
-        raw = (ctypes.c_char * extent).from_address(t.data)
-    return np.ndarray(shape=(ne[3], ne[2], ne[1], row), dtype=np.uint8, buffer=raw, strides=(nb[3], nb[2], nb[1], 1))
+    return _strided(t, (ne[3], ne[2], ne[1], row), np.uint8, (nb[3], nb[2], nb[1], 1), read_bytes, addr)
 
 
 def as_float32(arr: np.ndarray, t_type: int) -> np.ndarray:

@@ -16,3 +16,23 @@ def assert_parity(results, context=""):
         assert not res.numeric_failures, text
         differing = [n for n in res.numeric if n.nmse != 0]
         assert not differing, f"{text}\n{len(differing)} nodes are not bit-exact, first #{differing[0].ref_index}"
+
+
+def run_both_engines(tmp_path, variant, backbone, kw, sc):
+    """Make the draft, run the scenario in llama.cpp b11739 (tmp_path/ref) and in graphgen
+    (tmp_path/ours), and return the graph-diffs of the two folders."""
+    import json
+
+    from graphgen.diff import diff_paths
+    from graphgen.engine import run_scenario
+    from graphgen.reference.runner import run_reference
+    from graphgen.scenario import parse_scenario
+    from graphgen.synth import make_model
+
+    model = tmp_path / "draft.gguf"
+    make_model(model, variant, backbone, **kw)  # the generators draw only drafts b11739 loads
+    scen = tmp_path / "scenario.json"
+    scen.write_text(json.dumps(sc))
+    run_reference(model, scen, tmp_path / "ref")  # a failure here is a failed test, not a skip
+    run_scenario(model, parse_scenario(sc), tmp_path / "ours")
+    return diff_paths(tmp_path / "ref", tmp_path / "ours")

@@ -4,17 +4,12 @@ Marked `reference`: it runs the real llama.cpp b11739 in a child process. Each c
 both engines and must be structurally identical and bit-exact (graphgen computes on the reference's ggml).
 """
 
-import json
 
 import numpy as np
 import pytest
 
-from graphgen.diff import diff_paths
-from graphgen.engine import run_scenario
-from graphgen.scenario import parse_scenario
-from graphgen.synth import make_model
 from kv_draw import draw_kv_types
-from parity_check import assert_parity
+from parity_check import assert_parity, run_both_engines
 
 pytestmark = [pytest.mark.reference]
 
@@ -91,15 +86,7 @@ def random_config(seed: int):
 
 @pytest.mark.parametrize("seed", range(N_CONFIGS))
 def test_random_config_matches_llama_cpp(seed, tmp_path):
-    from graphgen.reference.runner import run_reference
-
     kw, sc = random_config(seed)
-    model = tmp_path / "draft.gguf"
-    make_model(model, "dflash", **kw)
-    scen = tmp_path / "scenario.json"
-    scen.write_text(json.dumps(sc))
-    run_reference(model, scen, tmp_path / "ref")  # a failure here is a failed test, not a skip
-    run_scenario(model, parse_scenario(sc), tmp_path / "ours")
-    results = diff_paths(tmp_path / "ref", tmp_path / "ours")
+    results = run_both_engines(tmp_path, "dflash", "base", kw, sc)
     assert len(results) == sum(1 for s in sc["steps"] if "seq_rm" not in s)
     assert_parity(results, f"config {kw} {sc}")

@@ -10,12 +10,9 @@ import json
 import numpy as np
 import pytest
 
-from graphgen.diff import diff_paths
-from graphgen.engine import run_scenario
-from graphgen.scenario import KV_QUANTIZED, parse_scenario
-from graphgen.synth import make_model
+from graphgen.scenario import KV_QUANTIZED
 from kv_draw import draw_kv_types
-from parity_check import assert_parity
+from parity_check import assert_parity, run_both_engines
 from test_reference_dsv4 import random_dsv4_config
 from test_reference_random import random_config
 from test_reference_random_heads import random_head_config
@@ -57,16 +54,8 @@ def test_every_configuration_is_quantized():
 
 @pytest.mark.parametrize("seed", range(N_CONFIGS))
 def test_quantized_cache_matches_llama_cpp(seed, tmp_path):
-    from graphgen.reference.runner import run_reference
-
     variant, backbone, kw, sc = quantized_config(seed)
-    model = tmp_path / "draft.gguf"
-    make_model(model, variant, backbone, **kw)
-    scen = tmp_path / "scenario.json"
-    scen.write_text(json.dumps(sc))
-    run_reference(model, scen, tmp_path / "ref")  # a failure here is a failed test, not a skip
-    run_scenario(model, parse_scenario(sc), tmp_path / "ours")
-    results = diff_paths(tmp_path / "ref", tmp_path / "ours")
+    results = run_both_engines(tmp_path, variant, backbone, kw, sc)
     assert len(results) == sum(1 for s in sc["steps"] if "seq_rm" not in s)
     assert_parity(results, f"{variant}/{backbone} {kw} {sc}")
     # every graph that writes the quantized K cache rotates it (a matmul by attn_inp_k_rot with
