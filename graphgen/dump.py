@@ -28,7 +28,7 @@ import numpy as np
 
 FORMAT = "graphgen-dump/1"
 GRAPHS = ("inject", "block", "encoder")
-ENGINES = ("llama.cpp", "graphgen")
+ENGINES = ("llama.cpp", "graphgen", "torch")  # torch: the draft authors' own model (graphgen.authors)
 MAX_NODES = 1_000_000
 N_OP_PARAMS = 16
 DUMP_NAME_RE = re.compile(r"^(\d{2,})-([A-Za-z0-9_]+)\.json$")

@@ -17,6 +17,11 @@ def _cmd_dump(args) -> int:
     from ..scenario import load_scenario
     sc = load_scenario(args.scenario)
     retyped = apply_to_scenario(args, sc)
+    if args.engine == "torch":
+        from .authors import _cmd_dump_torch
+        return _cmd_dump_torch(args, sc)
+    if args.target is not None:
+        raise ValueError("--target is for --engine torch (the authors' model reads the target's embeddings)")
     if not Path(args.model).is_file():
         raise FileNotFoundError(f"{args.model}: no such model file")
     out = Path(args.out)
@@ -86,6 +91,8 @@ def run_diff(args: argparse.Namespace) -> int:
         def report(k, n, name, detail):
             task.update(f"graph {k} of {n}: {name}" + (f", {detail}" if detail else ""))
         try:
+            if _torch_side(args.ref) or _torch_side(args.ours):
+                return _authors_diff(args)
             results = diff_paths(args.ref, args.ours, nmse=args.nmse, rules_path=args.rules, progress=report)
         except (DumpError, RulesError) as e:
             print(f"graphgen: error: {' '.join(str(e).split())}", file=sys.stderr)
@@ -111,16 +118,47 @@ def run_diff(args: argparse.Namespace) -> int:
     return code
 
 
+def _torch_side(path) -> bool:
+    """Whether a diff side holds the authors' model's dumps (compared by relative error, not node
+    for node)."""
+    from ..dump import dump_files
+    p = Path(path)
+    files = dump_files(p) if p.is_dir() else [p] if p.suffix == ".json" and p.is_file() else []
+    for f in files[:1]:
+        try:
+            return json.loads(f.read_text()).get("source", {}).get("engine") == "torch"
+        except (OSError, ValueError, AttributeError):
+            return False
+    return False
+
+
+def _authors_diff(args) -> int:
+    from ..authors.compare import compare_paths
+    if args.rules:
+        raise DumpError("--rules: the authors' comparison pairs mapped nodes by the tensor map, not by rules")
+    band = None if args.nmse is None else args.nmse ** 0.5
+    res = compare_paths(args.ref, args.ours, band=band)
+    if args.json:
+        print(json.dumps(res.to_dict(), indent=1))
+    else:
+        print(res.format_text())
+    return 0 if res.agree else 1
+
+
 def _cmd_diff(args) -> int:
     return run_diff(args)
 
 
 def register(sub) -> None:
     p = sub.add_parser("dump", help="run a scenario and dump every graph evaluation")
-    p.add_argument("model")
+    p.add_argument("model", help="a draft GGUF; with --engine torch a checkpoint folder in its authors' format")
     p.add_argument("--scenario", required=True)
     p.add_argument("--out", required=True)
-    p.add_argument("--engine", choices=("graphgen", "llama.cpp"), default="graphgen")
+    p.add_argument("--engine", choices=("graphgen", "llama.cpp", "torch"), default="graphgen",
+                   help="graphgen (default), llama.cpp b11739, or torch: the draft authors' own model "
+                        "(needs graphgen[torch])")
+    p.add_argument("--target", metavar="DIR", default=None,
+                   help="with --engine torch: the target's folder (default: MODEL/target)")
     p.add_argument("--max-data", type=int, default=262144, help="store values of nodes up to this many elements")
     add_kv_type_flags(p)
     p.add_argument("--backend", default="cpu", help="cpu, vulkan[:N], cuda[:N], metal, rpc://HOST:PORT or auto")

@@ -18,7 +18,15 @@ def _int_list(text: str) -> list[int]:
 
 def add_make_model_args(parser: argparse.ArgumentParser) -> None:
     """Arguments of `make_model`; read them back with `make_model_from_args`."""
-    parser.add_argument("out", metavar="OUT", help="GGUF file to write")
+    parser.add_argument("out", metavar="OUT", help="GGUF file to write (a folder with --format hf)")
+    parser.add_argument("--format", choices=("gguf", "hf"), default="gguf",
+                        help="gguf: a draft GGUF (default); hf: a checkpoint in the draft authors' own format "
+                             "with a small target folder beside it (needs graphgen[torch])")
+    parser.add_argument("--authors", choices=("zlab", "speculators"), default=None,
+                        help="with --format hf: z-lab's dflash package (DFlash, DFlash2; the default for them) "
+                             "or vLLM's speculators (DFlash, DFlash2, DSpark; the default for DSpark)")
+    parser.add_argument("--force", action="store_true",
+                        help="with --format hf: replace OUT when it holds an earlier graphgen checkpoint")
     parser.add_argument("--variant", choices=VARIANTS, default="dflash")
     parser.add_argument("--backbone", choices=BACKBONES, default="base")
     parser.add_argument("--conf", action="store_true", help="DSpark confidence head")
@@ -131,6 +139,9 @@ def make_model_from_args(args: argparse.Namespace, progress=None) -> dict:
 
 
 def _cmd_make_model(args) -> int:
+    if args.format == "hf":
+        from .authors import make_hf_from_args
+        return make_hf_from_args(args)
     from .. import progress
     from ..errors import GGUFModelError
     from ..runtime.model import load

@@ -804,9 +804,13 @@ class Model:
             if len(shape) != len(exp) or any(w is not None and w != s for w, s in zip(exp, shape)):
                 raise GGUFModelError(f"{self.path}: tensor '{name}' has shape {list(shape)}, expected "
                                      f"{[w if w is not None else '*' for w in exp]}")
-        if "token_embd.weight" not in seen or ("output.weight" not in seen and d2t is not None):
-            raise GGUFModelError(f"{self.path}: the draft has no 'token_embd.weight'/'output.weight'; "
-                                 "graphgen runs drafts that carry their own embeddings and lm head")
+        # b11739's context takes a draft without either from the target model (ctx_other) and
+        # refuses it without one ("dflash requires ctx_other"); graphgen has no target context
+        missing = [n for n in ("token_embd.weight", "output.weight") if n not in seen]
+        if missing:
+            raise GGUFModelError(f"{self.path}: the draft has no '{missing[0]}'; llama.cpp then needs the target "
+                                 "model's context (ctx_other), and graphgen runs drafts that carry their own "
+                                 "embeddings and lm head")
         if hp.n_vocab == 0:
             hp.n_vocab = int(seen["token_embd.weight"].shape[1])
         if hp.mask_token_id >= hp.n_vocab:
@@ -840,7 +844,6 @@ class Model:
                                    (ctypes.c_int64 * 4)(*shape))
             G.set_name(gt, t.name)
             created.append((gt, t))
-        output_alias = "output.weight" not in {t.name for t in reader.tensors}
         buf = G.ggml_backend_alloc_ctx_tensors(ctx, backend)
         if not buf:
             raise GGUFModelError(f"{self.path}: could not allocate the weights on the backend")
@@ -850,9 +853,6 @@ class Model:
             self.tensors[t.name] = gt
         self._ctx, self._buf = ctx, buf
         self.backend = backend
-        # a draft without its own lm head reuses the token embeddings (TENSOR_DUPLICATED upstream)
-        if output_alias:
-            self.tensors["output.weight"] = self.tensors["token_embd.weight"]
         t = self.tensors
         self.tok_embd = t.get("token_embd.weight")
         self.output = t.get("output.weight")

@@ -1,0 +1,36 @@
+"""The draft authors' own PyTorch models beside llama.cpp's graphs.
+
+graphgen proves its graphs identical to llama.cpp's; this package checks both against what the
+drafts' authors trained: their checkpoint formats (`checkpoint`), llama.cpp's own converter
+(`convert`), their forward recorded under llama.cpp's node names (`forward`, `tensormap`) and the
+comparison by relative error (`compare`). It needs the `graphgen[torch]` extra; nothing else in
+graphgen imports it.
+"""
+
+from __future__ import annotations
+
+from ..errors import GraphgenError
+
+EXTRA_HINT = "pip install 'graphgen[torch]' (and speculators==0.9.0 with --no-deps; tools/setup.sh torch does both)"
+
+
+class AuthorsError(GraphgenError, ValueError):
+    """A checkpoint, config or comparison the authors' side cannot take; the message names the
+    file and key."""
+
+
+def require_torch() -> None:
+    """Import what the authors' models need, or fail in one line naming the extra."""
+    missing = []
+    for mod in ("torch", "transformers", "safetensors", "dflash.model",
+                "speculators.models.dspark.core", "speculators.models.dflash2.core"):
+        try:
+            __import__(mod)
+        except ImportError as e:
+            missing.append(f"{mod} ({e.name or e})")
+        except RuntimeError as e:  # a torchvision built for another torch breaks transformers' imports
+            raise AuthorsError(f"importing {mod} failed: {' '.join(str(e).split())[:200]}; a torchvision "
+                               "built for another torch is installed? (pip uninstall torchvision)") from e
+    if missing:
+        raise AuthorsError(f"the authors' models need the graphgen[torch] extra: missing {', '.join(missing)}; "
+                           + EXTRA_HINT)
