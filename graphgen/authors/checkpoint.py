@@ -72,7 +72,7 @@ class HFSpec:
     conf: bool = True
     sample_from_anchor: bool = True
     d2t_vocab: int | None = None        # a reduced draft vocabulary with its d2t map
-    tie_target: bool | None = None      # default: tied for a full-vocabulary DSpark (see convert)
+    tie_target: bool = False            # the target's lm head is its embedding table
 
     def resolved(self) -> HFSpec:
         s = HFSpec(**asdict(self))
@@ -101,8 +101,6 @@ class HFSpec:
             raise AuthorsError("--d2t-vocab: only the speculators DSpark format carries a draft vocabulary here")
         if s.d2t_vocab is not None and not 0 < s.d2t_vocab <= s.n_vocab:
             raise AuthorsError(f"--d2t-vocab {s.d2t_vocab} must be in 1..{s.n_vocab}")
-        if s.tie_target is None:
-            s.tie_target = s.variant == "dspark" and s.d2t_vocab in (None, s.n_vocab)
         if s.swa_pattern is not None and len(s.swa_pattern) != s.n_layer:
             raise AuthorsError(f"--swa-pattern has {len(s.swa_pattern)} entries for {s.n_layer} layers")
         if s.swa_pattern is not None and any(s.swa_pattern) and not s.swa_window:

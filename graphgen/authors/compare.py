@@ -20,8 +20,12 @@ import numpy as np
 from ..dump import Dump, DumpError
 from .tensormap import TENSOR_MAP, UNMAPPED_NOTE, MapEntry
 
-BAND_F32 = 1e-5   # relative L2 with an f32 cache
-BAND_F16 = 1e-3   # with an f16 or quantized cache
+BAND_F32 = 1e-5   # relative L2 with an f32 cache, every mapped node
+BAND_F16 = 1e-3   # with an f16 cache, on the logits
+# ...and on the other mapped nodes: four f16 rounding units (2^-11 each), the cached K/V being
+# rounded once and the error carried through a few layers
+BAND_F16_NODES = 4 * 2.0 ** -11
+LOGITS = ("result_output", "[drafted logits]")
 
 # llama.cpp's examples/model-conversion check-nmse.py names NMSE by these bands
 NMSE_BANDS = ((0.0, "perfect match"), (1e-6, "essentially identical"), (1e-4, "excellent match"),
@@ -64,13 +68,17 @@ class AuthorsDiff:
     torch_side: str
     other_side: str
     other_engine: str
-    band: float
+    band: float                      # on the logits
     nodes: list[MappedNode] = field(default_factory=list)
     argmax: list[tuple[str, int, int]] = field(default_factory=list)   # (graph, equal, rows)
     paths: list[tuple[str, int, int]] = field(default_factory=list)    # (graph, equal positions, positions)
     unmapped: int = 0
     notes: list[str] = field(default_factory=list)
     lone: list[str] = field(default_factory=list)
+    node_band: float | None = None   # on the other nodes (the logits' band when None)
+
+    def band_of(self, name: str) -> float:
+        return self.band if name in LOGITS or self.node_band is None else self.node_band
 
     @property
     def compared(self) -> list[MappedNode]:
@@ -94,6 +102,7 @@ class AuthorsDiff:
     def to_dict(self) -> dict:
         return {"agree": self.agree, "torch": self.torch_side, "other": self.other_side,
                 "other_engine": self.other_engine, "band_rel_l2": self.band,
+                "band_rel_l2_nodes": self.node_band if self.node_band is not None else self.band,
                 "compared": len(self.compared), "unmapped": self.unmapped,
                 "first_out_of_band": None if self.first_bad is None else self.first_bad.to_dict(),
                 "worst_rel_l2_by_kind": self.worst_by_kind(),
@@ -101,9 +110,18 @@ class AuthorsDiff:
                 "selector_path": [{"graph": g, "equal": e, "positions": n} for g, e, n in self.paths],
                 "nodes": [n.to_dict() for n in self.nodes], "notes": self.notes, "no_partner": self.lone}
 
+    def summary(self) -> dict:
+        """One row of `graphgen check`'s table."""
+        worst = max(self.compared, key=lambda n: n.rel_l2, default=None)
+        eq = lambda xs: (sum(e for _, e, _ in xs), sum(t for _, _, t in xs)) if xs else None
+        return {"mapped": len(self.compared), "worst": worst, "argmax": eq(self.argmax), "path": eq(self.paths),
+                "verdict": "AGREE" if self.agree else "NOT COMPARED" if not self.compared else "DISAGREE"}
+
     def format_text(self) -> str:
         lines = [f"authors' model ({self.torch_side}) vs {self.other_engine} ({self.other_side})",
-                 f"band: relative L2 < {self.band:g} (NMSE < {self.band ** 2:g})"]
+                 f"band: relative L2 < {self.band:g} (NMSE < {self.band ** 2:g})"
+                 + ("" if self.node_band in (None, self.band) else
+                    f" on the logits, < {self.node_band:.3g} on the other nodes")]
         graphs = []
         for n in self.nodes:
             if n.graph not in graphs:
@@ -209,14 +227,20 @@ def _argmax_rows(a: np.ndarray, b: np.ndarray) -> tuple[int, int]:
 def compare_dumps(torch_dump: Dump, other: Dump, band: float | None = None) -> AuthorsDiff:
     """Compare one torch graph with one ggml graph."""
     res = AuthorsDiff(_describe(torch_dump), _describe(other), other.source.get("engine", "?"), 0.0)
-    res.band = band if band is not None else _band_for(other)
+    res.band, res.node_band = (band, band) if band is not None else _band_for(other)
     _compare_into(res, torch_dump, other)
     return res
 
 
-def _band_for(other: Dump) -> float:
+def _band_for(other: Dump) -> tuple[float, float]:
+    """(logits band, other nodes' band) for what the ggml side cached."""
     types = {other.settings.get("type_k"), other.settings.get("type_v")}
-    return BAND_F32 if types == {"f32"} else BAND_F16
+    if types == {"f32"}:
+        return BAND_F32, BAND_F32
+    if types <= {"f32", "f16"}:
+        return BAND_F16, BAND_F16_NODES
+    raise DumpError(f"{other.path}: the bands are set for f32 and f16 caches, this dump cached "
+                    f"{'/'.join(sorted(t or '?' for t in types))}: give one with --nmse")
 
 
 def _describe(d: Dump) -> str:
@@ -286,7 +310,7 @@ def _compare_into(res: AuthorsDiff, t: Dump, o: Dump) -> None:
         if rel is None:
             res.nodes.append(MappedNode(gname, tn.name, found, "out of band", None, None, why))
             continue
-        status = "ok" if rel < res.band else "out of band"
+        status = "ok" if rel < res.band_of(tn.name) else "out of band"
         res.nodes.append(MappedNode(gname, tn.name, found, status, rel, rel * rel))
         if tn.name in ("result_output", "[drafted logits]") and (tn.name == "[drafted logits]" or not any(
                 n.name == "[drafted logits]" for n in t.nodes)):
@@ -314,8 +338,8 @@ def compare_paths(a_path, b_path, band: float | None = None) -> AuthorsDiff:
         raise DumpError(f"{o_path}: no dumps")
     pairs, lone_t, lone_o = pair_graphs(t_side, o_side)
     res = AuthorsDiff(_describe(t_side[0]) if t_side else "?", _describe(o_side[0]),
-                      o_side[0].source.get("engine", "?"),
-                      band if band is not None else _band_for(o_side[0]))
+                      o_side[0].source.get("engine", "?"), 0.0)
+    res.band, res.node_band = (band, band) if band is not None else _band_for(o_side[0])
     for t, o in pairs:
         _compare_into(res, t, o)
     res.lone = [f"torch {d.path.name}" for d in lone_t] + [f"{res.other_engine} {d.path.name}" for d in lone_o]

@@ -511,6 +511,16 @@ class TorchEngine:
         return np.array(path, np.int64)
 
 
+def graph_order(ents, n_layer: int) -> list[str]:
+    """Mapped names in the order the graph computes them: what comes before the layers, each
+    layer's tensors, then the rest, so that the first failing node is where an error starts."""
+    per_layer = [e for e in ents if "{il}" in e.node]
+    first = ents.index(per_layer[0]) if per_layer else len(ents)
+    before = [e.node for e in ents[:first] if "{il}" not in e.node]
+    after = [e.node for e in ents[first:] if "{il}" not in e.node]
+    return before + [e.node.format(il=il) for il in range(n_layer) for e in per_layer] + after
+
+
 def _ne(arr: np.ndarray) -> list[int]:
     shape = list(arr.shape)[::-1]
     return (shape + [1] * 4)[:4]
@@ -576,7 +586,7 @@ def run_scenario_torch(hf_dir, scenario: Scenario, out=None, target_dir=None, pr
         for i in sorted(eng.graphs):
             g = eng.graphs[i]
             nodes, values = [], {}
-            order = [n for e in entries(draft.variant, g["graph"]) for n in e.names(draft.n_layer)]
+            order = graph_order(entries(draft.variant, g["graph"]), draft.n_layer)
             for name in order:
                 if name not in g["values"]:
                     continue

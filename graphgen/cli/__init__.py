@@ -22,6 +22,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "graphgen.cli.view",     # view, trace, import
     "graphgen.cli.bench",    # bench
     "graphgen.cli.demo",     # demo
+    "graphgen.cli.convert",  # convert
+    "graphgen.cli.authors",  # check (the draft authors' models; make-model --format hf, dump --engine torch)
 )
 
 

@@ -43,6 +43,10 @@ def make_hf_from_args(args: argparse.Namespace) -> int:
         v = getattr(args, dest, None)
         if v is not None:
             setattr(spec, field, v)
+    if args.variant == "dspark" and args.d2t_vocab is None:
+        # llama.cpp's converter drops a full-vocabulary DSpark's head (graphgen convert refuses it):
+        # a draft vocabulary, as speculators trains them, is what converts
+        spec.d2t_vocab = spec.n_vocab * 3 // 4
     if args.heads is not None and args.heads_kv is None:
         spec.n_head_kv = args.heads
     if args.head_dim is None and (args.n_embd is not None or args.heads is not None):
@@ -152,25 +156,46 @@ def verdict(r: dict) -> tuple[int, str]:
                f"the converter's GGUF or llama.cpp's graph; {where}")
 
 
+def _row(label: str, d) -> str:
+    s = d.summary()
+    w = s["worst"]
+    worst = f"{w.rel_l2:.1e} ({w.name}, {w.graph.split(' / ')[0]})" if w is not None else "-"
+    frac = lambda x: f"{x[0]}/{x[1]}" if x else "-"
+    return f"  {label:22s} {s['mapped']:6d}  {worst:44s} {frac(s['argmax']):>7s}  {frac(s['path']):>7s}  {s['verdict']}"
+
+
 def _cmd_check(args) -> int:
     r = run_check(args.hf_dir, args.scenario, args.target, args.keep, f16=args.type_kv == "f16", quiet=args.quiet)
     code, line = verdict(r)
+    ref, ours = r["authors_vs_llama.cpp"], r["authors_vs_graphgen"]
     if args.json:
         print(json.dumps({"verdict": line, "exit": code, "class": r["class"], "converter": r["converter"],
                           "converter_warnings": r["converter_warnings"],
-                          "authors_vs_llama.cpp": r["authors_vs_llama.cpp"].to_dict(),
-                          "authors_vs_graphgen": r["authors_vs_graphgen"].to_dict(),
+                          "authors_vs_llama.cpp": ref.to_dict(), "authors_vs_graphgen": ours.to_dict(),
                           "graphgen_identical_to_llama.cpp": r["graphgen_identical"],
                           "work": r["work"] if r["kept"] else None}, indent=1))
         return code
     print(f"{r['hf_dir']}: {r['class']}, converted by llama.cpp's converter {r['converter']}")
     for w in r["converter_warnings"]:
-        print(f"  converter: {w}")
-    print(r["authors_vs_llama.cpp"].format_text())
-    print(r["authors_vs_graphgen"].format_text())
-    print("graphgen vs llama.cpp: " + ("IDENTICAL (graph-diff)" if r["graphgen_identical"] else "DIFFERS (graph-diff)"))
+        print(f"  converter {w}")
+    print(f"  band: relative L2 < {ref.band:g} on the logits, < {ref.node_band:.3g} on the other mapped nodes")
+    print(f"  {'':22s} {'mapped':>6s}  {'worst relative L2':44s} {'argmax':>7s}  {'path':>7s}  verdict")
+    print(_row("authors vs llama.cpp", ref))
+    print(_row("authors vs graphgen", ours))
+    n = len([g for g in r["graph_diff"] if not g.unpaired])
+    print(f"  {'graphgen vs llama.cpp':22s} graph-diff over {n} graphs: "
+          + ("IDENTICAL" if r["graphgen_identical"] else "DIFFERS"))
+    kinds = ref.worst_by_kind()
+    if kinds:
+        print("  worst relative L2 by node (authors vs llama.cpp): "
+              + ", ".join(f"{k} {v:.1e}" for k, v in kinds.items()))
+    bad = ref.first_bad or ours.first_bad
+    if bad is not None:
+        print(f"  first mapped node out of band: {bad.name} in {bad.graph}"
+              + (f": relative L2 {bad.rel_l2:.3g}" if bad.rel_l2 is not None else f": {bad.status}")
+              + (f" ({bad.detail})" if bad.detail else ""))
     if r["kept"]:
-        print(f"dumps and GGUF kept in {r['work']}")
+        print(f"  dumps and GGUF kept in {r['work']}")
     print(line)
     return code
 

@@ -1,0 +1,501 @@
+"""A HuggingFace draft checkpoint to GGUF with llama.cpp's own converter.
+
+graphgen writes no converter of its own: it runs upstream's `convert_hf_to_gguf.py`, taken once
+from llama-cpp-python's sdist (which vendors llama.cpp at CONVERTER_COMMIT). Where that converter
+cannot read what the authors publish, the gap is bridged in a staging folder (links to the
+checkpoint's files plus changed copies; the user's folder is never touched) with one warning
+line naming the gap, or refused in one line; nothing is changed silently:
+
+- speculators' DFlash / DFlash2 configs nest the layer config (`transformer_layer_config`), which
+  only the converter's DSpark class flattens: converted through a flattened copy;
+- drafts without their own embeddings / lm head (z-lab and speculators keep the target's): staged
+  with a `mask_embedding.pt`, upstream's own way of taking them from --target-model-dir, holding
+  the row the table already has, so nothing changes;
+- a full-vocabulary DSpark loses its lm head in the converter, and b11739 (like graphgen) refuses
+  a draft without one unless it runs beside its target: refused.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from . import EXTRA_HINT, AuthorsError
+
+CONVERTER_PACKAGE = "llama-cpp-python"
+CONVERTER_VERSION = "0.3.36"
+# the sdist records its llama.cpp submodule's commit in .git/modules/vendor/llama.cpp/HEAD
+# (0c1e57098bba43ac29e6e3b677cdceebdd22334f); converter_tree() checks it against this
+CONVERTER_COMMIT = "0c1e57098"
+OUTTYPES = ("f32", "f16", "bf16", "q8_0")
+
+_SDIST_ROOT = f"llama_cpp_python-{CONVERTER_VERSION}/"
+_VENDOR = _SDIST_ROOT + "vendor/llama.cpp/"
+_HEAD_MEMBER = _SDIST_ROOT + ".git/modules/vendor/llama.cpp/HEAD"
+# the converter script, its model classes, its own gguf package, and the chat templates some
+# targets' vocab handlers read beside them
+_TREE_PARTS = ("convert_hf_to_gguf.py", "LICENSE", "conversion/", "gguf-py/gguf/", "models/templates/")
+
+# architectures the converter's DFlashModel / DSparkModel (conversion/qwen.py) handle
+_DFLASH_ARCHS = ("DFlashDraftModel", "DFlash2DraftModel")
+_DSPARK_ARCHS = ("Qwen3DSparkModel", "DSparkDraftModel", "DSparkSpeculator", "Lfm2DSparkDraftModel",
+                 "LingDSparkModel")
+_SPECULATORS_FLATTEN = {"dflash": "DFlashDraftModel", "dflash2": "DFlash2DraftModel"}
+# speculators' class names, for a config that does not say speculators_model_type
+_SPECULATORS_ARCHS = {"DFlashSpeculator": "dflash", "DFlash2Speculator": "dflash2"}
+_DFLASH2_FIELDS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+_TOKENIZER_FILES = ("tokenizer.model", "tokenizer.json")
+
+
+class ConvertError(AuthorsError):
+    """A checkpoint the converter cannot take, or its failure; one line naming the file and key.
+    A failed run's whole output is in `log` ("" for refusals before it)."""
+
+    log: str = ""
+
+
+@dataclass
+class ConvertResult:
+    out: Path
+    commit: str
+    warnings: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    log: str = ""  # the converter's stdout and stderr, interleaved
+
+
+def print_to_stderr(line: str) -> None:
+    print(f"graphgen: {line}", file=sys.stderr, flush=True)
+
+
+# --- the converter itself ----------------------------------------------------------------------
+
+def converter_tree() -> Path:
+    """The folder holding upstream's convert_hf_to_gguf.py (fetched with pip once, then cached)."""
+    from ..ops.runtime import cache_root
+
+    dest = cache_root() / f"llama-converter-{CONVERTER_COMMIT}"
+    if (dest / ".complete").exists():
+        return dest
+    src_dir = cache_root() / "src"
+    src_dir.mkdir(parents=True, exist_ok=True)
+    sdist = src_dir / f"llama_cpp_python-{CONVERTER_VERSION}.tar.gz"
+    if not sdist.exists():
+        print(f"graphgen: fetching llama.cpp's converter ({CONVERTER_PACKAGE} {CONVERTER_VERSION} sdist, once)...",
+              file=sys.stderr, flush=True)
+        proc = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary",
+                               CONVERTER_PACKAGE, "-d", str(src_dir), f"{CONVERTER_PACKAGE}=={CONVERTER_VERSION}"],
+                              capture_output=True, text=True)
+        if proc.returncode != 0 or not sdist.exists():
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+            raise ConvertError(f"could not fetch the {CONVERTER_PACKAGE}=={CONVERTER_VERSION} sdist with pip "
+                               f"({tail[0]}); place it at {sdist}")
+    tmp = Path(tempfile.mkdtemp(prefix=dest.name + ".", dir=src_dir))
+    try:
+        head = _extract_tree(sdist, tmp)
+    except (tarfile.TarError, OSError, ValueError) as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise ConvertError(f"{sdist}: not a usable {CONVERTER_PACKAGE} sdist ({e}); delete it to fetch again") from e
+    if not head.startswith(CONVERTER_COMMIT):
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise ConvertError(f"{sdist}: vendors llama.cpp {head[:9] or '(unrecorded)'}, graphgen expects "
+                           f"{CONVERTER_COMMIT}; delete it to fetch again")
+    (tmp / "COMMIT").write_text(head + "\n")
+    # compiled now, so that runs from a shared, read-only cache need not write bytecode
+    import compileall
+    compileall.compile_dir(str(tmp), quiet=2, workers=1)
+    (tmp / ".complete").write_text("ok\n")
+    _world_readable(tmp)
+    shutil.rmtree(dest, ignore_errors=True)
+    try:
+        tmp.rename(dest)
+    except OSError:  # another process finished first
+        shutil.rmtree(tmp, ignore_errors=True)
+    if not (dest / ".complete").exists():
+        raise ConvertError(f"could not lay out llama.cpp's converter in {dest}")
+    return dest
+
+
+def _extract_tree(sdist: Path, tmp: Path) -> str:
+    """Writes the converter's files under tmp; returns the commit the sdist records."""
+    head = ""
+    found = set()
+    with tarfile.open(sdist) as tar:
+        for member in tar:
+            if member.name == _HEAD_MEMBER and member.isfile():
+                with tar.extractfile(member) as f:
+                    head = f.read().decode("ascii", "replace").strip()
+                continue
+            if not member.name.startswith(_VENDOR) or not member.isfile():
+                continue
+            rel = member.name[len(_VENDOR):]
+            part = next((p for p in _TREE_PARTS if rel == p or (p.endswith("/") and rel.startswith(p))), None)
+            if part is None or "__pycache__" in rel:
+                continue
+            if rel.startswith("/") or ".." in rel.split("/"):
+                raise ValueError(f"unsafe member name {member.name!r}")
+            path = tmp / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with tar.extractfile(member) as f:
+                path.write_bytes(f.read())
+            found.add(part)
+    missing = [p for p in ("convert_hf_to_gguf.py", "conversion/", "gguf-py/gguf/") if p not in found]
+    if missing:
+        raise ValueError(f"no vendor/llama.cpp/{missing[0]}")
+    return head
+
+
+def _world_readable(root: Path) -> None:
+    root.chmod(0o755)
+    for dirpath, dirnames, filenames in os.walk(root):
+        for d in dirnames:
+            os.chmod(os.path.join(dirpath, d), 0o755)
+        for f in filenames:
+            os.chmod(os.path.join(dirpath, f), 0o644)
+
+
+# --- reading checkpoints without loading them ---------------------------------------------------
+
+def _read_json(path: Path, what: str) -> dict:
+    if not path.is_file():
+        raise ConvertError(f"{path}: no such file ({what})")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConvertError(f"{path}: not readable JSON ({' '.join(str(e).split())})") from None
+    if not isinstance(data, dict):
+        raise ConvertError(f"{path}: not a JSON object ({what})")
+    return data
+
+
+def _weight_files(folder: Path) -> list[Path]:
+    """The weight files the converter reads, as its get_model_part_names picks them."""
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = _read_json(index, "the weight map").get("weight_map") or {}
+        return [folder / p for p in sorted(set(weight_map.values()))]
+    parts = sorted(p for p in folder.iterdir() if p.name.startswith("model") and p.name.endswith(".safetensors"))
+    if parts:
+        return parts
+    return sorted(p for p in folder.iterdir() if p.name.startswith("pytorch_model") and p.name.endswith(".bin"))
+
+
+def _safetensors_header(path: Path) -> dict:
+    try:
+        with open(path, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(n))
+    except (OSError, struct.error, ValueError) as e:
+        raise ConvertError(f"{path}: not a readable safetensors file ({e})") from None
+    header.pop("__metadata__", None)
+    return header
+
+
+def _tensor_names(folder: Path) -> set[str]:
+    names: set[str] = set()
+    for part in _weight_files(folder):
+        if part.suffix == ".safetensors":
+            names.update(_safetensors_header(part))
+        else:
+            import torch
+            names.update(torch.load(part, map_location="cpu", mmap=True, weights_only=True).keys())
+    return names
+
+
+def _read_row(folder: Path, name: str, row: int):
+    """One row of a tensor in a folder's safetensors, found the way the converter looks it up."""
+    from safetensors import safe_open
+    for part in _weight_files(folder):
+        if part.suffix != ".safetensors" or name not in _safetensors_header(part):
+            continue
+        with safe_open(str(part), framework="pt") as f:
+            return f.get_slice(name)[row].clone()
+    return None
+
+
+def _merged(cfg: dict) -> dict:
+    text = cfg.get("text_config")
+    return {**cfg, **text} if isinstance(text, dict) else cfg
+
+
+# --- what to stage ------------------------------------------------------------------------------
+
+@dataclass
+class _Plan:
+    config: dict | None = None   # a replacement config.json, or None to link the original
+    mask: tuple | None = None    # (mask_token_id, folder, tensor name) of the row to stage
+    warnings: list[str] = field(default_factory=list)
+
+
+def _gap(text: str) -> str:
+    return f"llama.cpp's converter ({CONVERTER_COMMIT}) {text}"
+
+
+def _plan(hf_dir: Path, cfg: dict, target_dir: Path, target_cfg: dict) -> _Plan:
+    plan = _Plan()
+    cfg_path = hf_dir / "config.json"
+    archs = cfg.get("architectures")
+    arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
+    spec_type = cfg.get("speculators_model_type") or _SPECULATORS_ARCHS.get(arch)
+
+    if spec_type is not None and spec_type in _SPECULATORS_FLATTEN:
+        hp = _flatten_speculators(cfg_path, cfg, spec_type)
+        plan.config = hp
+        gap = _gap("does not read speculators' " + spec_type + " configs")
+        plan.warnings.append(
+            f"warning: {gap} (only its DSpark class flattens transformer_layer_config); converting through a "
+            f"flattened copy (architectures {hp['architectures']}, dflash_config.target_layer_ids = "
+            "aux_hidden_state_layer_ids - 1)")
+        family = "dflash"
+    elif spec_type is not None and spec_type != "dspark":
+        raise ConvertError(f"{cfg_path}: key 'speculators_model_type' = {spec_type!r} is not a DFlash-family "
+                           "draft (dflash, dflash2, dspark)")
+    elif arch in _DFLASH_ARCHS:
+        hp, family = cfg, "dflash"
+    elif arch in _DSPARK_ARCHS:
+        # the converter's DSpark class flattens the speculators layout itself
+        tlc = cfg.get("transformer_layer_config")
+        hp, family = ({**cfg, **tlc} if isinstance(tlc, dict) else cfg), "dspark"
+    elif archs is None:
+        raise ConvertError(f"{cfg_path}: no key 'architectures'; not a DFlash-family draft checkpoint")
+    else:
+        raise ConvertError(f"{cfg_path}: key 'architectures' = {archs!r} is not a DFlash-family draft llama.cpp's "
+                           f"converter ({CONVERTER_COMMIT}) converts (known: "
+                           f"{', '.join(_DFLASH_ARCHS + _DSPARK_ARCHS)}, or speculators' dflash / dflash2)")
+
+    vocab = hp.get("vocab_size")
+    draft_vocab = hp.get("draft_vocab_size") or vocab
+    raw_names = _tensor_names(hf_dir)
+    if not raw_names:
+        raise ConvertError(f"{hf_dir}: no model*.safetensors (nor pytorch_model*.bin) to convert")
+    names = {n.removeprefix("model.") for n in raw_names}
+    if family == "dflash" and (draft_vocab != vocab or "d2t" in names):
+        raise ConvertError(f"{cfg_path}: key 'draft_vocab_size' = {draft_vocab} (vocab_size {vocab}), a d2t "
+                           "draft vocabulary: " + _gap("writes d2t only for DSpark drafts, not for DFlash / DFlash2"))
+    if spec_type in _SPECULATORS_FLATTEN and cfg.get("sample_from_anchor"):
+        raise ConvertError(f"{cfg_path}: key 'sample_from_anchor' is true: " + _gap(
+            "writes no sample_from_anchor for DFlash / DFlash2, whose drafters treat slot 0 as the bonus token"))
+
+    dflash_config = hp.get("dflash_config") if isinstance(hp.get("dflash_config"), dict) else {}
+    if family == "dspark":
+        mask_key = "dflash_config.mask_token_id" if "mask_token_id" in dflash_config else "mask_token_id"
+        mask_id = dflash_config.get("mask_token_id", hp.get("mask_token_id"))
+    else:
+        mask_key = "mask_token_id" if plan.config is not None else "dflash_config.mask_token_id"
+        mask_id = dflash_config.get("mask_token_id")
+    has_embd = "embed_tokens.weight" in names
+    has_head = "lm_head.weight" in names
+    full_vocab_dspark = family == "dspark" and draft_vocab == vocab
+
+    # the converter takes the target's embeddings and head only along with a mask_embedding.pt; one
+    # holding the very row the table has changes nothing
+    if not (hf_dir / "mask_embedding.pt").exists() and not (has_embd and (has_head or full_vocab_dspark)):
+        if not isinstance(mask_id, int) or not (vocab is None or 0 <= mask_id < vocab):
+            raise ConvertError(f"{cfg_path}: key '{mask_key}' = {mask_id!r} is no token of the {vocab}-token "
+                               "vocabulary; the draft lacks embeddings or a head of its own, and "
+                               + _gap("takes the target's only through a mask_embedding.pt naming the mask token"))
+        if has_embd:
+            name = "model.embed_tokens.weight" if "model.embed_tokens.weight" in raw_names else "embed_tokens.weight"
+            plan.mask = (mask_id, hf_dir, name)
+        else:
+            name = "model.embed_tokens.weight"
+            if name not in _tensor_names(target_dir):
+                raise ConvertError(f"{target_dir}: no tensor '{name}' in its safetensors; the draft has no token "
+                                   "embeddings of its own and " + _gap("reads the target's by that name only"))
+            plan.mask = (mask_id, target_dir, name)
+        lacks = " or ".join(w for w, h in (("token embeddings", has_embd), ("lm head", has_head)) if not h)
+        plan.warnings.append(
+            f"warning: the draft has no {lacks} of its own (its authors use the target's; b11739 would need the "
+            f"target's context); {_gap('takes them from --target-model-dir only through a mask_embedding.pt')}, "
+            f"so one is staged holding the {'draft' if has_embd else 'target'}'s own embedding row for mask token "
+            f"{mask_id} (nothing changes)")
+
+    if full_vocab_dspark:
+        # the converter drops lm_head.weight for a full-vocabulary DSpark; with no output.weight,
+        # b11739 takes the head from the target's context (ctx_other) and refuses the draft without
+        # one, and so does graphgen, which has no target context: no GGUF either could run
+        raise ConvertError(f"{cfg_path}: a full-vocabulary DSpark (no draft_vocab_size below vocab_size): "
+                           + _gap("drops lm_head.weight for a full-vocabulary DSpark")
+                           + ", and b11739 refuses a draft without output.weight unless it runs beside its "
+                             "target (ctx_other); graphgen refuses it too, so nothing is written")
+    return plan
+
+
+def _flatten_speculators(cfg_path: Path, cfg: dict, spec_type: str) -> dict:
+    tlc = cfg.get("transformer_layer_config")
+    if not isinstance(tlc, dict):
+        raise ConvertError(f"{cfg_path}: no key 'transformer_layer_config' (a speculators {spec_type} config)")
+    aux = cfg.get("aux_hidden_state_layer_ids")
+    if not isinstance(aux, list) or not aux or not all(isinstance(i, int) for i in aux):
+        raise ConvertError(f"{cfg_path}: key 'aux_hidden_state_layer_ids' is missing or not a list of layer ids")
+    # upstream adds one to each target_layer_ids entry, as its DSpark class undoes for speculators
+    dflash_config = {"mask_token_id": cfg.get("mask_token_id"), "block_size": cfg.get("block_size", 8),
+                     "target_layer_ids": [i - 1 for i in aux]}
+    if spec_type == "dflash2":
+        for key in _DFLASH2_FIELDS:
+            if key not in cfg:
+                raise ConvertError(f"{cfg_path}: no key '{key}' (a speculators dflash2 config)")
+            dflash_config[key] = cfg[key]
+    flat = {k: v for k, v in tlc.items()}
+    if "draft_vocab_size" in cfg:
+        flat["draft_vocab_size"] = cfg["draft_vocab_size"]
+    flat["architectures"] = [_SPECULATORS_FLATTEN[spec_type]]
+    flat["dflash_config"] = dflash_config
+    return flat
+
+
+def _check_target(target_dir: Path) -> dict:
+    if not target_dir.is_dir():
+        raise ConvertError(f"{target_dir}: the target model folder (--target-model-dir) does not exist")
+    cfg = _read_json(target_dir / "config.json", "the target's config, which the converter reads")
+    if not any((target_dir / f).is_file() for f in _TOKENIZER_FILES):
+        raise ConvertError(f"{target_dir}: no {' or '.join(_TOKENIZER_FILES)}; the converter takes the draft's "
+                           "vocabulary from the target's tokenizer")
+    return cfg
+
+
+def _check_out(out: Path, force: bool) -> None:
+    if out.is_dir():
+        raise ConvertError(f"{out}: is a folder, not a GGUF file to write")
+    if not out.parent.is_dir():
+        raise ConvertError(f"{out.parent}: no such folder to write {out.name} in")
+    if out.exists() and not force:
+        try:
+            with open(out, "rb") as f:
+                magic = f.read(4)
+        except OSError as e:
+            raise ConvertError(f"{out}: exists and cannot be read ({e.strerror}); pass --force to replace it") from None
+        if magic != b"GGUF":
+            raise ConvertError(f"{out}: exists and is not a GGUF file; pass --force (force=True) to replace it")
+
+
+def _require_modules() -> None:
+    # what the converter and the staging import; found, not imported (torch alone takes seconds)
+    missing = [m for m in ("torch", "transformers", "safetensors", "sentencepiece")
+               if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ConvertError(f"converting needs the graphgen[torch] extra: missing {', '.join(missing)}; {EXTRA_HINT}")
+
+
+_ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt))(:.*)?$")
+
+
+def _failure_line(log: str, rc: int) -> str:
+    """The converter's last meaningful error line: the exception a traceback ends with, else
+    its last ERROR log line, else its last line."""
+    lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if _ERROR_LINE.match(ln):
+            return ln
+    for ln in reversed(lines):
+        if ln.startswith("ERROR:"):
+            return ln.split(":", 2)[-1].strip()
+    return lines[-1] if lines else f"exit status {rc}, no output"
+
+
+# --- convert ------------------------------------------------------------------------------------
+
+def convert(hf_dir, out, *, target_dir=None, outtype: str = "f32", force: bool = False,
+            warn: Callable[[str], None] | None = print_to_stderr) -> ConvertResult:
+    """Run llama.cpp's converter on a DFlash-family draft folder; writes OUT atomically."""
+    t0 = time.perf_counter()
+    warn = warn or (lambda line: None)
+    hf_dir = Path(hf_dir).expanduser().resolve()
+    out = Path(out).expanduser().absolute()
+    if outtype not in OUTTYPES:
+        raise ConvertError(f"outtype {outtype!r}: expected one of {', '.join(OUTTYPES)}")
+    _require_modules()
+    if not hf_dir.is_dir():
+        raise ConvertError(f"{hf_dir}: no such checkpoint folder")
+    cfg = _read_json(hf_dir / "config.json", "the draft's config")
+    if target_dir is None:
+        if not (hf_dir / "target").is_dir():
+            raise ConvertError(f"{hf_dir}: the converter needs the target model's folder (--target-model-dir; "
+                               f"graphgen convert --target DIR), and {hf_dir / 'target'} does not exist")
+        target_dir = hf_dir / "target"
+    target_dir = Path(target_dir).expanduser().resolve()
+    target_cfg = _check_target(target_dir)
+    _check_out(out, force)
+
+    plan = _plan(hf_dir, cfg, target_dir, target_cfg)
+    tree = converter_tree()
+    for line in plan.warnings:
+        warn(line)
+
+    from .. import progress
+    stage_root = Path(tempfile.mkdtemp(prefix="graphgen-convert."))
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+    os.close(fd)
+    tmp_out = Path(tmp_name)
+    try:
+        # named as the checkpoint, since the converter names the model after its folder
+        stage = stage_root / hf_dir.name
+        _stage(stage, hf_dir, plan)
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([str(tree / "gguf-py")] + (
+            [env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+        env.pop("NO_LOCAL_GGUF", None)
+        env.setdefault("HF_HUB_OFFLINE", "1")  # local folders only: nothing to look up on the Hub
+        cmd = [sys.executable, str(tree / "convert_hf_to_gguf.py"), str(stage), "--outfile", str(tmp_out),
+               "--outtype", outtype, "--target-model-dir", str(target_dir)]
+        with progress.task(f"convert {hf_dir.name}") as p:
+            p.update(f"running llama.cpp's converter ({CONVERTER_COMMIT})")
+            proc = subprocess.run(cmd, cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  text=True, errors="replace")
+        log = proc.stdout or ""
+        if proc.returncode != 0:
+            err = ConvertError(f"{hf_dir}: llama.cpp's converter ({CONVERTER_COMMIT}) failed: "
+                               f"{_failure_line(log, proc.returncode)}")
+            err.log = log  # the whole story, for callers that keep it
+            raise err
+        with open(tmp_out, "rb") as f:
+            if f.read(4) != b"GGUF":
+                raise ConvertError(f"{hf_dir}: llama.cpp's converter ({CONVERTER_COMMIT}) exited 0 but wrote no GGUF "
+                                   f"({_failure_line(log, 0)})")
+        os.chmod(tmp_out, 0o666 & ~_umask())  # as a new file gets
+        os.replace(tmp_out, out)
+    except BaseException:
+        tmp_out.unlink(missing_ok=True)
+        raise
+    finally:
+        shutil.rmtree(stage_root, ignore_errors=True)
+    return ConvertResult(out=out, commit=CONVERTER_COMMIT, warnings=list(plan.warnings),
+                         seconds=time.perf_counter() - t0, log=log)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _stage(stage: Path, hf_dir: Path, plan: _Plan) -> None:
+    """Links to the checkpoint's files, with the changed copies in place of theirs."""
+    stage.mkdir(parents=True)
+    replaced = set()
+    if plan.config is not None:
+        (stage / "config.json").write_text(json.dumps(plan.config, indent=2) + "\n", encoding="utf-8")
+        replaced.add("config.json")
+    if plan.mask is not None:
+        import torch
+        mask_id, folder, name = plan.mask
+        row = _read_row(folder, name, mask_id)
+        if row is None:
+            raise ConvertError(f"{folder}: no tensor '{name}' in its safetensors")
+        torch.save({"mask_token_id": mask_id, "embedding": row}, stage / "mask_embedding.pt")
+        replaced.add("mask_embedding.pt")
+    for entry in hf_dir.iterdir():
+        if entry.name not in replaced:
+            os.symlink(entry.resolve(), stage / entry.name)

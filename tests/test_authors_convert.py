@@ -1,0 +1,375 @@
+"""`graphgen convert`: llama.cpp's own converter on checkpoints saved by the authors' own classes
+(z-lab dflash, vLLM speculators), each bridge's warning, each refusal, and output safety."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from authors_util import require_extra
+
+require_extra()
+
+import sentencepiece as spm  # noqa: E402
+import torch  # noqa: E402
+
+from gguf import GGUFReader  # noqa: E402
+from safetensors import safe_open  # noqa: E402
+from safetensors.torch import load_file, save_file  # noqa: E402
+from transformers import Qwen3Config, Qwen3ForCausalLM  # noqa: E402
+
+from graphgen.authors.convert import CONVERTER_COMMIT, ConvertError, convert, converter_tree  # noqa: E402
+from graphgen.cli import main  # noqa: E402
+from graphgen.runtime.model import load  # noqa: E402
+
+MASK = 3
+LAYER = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=16, vocab_size=256)
+DFLASH2 = dict(conv_kernel_size=2, conv_group_size=16, selector_rank=8, selector_top_k=4)
+
+
+# --- checkpoints, made by the authors' own classes ------------------------------------------------
+
+def _randomize(model, seed):
+    # random everywhere, including what the authors leave uninitialized (torch.empty) or NaN
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.05)
+
+
+def make_target(folder: Path, tie: bool = False) -> Path:
+    cfg = Qwen3Config(**{**LAYER, "num_hidden_layers": 1}, tie_word_embeddings=tie)
+    model = Qwen3ForCausalLM(cfg)
+    _randomize(model, 7)
+    model.save_pretrained(folder)
+    corpus = folder.parent / f"{folder.name}-corpus.txt"
+    corpus.write_text("\n".join(["the quick brown fox jumps over the lazy dog", "draft blocks for a target model",
+                                 "speculative decoding proposes several tokens at once"] * 10))
+    spm.SentencePieceTrainer.train(input=str(corpus), model_prefix=str(folder / "tokenizer"), vocab_size=40,
+                                   model_type="bpe", minloglevel=2)
+    (folder / "tokenizer.vocab").unlink()
+    return folder
+
+
+def make_zlab(folder: Path, v2: bool = False) -> Path:
+    from dflash.model import DFlash2DraftModel, DFlashDraftModel
+    dc = dict(mask_token_id=MASK, target_layer_ids=[1, 4], block_size=8, **(DFLASH2 if v2 else {}))
+    cfg = Qwen3Config(**LAYER, dflash_config=dc, num_target_layers=8,
+                      architectures=["DFlash2DraftModel" if v2 else "DFlashDraftModel"])
+    model = (DFlash2DraftModel if v2 else DFlashDraftModel)(cfg)
+    _randomize(model, 1)
+    model.save_pretrained(folder)
+    return folder
+
+
+def make_speculators(folder: Path, target: Path, kind: str, draft_vocab: int = 256, **extra) -> Path:
+    from speculators.config import SpeculatorsConfig, VerifierConfig
+    from speculators.models.dflash import DFlashDraftModel, DFlashSpeculatorConfig
+    from speculators.models.dflash2 import DFlash2DraftModel, DFlash2SpeculatorConfig
+    from speculators.models.dspark import DSparkDraftModel, DSparkSpeculatorConfig
+    from speculators.proposals.greedy import GreedyTokenProposalConfig
+    config_cls, model_cls = {"dflash": (DFlashSpeculatorConfig, DFlashDraftModel),
+                             "dflash2": (DFlash2SpeculatorConfig, DFlash2DraftModel),
+                             "dspark": (DSparkSpeculatorConfig, DSparkDraftModel)}[kind]
+    sc = SpeculatorsConfig(algorithm=kind, proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=7)],
+                           default_proposal_method="greedy",
+                           verifier=VerifierConfig(name_or_path=str(target), architectures=["Qwen3ForCausalLM"]))
+    cfg = config_cls(transformer_layer_config=Qwen3Config(**LAYER, _attn_implementation="eager"),
+                     draft_vocab_size=draft_vocab, block_size=8, aux_hidden_state_layer_ids=[2, 5],
+                     mask_token_id=MASK, speculators_config=sc, **extra)
+    model = model_cls(cfg)
+    _randomize(model, 2)
+    if draft_vocab < LAYER["vocab_size"]:
+        ids = torch.arange(draft_vocab) * (LAYER["vocab_size"] // draft_vocab)
+        t2d = torch.zeros(LAYER["vocab_size"], dtype=torch.bool)
+        t2d[ids] = True
+        model.load_vocab_mappings(t2d, ids - torch.arange(draft_vocab))
+    model.save_pretrained(folder)
+    return folder
+
+
+def tensor(folder: Path, name: str) -> np.ndarray:
+    with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
+        return f.get_tensor(name).float().numpy()
+
+
+def gguf_tensors(path: Path) -> dict[str, np.ndarray]:
+    return {t.name: np.asarray(t.data) for t in GGUFReader(path).tensors}
+
+
+class Run:
+    def __init__(self, tmp: Path, hf_dir: Path, target: Path, **kw):
+        self.hf_dir, self.target = hf_dir, target
+        self.warned: list[str] = []
+        self.res = convert(hf_dir, tmp / f"{hf_dir.name}.gguf", target_dir=target, warn=self.warned.append, **kw)
+
+
+# --- shared folders and conversions ---------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    converter_tree()  # fetched once, outside the timings
+    return tmp_path_factory.mktemp("convert")
+
+
+@pytest.fixture(scope="module")
+def target(work):
+    return make_target(work / "target")
+
+
+@pytest.fixture(scope="module")
+def tied_target(work):
+    return make_target(work / "tied-target", tie=True)
+
+
+@pytest.fixture(scope="module")
+def zlab(work, target):
+    return Run(work, make_zlab(work / "zlab"), target)
+
+
+@pytest.fixture(scope="module")
+def zlab2(work, target):
+    return Run(work, make_zlab(work / "zlab2", v2=True), target)
+
+
+@pytest.fixture(scope="module")
+def spec(work, target):
+    return Run(work, make_speculators(work / "spec", target, "dflash"), target)
+
+
+@pytest.fixture(scope="module")
+def spec2(work, target):
+    return Run(work, make_speculators(work / "spec2", target, "dflash2", **DFLASH2), target)
+
+
+@pytest.fixture(scope="module")
+def spark_folder(work, tied_target):
+    return make_speculators(work / "spark", tied_target, "dspark", markov_rank=8)
+
+
+@pytest.fixture(scope="module")
+def spark_d2t(work, target):
+    return Run(work, make_speculators(work / "spark-d2t", target, "dspark", draft_vocab=64, markov_rank=8), target)
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    shutil.rmtree(dst, ignore_errors=True)
+    shutil.copytree(src, dst)
+    return dst
+
+
+def _edit_config(folder: Path, **changes) -> Path:
+    cfg = json.loads((folder / "config.json").read_text())
+    for k, v in changes.items():
+        if v is None:
+            cfg.pop(k, None)
+        else:
+            cfg[k] = v
+    (folder / "config.json").write_text(json.dumps(cfg))
+    return folder
+
+
+# --- conversions --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name, variant", [("zlab", "dflash"), ("zlab2", "dflash2"), ("spec", "dflash"),
+                                           ("spec2", "dflash2")])
+def test_dflash_converts_with_the_targets_embeddings_and_head(request, name, variant):
+    run = request.getfixturevalue(name)
+    assert run.res.commit == CONVERTER_COMMIT and run.res.out.read_bytes()[:4] == b"GGUF"
+    assert "Model successfully exported" in run.res.log
+    m = load(run.res.out)
+    try:
+        assert m.variant == variant
+        # z-lab stores [1, 4] (ids - 1), speculators [2, 5]; both are GGUF layers [2, 5]
+        assert m.hparams.block_size == 8 and m.hparams.target_layers == [2, 5]
+        assert m.hparams.mask_token_id == MASK
+        if variant == "dflash2":
+            assert (m.hparams.conv_kernel_size, m.hparams.conv_group_size) == (2, 16)
+            assert (m.hparams.selector_rank, m.hparams.selector_top_k) == (8, 4)
+    finally:
+        m.close()
+    t = gguf_tensors(run.res.out)
+    np.testing.assert_array_equal(t["token_embd.weight"], tensor(run.target, "model.embed_tokens.weight"))
+    np.testing.assert_array_equal(t["output.weight"], tensor(run.target, "lm_head.weight"))
+    np.testing.assert_array_equal(t["fc.weight"], tensor(run.hf_dir, "fc.weight"))
+    assert any("mask_embedding.pt" in w and f"mask token {MASK}" in w for w in run.warned)
+    assert run.res.warnings == run.warned and all(w.startswith("warning: ") for w in run.warned)
+    speculators = name.startswith("spec")
+    assert any("speculators' " in w and "flattened copy" in w for w in run.warned) == speculators
+
+
+def test_dflash2_selector_codebooks_keep_their_values(zlab2, spec2):
+    # z-lab saves the codebooks as Embedding weights ('...codebook.weight'), speculators as bare
+    # Parameters ('...codebook'); the converter maps both (and writes the conv bases without '.weight')
+    for run, suffix in ((zlab2, ".weight"), (spec2, "")):
+        t = gguf_tensors(run.res.out)
+        np.testing.assert_array_equal(t["selector_predecessor.weight"],
+                                      tensor(run.hf_dir, "candidate_selector.predecessor_codebook" + suffix))
+        np.testing.assert_array_equal(t["blk.1.ffn_conv_base"],
+                                      tensor(run.hf_dir, "layers.1.mlp_conv.base_kernel"))
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_full_vocab_dspark_is_refused(work, spark_folder, tied_target, target, tied):
+    # the converter drops its lm head; b11739 and graphgen both refuse a draft without output.weight
+    out = work / f"full-vocab-{tied}.gguf"
+    out.write_bytes(b"GGUF" + b"\0" * 20)  # an earlier output stays as it was
+    before = out.read_bytes()
+    with pytest.raises(ConvertError, match=r"config\.json: a full-vocabulary DSpark .*drops lm_head\.weight for a "
+                                           r"full-vocabulary DSpark.*refuses a draft without output\.weight"):
+        convert(spark_folder, out, target_dir=tied_target if tied else target, warn=None)
+    assert out.read_bytes() == before
+    assert not list(work.glob(f".full-vocab-{tied}*"))
+
+
+def test_draft_vocabulary_dspark_keeps_its_head_and_d2t(spark_d2t):
+    m = load(spark_d2t.res.out)
+    try:
+        assert m.variant == "dspark" and m.hparams.target_layers == [2, 5] and m.hparams.block_size == 8
+    finally:
+        m.close()
+    t = gguf_tensors(spark_d2t.res.out)
+    d2t = tensor(spark_d2t.hf_dir, "d2t")
+    # the converter writes d2t as absolute target ids (speculators stores offsets)
+    np.testing.assert_array_equal(t["d2t"], d2t + np.arange(64))
+    np.testing.assert_array_equal(t["output.weight"], tensor(spark_d2t.hf_dir, "lm_head.weight"))
+    np.testing.assert_array_equal(t["token_embd.weight"], tensor(spark_d2t.target, "model.embed_tokens.weight"))
+    assert [w for w in spark_d2t.warned if "mask_embedding.pt" in w and "no token embeddings of its own" in w]
+    assert not any("lm head" in w or "full-vocabulary" in w for w in spark_d2t.warned)
+
+
+def test_own_mask_embedding_is_used_as_it_is(work, zlab, target):
+    folder = _copy(zlab.hf_dir, work / "zlab-mask")
+    vec = torch.full((LAYER["hidden_size"],), 0.5)
+    torch.save({"mask_token_id": MASK, "embedding": vec}, folder / "mask_embedding.pt")
+    run = Run(work, folder, target)
+    assert not any("mask_embedding.pt" in w for w in run.warned)
+    emb = gguf_tensors(run.res.out)["token_embd.weight"]
+    np.testing.assert_array_equal(emb[MASK], vec.numpy())
+    np.testing.assert_array_equal(np.delete(emb, MASK, 0),
+                                  np.delete(tensor(target, "model.embed_tokens.weight"), MASK, 0))
+
+
+def test_cli_converts_and_prints_one_line(work, zlab, target, capsys):
+    out = work / "cli.gguf"
+    assert main(["convert", str(zlab.hf_dir), str(out), "--target", str(target), "--outtype", "q8_0"]) == 0
+    cap = capsys.readouterr()
+    n = len(GGUFReader(out).tensors)
+    assert cap.out.startswith(f"converted {zlab.hf_dir} -> {out} (llama.cpp converter {CONVERTER_COMMIT}, "
+                              f"{n} tensors, ") and cap.out.count("\n") == 1
+    assert "graphgen: warning: " in cap.err and "mask_embedding.pt" in cap.err
+    load(out).close()
+
+
+def test_upstream_alone_refuses_speculators_dflash(spec):
+    # the gap the flattened copy bridges; a converter that reads them would make the warning wrong
+    tree = converter_tree()
+    env = {**os.environ, "PYTHONPATH": str(tree / "gguf-py"), "PYTHONDONTWRITEBYTECODE": "1"}
+    proc = subprocess.run([sys.executable, str(tree / "convert_hf_to_gguf.py"), str(spec.hf_dir), "--outfile",
+                           str(spec.hf_dir.parent / "upstream.gguf"), "--target-model-dir", str(spec.target)],
+                          cwd=tree, env=env, capture_output=True, text=True)
+    assert proc.returncode != 0 and "KeyError" in proc.stderr and "num_hidden_layers" in proc.stderr
+
+
+# --- refusals -----------------------------------------------------------------------------------
+
+def test_draft_vocabulary_dflash_is_refused(work, target):
+    folder = make_speculators(work / "spec-d2t", target, "dflash", draft_vocab=64)
+    with pytest.raises(ConvertError, match=r"config\.json: key 'draft_vocab_size' = 64 .*d2t only for DSpark"):
+        convert(folder, work / "d2t.gguf", target_dir=target, warn=None)
+    assert not (work / "d2t.gguf").exists()
+
+
+def test_speculators_dflash_sampling_from_the_anchor_is_refused(work, spec):
+    folder = _edit_config(_copy(spec.hf_dir, work / "spec-anchor"), sample_from_anchor=True)
+    with pytest.raises(ConvertError, match=r"key 'sample_from_anchor' is true"):
+        convert(folder, work / "anchor.gguf", target_dir=spec.target, warn=None)
+
+
+@pytest.mark.parametrize("change, match", [
+    (dict(architectures=["LlamaForCausalLM"]), r"key 'architectures' = \['LlamaForCausalLM'\]"),
+    (dict(architectures=None), r"no key 'architectures'"),
+    (dict(dflash_config={"block_size": 8, "target_layer_ids": [1, 4]}), r"key 'dflash_config\.mask_token_id' = None"),
+])
+def test_unknown_or_incomplete_configs_are_refused(work, zlab, change, match):
+    folder = _edit_config(_copy(zlab.hf_dir, work / "zlab-edit"), **change)
+    with pytest.raises(ConvertError, match=match):
+        convert(folder, work / "edit.gguf", target_dir=zlab.target, warn=None)
+
+
+def test_missing_files_are_named(work, zlab, target):
+    folder = _copy(zlab.hf_dir, work / "zlab-noconfig")
+    (folder / "config.json").unlink()
+    with pytest.raises(ConvertError, match=r"zlab-noconfig/config\.json: no such file"):
+        convert(folder, work / "x.gguf", target_dir=target, warn=None)
+    with pytest.raises(ConvertError, match=r"--target-model-dir.*zlab/target does not exist"):
+        convert(zlab.hf_dir, work / "x.gguf", warn=None)
+    no_tok = _copy(target, work / "target-notok")
+    (no_tok / "tokenizer.model").unlink()
+    with pytest.raises(ConvertError, match=r"target-notok: no tokenizer\.model or tokenizer\.json"):
+        convert(zlab.hf_dir, work / "x.gguf", target_dir=no_tok, warn=None)
+    no_cfg = _copy(target, work / "target-nocfg")
+    (no_cfg / "config.json").unlink()
+    with pytest.raises(ConvertError, match=r"target-nocfg/config\.json: no such file"):
+        convert(zlab.hf_dir, work / "x.gguf", target_dir=no_cfg, warn=None)
+
+
+def test_default_target_is_the_folder_inside(work, zlab, target):
+    folder = _copy(zlab.hf_dir, work / "zlab-inner")
+    inner = _copy(target, folder / "target")
+    (inner / "tokenizer.model").unlink()
+    with pytest.raises(ConvertError, match=r"zlab-inner/target: no tokenizer\.model"):
+        convert(folder, work / "inner.gguf", warn=None)
+
+
+# --- output safety ------------------------------------------------------------------------------
+
+def test_non_gguf_out_is_refused_without_force(work, zlab, target):
+    out = work / "notes.gguf"
+    out.write_text("not a model")
+    with pytest.raises(ConvertError, match=r"notes\.gguf: exists and is not a GGUF file; pass --force"):
+        convert(zlab.hf_dir, out, target_dir=target, warn=None)
+    assert out.read_text() == "not a model"
+    assert main(["convert", str(zlab.hf_dir), str(out), "--target", str(target)]) == 2
+    assert out.read_text() == "not a model"
+
+
+def test_failed_conversion_keeps_out_and_leaves_no_temp_file(work, zlab, target, capsys):
+    folder = _copy(zlab.hf_dir, work / "zlab-bogus")
+    tensors = load_file(folder / "model.safetensors")
+    tensors["bogus.weight"] = torch.zeros(4, 4)
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    out = work / "keep.gguf"
+    shutil.copy(zlab.res.out, out)
+    before = out.read_bytes()
+    with pytest.raises(ConvertError) as e:
+        convert(folder, out, target_dir=target, warn=None)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(f"{folder}: llama.cpp's converter ({CONVERTER_COMMIT}) failed: ")
+    assert msg.endswith("ValueError: Can not map tensor 'model.bogus.weight'")
+    assert out.read_bytes() == before
+    assert sorted(p.name for p in work.glob(".keep.gguf.*")) == []
+    # the command line says the same in one line and exits 2
+    assert main(["convert", str(folder), str(out), "--target", str(target)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("graphgen: error: ") and "Can not map tensor" in err[-1]
+    assert out.read_bytes() == before
+
+
+def test_missing_torch_names_the_extra(work, zlab, target, monkeypatch, capsys):
+    import importlib.util
+
+    import graphgen.authors.convert as mod
+    real = importlib.util.find_spec
+    monkeypatch.setattr(mod.importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
+    assert main(["convert", str(zlab.hf_dir), str(work / "t.gguf"), "--target", str(target)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "graphgen[torch]" in err[0] and "missing torch" in err[0]
