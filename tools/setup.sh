@@ -3,6 +3,7 @@
 #   tools/setup.sh demo [ARGS]   -> graphgen demo
 #   tools/setup.sh test [ARGS]   -> the test suite (pytest)
 #   tools/setup.sh install       -> install only
+#   tools/setup.sh torch         -> install with the graphgen[torch] extra (the draft authors' models)
 # It installs into the active virtual environment, or else into the project's own .venv (made
 # here), so a distribution python3 that refuses pip installs (PEP 668) is fine. Nothing is
 # compiled for the CPU: graphgen computes on the reference wheel's own ggml.
@@ -11,7 +12,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 job=${1:-test}; shift || true
-case "$job" in demo|test|install) ;; *) echo "usage: tools/setup.sh demo|test|install [ARGS...]" >&2; exit 2 ;; esac
+case "$job" in demo|test|install|torch) ;; *) echo "usage: tools/setup.sh demo|test|install|torch [ARGS...]" >&2; exit 2 ;; esac
 if [ "${CI:-}" = "true" ]; then gpu=${GRAPHGEN_GGML:-vulkan}; else gpu=${GRAPHGEN_GGML:-}; fi
 [ "$gpu" = cpu ] && gpu=
 
@@ -34,10 +35,23 @@ else
   PY="$PWD/.venv/bin/python"
 fi
 
-# the demo needs graphgen alone; the tests need pytest and hypothesis too
-if [ "$job" = test ]; then spec='.[test]'; else spec='.'; fi
+# the demo needs graphgen alone; the tests need pytest and hypothesis too; the authors' models
+# (graphgen[torch]) come with `torch`, and in CI, where their tests must run (GRAPHGEN_TORCH=1 too)
+extras=
+[ "$job" = test ] && extras=test
+if [ "$job" = torch ] || [ "${CI:-}" = "true" ] || [ "${GRAPHGEN_TORCH:-}" = 1 ]; then
+  [ "$job" = demo ] || extras=${extras:+$extras,}torch
+fi
+spec=".${extras:+[$extras]}"
 echo "installing graphgen ($spec) into $("$PY" -c 'import sys; print(sys.prefix)')" >&2
 "$PY" -m pip install -q --disable-pip-version-check -e "$spec"
+case ",$extras," in *,torch,*)
+  # speculators declares torchvision and torchaudio, whose PyPI wheels need CUDA torch and break
+  # transformers' imports beside a CPU one: it goes in without them (pyproject.toml lists what
+  # its model code imports)
+  "$PY" -m pip install -q --disable-pip-version-check --no-deps "speculators==0.9.0"
+  if [ "${CI:-}" = "true" ]; then export GRAPHGEN_REQUIRE_TORCH=1; fi ;;
+esac
 # fetch ggml-python's bindings (once) and check the ggml they will run on
 "$PY" -m graphgen.ops.runtime >&2
 
@@ -63,5 +77,5 @@ case "$job" in
     [ -z "${VIRTUAL_ENV:-}" ] && echo "graphgen is installed in .venv: run it as .venv/bin/graphgen, or 'source .venv/bin/activate' first" >&2
     exec "$PY" -m graphgen.cli demo "$@" ;;
   test) exec "$PY" -m pytest -q "$@" ;;
-  install) [ -z "${VIRTUAL_ENV:-}" ] && echo "installed in .venv: run .venv/bin/graphgen" >&2; exit 0 ;;
+  install|torch) [ -z "${VIRTUAL_ENV:-}" ] && echo "installed in .venv: run .venv/bin/graphgen" >&2; exit 0 ;;
 esac
