@@ -157,6 +157,10 @@ def _control(work, converted, runs, edit, first):
     assert res.first_bad is not None and res.first_bad.name == first, res.format_text()
     assert res.first_bad.rel_l2 > 1e-2
     assert f"first mapped node out of band: {first}" in res.format_text()
+    # graphgen check's verdict blames llama.cpp's side and names the node
+    from graphgen.cli.authors import verdict
+    code, line = verdict({"authors_vs_llama.cpp": res, "authors_vs_graphgen": res, "graphgen_identical": True})
+    assert code == 1 and line.startswith("DISAGREE: llama.cpp b11739") and f": {first} in " in line
 
 
 def _edit_config(key_path, value):
@@ -211,3 +215,94 @@ def test_torch_dump_cli_and_diff_exit_codes(work, converted, runs, capsys):
     # a band no float computation meets makes the same dumps disagree
     assert main(["diff", str(dirs["torch"]), str(dirs["llama.cpp"]), "--nmse", "1e-30"]) == 1
     assert "DISAGREE" in capsys.readouterr().out
+
+
+# ---- a disagreement pinned: sliding-window layers ---------------------------------------------
+
+SWA_CASES = {
+    # z-lab: a sliding layer is causal, with a window per query
+    "zlab-swa3": (HFSpec(variant="dflash", authors="zlab", swa_window=3, swa_pattern=[1, 0]), False),
+    # speculators: the window counts back from the anchor; DFlash2's block is bidirectional
+    "spec-dflash2-swa3": (HFSpec(variant="dflash2", authors="speculators", swa_window=3, swa_pattern=[1, 0]), False),
+    # ...and a window wider than the whole context changes nothing there: llama.cpp agrees
+    "spec-dflash2-swa64": (HFSpec(variant="dflash2", authors="speculators", swa_window=64, swa_pattern=[1, 0]), True),
+    # speculators DFlash: its sliding block is causal, llama.cpp's is not
+    "spec-dflash-swa64": (HFSpec(variant="dflash", authors="speculators", swa_window=64, swa_pattern=[1, 0]), False),
+}
+
+
+@pytest.mark.parametrize("name", list(SWA_CASES))
+def test_sliding_window_layers_depart_from_the_authors(work, name):
+    """b11739 masks a sliding layer with a window per query and the whole block visible; neither
+    author does (README, 'Where llama.cpp departs from the authors'). graphgen follows b11739."""
+    spec, agrees = SWA_CASES[name]
+    hf = make_hf(work / name, spec)
+    gguf = work / f"{name}.gguf"
+    warned = []
+    convert(hf, gguf, warn=warned.append)
+    assert any("sliding-window layer(s) (window" in w for w in warned)
+    scenario = {"n_ctx": 64, "n_ubatch": 32, "flash_attn": "off", "type_kv": "f32", "seed": 1,
+                "steps": [{"inject": {"n_tokens": 6, "pos0": 0}}, {"block": {"tokens": [7] + [255] * 7, "pos0": 6}}]}
+    dirs = run_three(hf, gguf, scenario, work, name)
+    assert exit_code(diff_paths(dirs["llama.cpp"], dirs["graphgen"])) == 0
+    res = compare_paths(dirs["torch"], dirs["llama.cpp"])
+    if agrees:
+        assert res.agree, res.format_text()
+        return
+    assert not res.agree
+    # the sliding layer (layer 0) is where they part: everything before its attention output agrees
+    assert res.first_bad.name == "kqv_out-0" and res.first_bad.rel_l2 > 0.1, res.format_text()
+    assert all(n.status == "ok" for n in res.nodes[:res.nodes.index(res.first_bad)])
+
+
+# ---- the commands: check, bad input ----------------------------------------------------------
+
+def test_check_runs_the_triangle(converted, capsys, tmp_path):
+    from graphgen.cli import main
+    hf, _, _ = converted["zlab-dflash2"]
+    keep = tmp_path / "kept"
+    assert main(["--quiet", "check", str(hf), "--json", "--keep", str(keep)]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["verdict"].startswith("AGREE") and doc["graphgen_identical_to_llama.cpp"]
+    assert doc["converter"] == "0c1e57098" and doc["authors_vs_llama.cpp"]["compared"] > 0
+    assert doc["authors_vs_llama.cpp"]["selector_path"] and doc["authors_vs_graphgen"]["agree"]
+    assert sorted(p.name for p in keep.iterdir()) == ["draft.gguf", "graphgen", "llama.cpp", "scenario.json", "torch"]
+    from graphgen.dump import load_dump_dir
+    for side in ("torch", "llama.cpp", "graphgen"):
+        for d in load_dump_dir(keep / side):
+            assert d.source["converter"]["commit"] == "0c1e57098"
+            assert d.source["converter"]["checkpoint"] == str(hf.resolve())
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda d: (d / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}'),
+     "'architectures' 'LlamaForCausalLM' is not a draft format"),
+    (lambda d: (d / "config.json").unlink(), "no config.json"),
+    (lambda d: (d / "config.json").write_text(json.dumps(
+        {k: v for k, v in json.loads((d / "config.json").read_text()).items() if k != "dflash_config"})),
+     "missing key 'dflash_config'"),
+    (lambda d: (d / "config.json").write_text(json.dumps(
+        dict(json.loads((d / "config.json").read_text()), intermediate_size=96))),
+     "tensor 'layers.0.mlp.down_proj.weight' has shape [64, 128]"),
+])
+def test_bad_checkpoints_are_refused_in_one_line(converted, tmp_path, capsys, edit, message):
+    from graphgen.cli import main
+    hf, _, _ = converted["zlab-dflash"]
+    bad = tmp_path / "bad"
+    shutil.copytree(hf, bad)
+    edit(bad)
+    out = tmp_path / "out"
+    sc = tmp_path / "s.json"
+    sc.write_text(json.dumps(session_scenario(8, 255, False)))
+    assert main(["dump", str(bad), "--engine", "torch", "--scenario", str(sc), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+    assert not out.exists()
+
+
+def test_make_model_hf_refuses_gguf_only_flags(tmp_path, capsys):
+    from graphgen.cli import main
+    assert main(["make-model", str(tmp_path / "x"), "--format", "hf", "--sinks"]) == 2
+    assert "--sinks has no counterpart" in capsys.readouterr().err
+    assert main(["make-model", str(tmp_path / "x"), "--format", "hf", "--variant", "lilicorr"]) == 2
+    assert not (tmp_path / "x").exists()

@@ -50,6 +50,9 @@ DIFF = ("tests/test_diff.py",)
 SEEDREF = ("tests/test_seed_reference.py",)
 KVCACHE = ("tests/test_kvcache.py",)
 SESSION = ("tests/test_session.py",)
+# the authors' models alone (needs graphgen[torch]): graph bugs llama.cpp's parity would also
+# catch, seen here from the authors' side, and bugs in the comparison itself
+AUTHORS = ("tests/test_authors.py",)
 
 MUTATIONS = [
     # --- the base backbone (graph_base) ---
@@ -78,6 +81,19 @@ MUTATIONS = [
              "cat = ggml_cont(ctx0, ggml_view_2d(ctx0, base, n_vocab, n_blocks, base_stride, 0))",
              "cat = ggml_scale(ctx0, ggml_cont(ctx0, ggml_view_2d(ctx0, base, n_vocab, n_blocks, base_stride, 0)), 2.0)",
              PARITY + HEADS),
+    # --- seen by the draft authors' own models ---
+    Mutation("authors_kq_scale_sqrt_dropped", "graphgen/models/dflash.py",
+             "1.0 / math.sqrt(float(self.n_embd_head))", "1.0 / float(self.n_embd_head)", AUTHORS),
+    Mutation("authors_markov_chain_reads_base_logits", "graphgen/models/dspark.py",
+             "prev = ggml_argmax(ctx0, col)", "prev = ggml_argmax(ctx0, base_i)", AUTHORS),
+    Mutation("authors_conv_taps_one_short", "graphgen/models/dflash2.py",
+             "n_taps = min(kernel_size, block_size)", "n_taps = min(kernel_size, block_size) - 1", AUTHORS),
+    Mutation("authors_band_ignored", "graphgen/authors/compare.py",
+             'status = "ok" if rel < res.band_of(tn.name) else "out of band"', 'status = "ok"', AUTHORS),
+    Mutation("authors_lattice_walk_first_candidate", "graphgen/authors/compare.py",
+             "pred = int(np.argmax(scores))", "pred = 0", AUTHORS),
+    Mutation("authors_nan_positions_compared", "graphgen/authors/compare.py",
+             "keep = ~np.isnan(a)", "keep = np.ones(a.shape, dtype=bool)", AUTHORS),
     # --- rope ---
     Mutation("rope_attn_factor_ignored", "graphgen/graph.py",
              "attn = f32(attn * f32(hp.rope_attn_factor))", "attn = f32(attn)", ROPE),

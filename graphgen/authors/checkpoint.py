@@ -56,6 +56,7 @@ class HFSpec:
     n_target_layers: int | None = None  # layers of the target; default: enough for target_layers
     mask_token_id: int | None = None    # default: the last token
     rope_theta: float = 10000.0
+    rope_scaling: dict | None = None    # HF rope_parameters beyond the base: {"rope_type": "linear", "factor": 2}
     rms_eps: float = 1e-6
     seed: int = 0
     causal: bool | None = None
@@ -116,7 +117,7 @@ def _qwen3_config_kwargs(s: HFSpec, n_layers: int) -> dict:
     kw = dict(hidden_size=s.n_embd, intermediate_size=s.n_ff, num_hidden_layers=n_layers,
               num_attention_heads=s.n_head, num_key_value_heads=s.n_head_kv, head_dim=s.head_dim,
               vocab_size=s.n_vocab, rms_norm_eps=s.rms_eps, max_position_embeddings=4096,
-              rope_parameters={"rope_type": "default", "rope_theta": s.rope_theta})
+              rope_parameters={"rope_type": "default", **(s.rope_scaling or {}), "rope_theta": s.rope_theta})
     return kw
 
 

@@ -287,6 +287,25 @@ def _plan(hf_dir: Path, cfg: dict, target_dir: Path, target_cfg: dict) -> _Plan:
         raise ConvertError(f"{cfg_path}: key 'sample_from_anchor' is true: " + _gap(
             "writes no sample_from_anchor for DFlash / DFlash2, whose drafters treat slot 0 as the bonus token"))
 
+    rope = hp.get("rope_parameters") or hp.get("rope_scaling") or {}
+    rope_type = str(rope.get("rope_type", rope.get("type", "default"))).lower() if isinstance(rope, dict) else "default"
+    if rope_type in ("llama3", "longrope", "su"):
+        # the converter writes these frequency factors (rope_freqs / long and short factors) only in
+        # its Llama and Phi-3 classes: the draft's GGUF would run without them, silently
+        key = "rope_parameters" if "rope_parameters" in hp else "rope_scaling"
+        raise ConvertError(f"{cfg_path}: key '{key}.rope_type' = {rope_type!r}: "
+                           + _gap(f"writes {rope_type} rope factors only for its Llama / Phi-3 models, not for "
+                                  "DFlash-family drafts, which would lose them"))
+    layer_types = hp.get("layer_types") or []
+    if "sliding_attention" in layer_types:
+        # not a converter gap but llama.cpp's: its graph masks these layers otherwise (README)
+        plan.warnings.append(
+            f"warning: {layer_types.count('sliding_attention')} sliding-window layer(s) (window "
+            f"{hp.get('sliding_window')}): their authors mask them otherwise than llama.cpp b11739 does (z-lab: "
+            "causal, a window per query; speculators: a window before the anchor, the block causal unless "
+            "sliding_window_non_causal; b11739: a window per query, the whole block visible), so llama.cpp's "
+            "drafts differ from the authors' there")
+
     dflash_config = hp.get("dflash_config") if isinstance(hp.get("dflash_config"), dict) else {}
     if family == "dspark":
         mask_key = "dflash_config.mask_token_id" if "mask_token_id" in dflash_config else "mask_token_id"

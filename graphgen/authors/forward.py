@@ -105,10 +105,14 @@ class AuthorsDraft:
                 self._load_zlab(target)
             else:
                 self._load_speculators()
+                if target_dir is not None:
+                    # the target named here wins over the config's verifier path, as it does for
+                    # the converter
+                    self._use_target_tables(target)
         except AuthorsError:
             raise
         except (OSError, ValueError, RuntimeError, KeyError, TypeError) as e:
-            raise AuthorsError(f"{self.hf_dir}: the authors' loader refused the checkpoint: "
+            raise AuthorsError(self._shape_mismatch() or f"{self.hf_dir}: the authors' loader refused the checkpoint: "
                                f"{' '.join(str(e).split())[:300]}") from e
         self.model.eval()
         self.package = "dflash" if self.authors == "zlab" else "speculators"
@@ -122,12 +126,43 @@ class AuthorsDraft:
         self.torch = torch
 
     # ---- loading ----
+    def _authors_class(self):
+        if self.authors == "zlab":
+            import dflash.model as zm
+            return zm.DFlash2DraftModel if self.variant == "dflash2" else zm.DFlashDraftModel
+        if self.variant == "dspark":
+            from speculators.models.dspark.core import DSparkDraftModel as cls
+        elif self.variant == "dflash2":
+            from speculators.models.dflash2.core import DFlash2DraftModel as cls
+        else:
+            from speculators.models.dflash.core import DFlashDraftModel as cls
+        return cls
+
+    def _shape_mismatch(self) -> str | None:
+        """The first tensor whose shape the config contradicts, named with its file, or None (the
+        authors' loader only says that some did)."""
+        import torch
+        from safetensors import safe_open
+        try:
+            cls = self._authors_class()
+            cfg = cls.config_class.from_pretrained(str(self.hf_dir))
+            with torch.device("meta"):
+                expected = {k: tuple(v.shape) for k, v in cls(cfg).state_dict().items()}
+        except Exception:  # noqa: BLE001 - only a better message is at stake
+            return None
+        for f in sorted(self.hf_dir.glob("*.safetensors")):
+            with safe_open(str(f), "pt") as st:
+                for name in st.keys():
+                    shape = tuple(st.get_slice(name).get_shape())
+                    want = expected.get(name, expected.get(name + ".weight"))
+                    if want is not None and want != shape:
+                        return (f"{f}: tensor '{name}' has shape {list(shape)}, {self.hf_dir / 'config.json'} "
+                                f"makes it {list(want)}")
+        return None
+
     def _load_zlab(self, target: Path) -> None:
         import torch
-        import dflash.model as zm
-        from safetensors import safe_open
-        cls = zm.DFlash2DraftModel if self.variant == "dflash2" else zm.DFlashDraftModel
-        self.model = cls.from_pretrained(str(self.hf_dir), dtype=torch.float32)
+        self.model = self._authors_class().from_pretrained(str(self.hf_dir), dtype=torch.float32)
         dc = self.config["dflash_config"]
         for key in ("mask_token_id", "target_layer_ids"):
             if key not in dc:
@@ -137,29 +172,8 @@ class AuthorsDraft:
         self.block_size = int(self.model.block_size)
         self.sample_from_anchor = False
         # z-lab drafts share the target's embeddings and head (dflash_generate reads them off the target)
-        tcfg_path = target / "config.json"
-        if not tcfg_path.is_file():
-            raise AuthorsError(f"{target}: no config.json: z-lab drafts need their target's embeddings "
-                               "(--target DIR)")
-        tcfg = json.loads(tcfg_path.read_text())
-        tcfg = {**tcfg, **tcfg.get("text_config", {})}
-        tensors = {}
-        files = sorted(target.glob("*.safetensors"))
-        if not files:
-            raise AuthorsError(f"{target}: no *.safetensors with the target's embeddings")
-        for f in files:
-            with safe_open(str(f), "pt") as st:
-                for name in ("model.embed_tokens.weight", "lm_head.weight"):
-                    if name in st.keys():
-                        tensors[name] = st.get_tensor(name).float()
-        if "model.embed_tokens.weight" not in tensors:
-            raise AuthorsError(f"{target}: no tensor 'model.embed_tokens.weight'")
-        head = tensors.get("lm_head.weight")
-        if head is None:
-            if not tcfg.get("tie_word_embeddings", False):
-                raise AuthorsError(f"{target}: no tensor 'lm_head.weight' and the config does not tie embeddings")
-            head = tensors["model.embed_tokens.weight"]
-        self.embed = tensors["model.embed_tokens.weight"]
+        embed, head = _target_tables(target)
+        self.embed = embed
         self.head_module = torch.nn.Linear(head.shape[1], head.shape[0], bias=False)
         with torch.no_grad():
             self.head_module.weight.copy_(head)
@@ -168,13 +182,7 @@ class AuthorsDraft:
 
     def _load_speculators(self) -> None:
         import torch
-        if self.variant == "dspark":
-            from speculators.models.dspark.core import DSparkDraftModel as cls
-        elif self.variant == "dflash2":
-            from speculators.models.dflash2.core import DFlash2DraftModel as cls
-        else:
-            from speculators.models.dflash.core import DFlashDraftModel as cls
-        self.model = cls.from_pretrained(str(self.hf_dir), dtype=torch.float32)
+        self.model = self._authors_class().from_pretrained(str(self.hf_dir), dtype=torch.float32)
         m, cfg = self.model, self.model.config
         # the authors' inference attention without flex's compiled masks
         cfg.transformer_layer_config._attn_implementation = "sdpa"
@@ -199,6 +207,19 @@ class AuthorsDraft:
             raise AuthorsError(f"{self.hf_dir}/config.json: 'markov_head_type' {m.markov_head.head_type!r}: "
                                "llama.cpp reads only the vanilla Markov head")
 
+    def _use_target_tables(self, target: Path) -> None:
+        import torch
+        embed, head = _target_tables(target)
+        m = self.model
+        if tuple(embed.shape) != tuple(m.embed_tokens.weight.shape):
+            raise AuthorsError(f"{target}: the target's embeddings are {list(embed.shape)}, the draft takes "
+                               f"{list(m.embed_tokens.weight.shape)}")
+        with torch.no_grad():
+            m.embed_tokens.weight.copy_(embed)
+            if not m.use_draft_vocab:
+                m.lm_head.weight.copy_(head)
+        self.embed = m.embed_tokens.weight.detach().float()
+
     # ---- the pieces of a forward ----
     def embed_tokens(self, tokens):
         torch = self.torch
@@ -216,19 +237,40 @@ class AuthorsDraft:
         cfg = self.model.config if self.authors == "zlab" else self.model.config.transformer_layer_config
         return DynamicCache(config=cfg)
 
-    def backbone(self, cache, target_hidden, noise, position_ids):
-        """[1, n_block, n_embd] after the final norm; the cache gains the context and block rows."""
+    def backbone(self, cache, target_hidden, noise, position_ids, key_positions):
+        """[1, n_block, n_embd] after the final norm; the cache gains the context and block rows.
+        `key_positions`: the positions of every key the block will see (the cache's, then the new)."""
         m = self.model
         if self.authors == "zlab":
+            # z-lab builds its own masks (sliding layers: causal, a window per query)
             return m(position_ids=position_ids, noise_embedding=noise, target_hidden=target_hidden,
                      past_key_values=cache, use_cache=True)
         target = m.hidden_norm(m.fc(target_hidden))
         pos_emb = m.rotary_emb(noise, position_ids)
         h = noise
         for layer in m.layers:
-            h = layer(target_hidden=target, hidden_states=h, attention_mask=None, position_ids=position_ids,
+            h = layer(target_hidden=target, hidden_states=h, position_ids=position_ids,
+                      attention_mask=self._speculators_mask(layer, key_positions, noise.shape[1]),
                       past_key_value=cache, use_cache=True, position_embeddings=pos_emb)
         return m.norm(h)
+
+    def _speculators_mask(self, layer, key_positions, n_block):
+        """speculators' training mask (create_anchor_block_mask_mod) for one block: full layers see
+        every context row before the anchor and the whole block (None: sdpa then masks nothing);
+        sliding layers see the context rows at most `sliding_window` before the anchor, and the block
+        bidirectionally only with `sliding_window_non_causal`."""
+        window = layer.self_attn.sliding_window
+        if window is None:
+            return None
+        torch = self.torch
+        keys = torch.tensor(key_positions)
+        n_ctx = len(key_positions) - n_block
+        anchor = int(keys[n_ctx])
+        ctx = (keys[:n_ctx] >= anchor - window) & (keys[:n_ctx] < anchor)
+        block = torch.ones((n_block, n_block), dtype=torch.bool)
+        if not self.model.config.sliding_window_non_causal:
+            block = torch.tril(block)
+        return torch.cat([ctx[None, :].expand(n_block, n_ctx), block], dim=1)[None, None]
 
     def logits(self, hidden):
         """[n, n_vocab] over the target's ids (a draft vocabulary scattered through d2t, -inf elsewhere),
@@ -243,6 +285,33 @@ class AuthorsDraft:
         full = torch.full((*raw.shape[:-1], self.n_vocab), float("-inf"))
         full[..., torch.as_tensor(self.d2t)] = raw
         return full, raw
+
+
+def _target_tables(target: Path):
+    """The target's token embeddings and output head (the embeddings when it ties them)."""
+    from safetensors import safe_open
+    tcfg_path = target / "config.json"
+    if not tcfg_path.is_file():
+        raise AuthorsError(f"{target}: no config.json: the draft reads its target's embeddings (--target DIR)")
+    tcfg = json.loads(tcfg_path.read_text())
+    tcfg = {**tcfg, **tcfg.get("text_config", {})}
+    files = sorted(target.glob("*.safetensors"))
+    if not files:
+        raise AuthorsError(f"{target}: no *.safetensors with the target's embeddings")
+    tensors = {}
+    for f in files:
+        with safe_open(str(f), "pt") as st:
+            for name in ("model.embed_tokens.weight", "lm_head.weight"):
+                if name in st.keys():
+                    tensors[name] = st.get_tensor(name).float()
+    if "model.embed_tokens.weight" not in tensors:
+        raise AuthorsError(f"{target}: no tensor 'model.embed_tokens.weight'")
+    head = tensors.get("lm_head.weight")
+    if head is None:
+        if not tcfg.get("tie_word_embeddings", False):
+            raise AuthorsError(f"{target}: no tensor 'lm_head.weight' and {tcfg_path.name} does not tie embeddings")
+        head = tensors["model.embed_tokens.weight"]
+    return tensors["model.embed_tokens.weight"], head
 
 
 class _Taps:
@@ -405,7 +474,7 @@ class TorchEngine:
         with torch.no_grad(), self.taps.installed():
             noise = self.draft.embed_tokens(tokens)
             hidden = self.draft.backbone(st.cache, torch.from_numpy(feats)[None], noise,
-                                         torch.tensor([positions], dtype=torch.long))
+                                         torch.tensor([positions], dtype=torch.long), st.positions + positions)
         got = dict(self.taps.got)
         got["inp_noise_embd"] = noise
         got["result_norm"] = hidden

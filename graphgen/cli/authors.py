@@ -5,14 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
 # GGUF-only make-model flags: the authors' configs have no field for them
 _GGUF_ONLY = ("backbone", "joint", "wtype", "preset", "head_dim_given", "n_rot", "mrope_sections", "shared_kv",
-              "sinks", "weight_scales", "post_norms", "out_scale", "rope_freqs", "rope_scaling",
-              "rope_scaling_factor", "rope_orig_ctx", "rope_attn_factor", "attention_scale", "value_scale",
+              "sinks", "weight_scales", "post_norms", "out_scale", "rope_freqs", "rope_attn_factor", "attention_scale", "value_scale",
               "embedding_scale", "logit_scale", "final_softcap", "hidden_act", "lilicorr_hidden",
               "lilicorr_top_k", "lilicorr_heads", "lilicorr_layers", "lilicorr_eps", "lilicorr_logit_scale",
               "lilicorr_factor", "lilicorr_mlp", "lilicorr_conv")
@@ -53,6 +51,12 @@ def make_hf_from_args(args: argparse.Namespace) -> int:
         spec.head_dim = spec.n_embd // spec.n_head
     if args.causal:
         spec.causal = True
+    if args.rope_scaling not in (None, "none"):
+        if args.rope_scaling == "longrope":
+            raise ValueError("--rope-scaling longrope: its factors are no field of the authors' configs here")
+        spec.rope_scaling = {"rope_type": args.rope_scaling, "factor": args.rope_scaling_factor or 2.0}
+        if args.rope_scaling == "yarn":
+            spec.rope_scaling["original_max_position_embeddings"] = args.rope_orig_ctx or 1024
     if args.sample_from_anchor is not None:
         spec.sample_from_anchor = args.sample_from_anchor == "true"
     out = make_hf(args.out, spec, force=args.force)
@@ -62,18 +66,31 @@ def make_hf_from_args(args: argparse.Namespace) -> int:
 
 
 def _cmd_dump_torch(args, sc) -> int:
-    from ..authors.forward import run_scenario_torch
+    from ..authors.forward import AuthorsDraft, run_scenario_torch
     from ..dump import prepare_dump_dir
     hf = Path(args.model)
     if not hf.is_dir():
         raise ValueError(f"{hf}: --engine torch takes a checkpoint folder (config.json and safetensors)")
+    draft = AuthorsDraft(hf, args.target)  # a checkpoint it refuses leaves no output folder behind
     out = prepare_dump_dir(Path(args.out))
-    run_scenario_torch(hf, sc, out, target_dir=args.target, scenario_path=args.scenario)
+    run_scenario_torch(hf, sc, out, scenario_path=args.scenario, draft=draft)
     from ..dump import dump_files
     for p in dump_files(out):
         doc = json.loads(p.read_text())
         print(f"{p}: {doc['graph']}, {len(doc['nodes'])} mapped nodes (torch)")
     return 0
+
+
+def stamp_converter(folders, info: dict) -> None:
+    """Record in each dump's source which converter made the GGUF they ran (and from what)."""
+    from ..dump import dump_files
+    for folder in folders:
+        for path in dump_files(folder):
+            doc = json.loads(path.read_text())
+            doc["source"]["converter"] = info
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_text(json.dumps(doc))
+            tmp.replace(path)
 
 
 def default_check_scenario(block_size: int, mask_token_id: int, f16: bool = False) -> dict:
@@ -87,7 +104,7 @@ def default_check_scenario(block_size: int, mask_token_id: int, f16: bool = Fals
                       {"block": {"tokens": [11] + block[1:], "pos0": 8}}]}
 
 
-def run_check(hf_dir, scenario_path=None, target=None, keep=None, f16=False, quiet=False) -> dict:
+def run_check(hf_dir, scenario_path=None, target=None, keep=None, f16=False, say=None) -> dict:
     """The triangle: llama.cpp's converter, then the scenario in the authors' model, in llama.cpp
     b11739 and in graphgen; the authors' model against each, and graphgen against llama.cpp."""
     from ..authors.compare import compare_paths
@@ -98,10 +115,7 @@ def run_check(hf_dir, scenario_path=None, target=None, keep=None, f16=False, qui
     from ..reference.runner import run_reference
     from ..scenario import load_scenario, parse_scenario
 
-    def say(msg):
-        if not quiet:
-            print(msg, file=sys.stderr)
-
+    say = say or (lambda msg: None)
     hf = Path(hf_dir)
     draft = AuthorsDraft(hf, target)
     work = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="graphgen-check-"))
@@ -116,7 +130,7 @@ def run_check(hf_dir, scenario_path=None, target=None, keep=None, f16=False, qui
             sc = load_scenario(scenario_path)
         gguf = work / "draft.gguf"
         say(f"converting {hf} with llama.cpp's converter")
-        conv = convert(hf, gguf, target_dir=target, force=True, warn=say)
+        conv = convert(hf, gguf, target_dir=target, force=True, warn=None)  # warnings go in the report
         dirs = {k: work / k for k in ("torch", "llama.cpp", "graphgen")}
         for d in dirs.values():
             if d.exists():
@@ -127,6 +141,8 @@ def run_check(hf_dir, scenario_path=None, target=None, keep=None, f16=False, qui
         run_reference(gguf, scenario_path, dirs["llama.cpp"], 262144)
         say("running graphgen")
         run_scenario(gguf, sc, dirs["graphgen"], scenario_path=scenario_path)
+        stamp_converter(dirs.values(), {"commit": conv.commit, "checkpoint": str(hf.resolve()),
+                                        "warnings": conv.warnings})
         vs_ref = compare_paths(dirs["torch"], dirs["llama.cpp"])
         vs_ours = compare_paths(dirs["torch"], dirs["graphgen"])
         graph = diff_paths(dirs["llama.cpp"], dirs["graphgen"])
@@ -165,7 +181,9 @@ def _row(label: str, d) -> str:
 
 
 def _cmd_check(args) -> int:
-    r = run_check(args.hf_dir, args.scenario, args.target, args.keep, f16=args.type_kv == "f16", quiet=args.quiet)
+    from .. import progress
+    with progress.task(f"check {args.hf_dir}") as task:
+        r = run_check(args.hf_dir, args.scenario, args.target, args.keep, f16=args.type_kv == "f16", say=task.update)
     code, line = verdict(r)
     ref, ours = r["authors_vs_llama.cpp"], r["authors_vs_graphgen"]
     if args.json:
