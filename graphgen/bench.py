@@ -237,7 +237,7 @@ def _fresh_build_ms(sess: Session, sc: Scenario, feats: dict, reps: int = 5) -> 
         for _ in range(reps):
             t0 = time.perf_counter()
             g = build_arch_graph(GraphParams(model=sess.model, ubatch=ub, mem=mem, flash_attn=sess.flash_attn,
-                                             causal_attn=sess.hparams.causal_attn,
+                                             causal_attn=sess.hparams.causal_attn, max_nodes=sess.max_nodes,
                                              graph_type="encoder" if st.kind == "encoder" else "decoder"))
             best = min(best, time.perf_counter() - t0)
             g.free()

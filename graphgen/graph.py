@@ -22,7 +22,23 @@ from .ops.ggml import (ggml_add, ggml_build_forward_expand, ggml_cast, ggml_cont
                        ggml_mul_mat, ggml_permute, ggml_prec_set_acc, ggml_reshape_2d, ggml_rms_norm,
                        ggml_soft_max_add_sinks, ggml_soft_max_ext, ggml_swiglu_split, ggml_transpose, ggml_view_4d)
 
-GRAPH_MAX_NODES = 16384
+
+def graph_max_nodes(hparams, n_tensors: int, n_tokens: int) -> int:
+    """llama_context::graph_max_nodes for a DFlash draft: the node budget of every graph of a
+    context (b11549's rule, which b11739 keeps): the DeepSeek-V4 backbones' hyper-connections get
+    40 per token or 32 per tensor, DFlash2's shape-heavy convolutions and selector 12 per tensor,
+    the rest 8 per tensor, never under 1024."""
+    if hparams.hc_mult > 0:
+        return max(n_tokens * 40, 32 * n_tensors)
+    if hparams.selector_rank > 0:
+        return max(1024, 12 * n_tensors)
+    return max(1024, 8 * n_tensors)
+
+
+def graph_capacity(max_nodes: int) -> int:
+    """What a graph is built in: room past the budget, so that an over-budget graph is counted and
+    refused (as the budget's breach would abort llama.cpp) instead of aborting graphgen in ggml."""
+    return 2 * max_nodes + 4096
 
 
 @dataclass
@@ -78,6 +94,7 @@ class GraphParams:
     flash_attn: bool = False
     causal_attn: bool = False
     graph_type: str = "decoder"    # or "encoder"
+    max_nodes: int = 16384         # the context's node budget (graph_max_nodes)
 
 
 @dataclass
@@ -207,9 +224,10 @@ class GraphContext:
         self.beta_slow = rope.beta_slow
         self.flash_attn = params.flash_attn
         self.res = GraphResult()
-        mem_size = G.ggml_tensor_overhead() * GRAPH_MAX_NODES + G.ggml_graph_overhead_custom(GRAPH_MAX_NODES, False)
+        cap = graph_capacity(params.max_nodes)
+        mem_size = G.ggml_tensor_overhead() * cap + G.ggml_graph_overhead_custom(cap, False)
         self.ctx0 = G.ggml_init(G.ggml_init_params(mem_size=mem_size, mem_buffer=None, no_alloc=True))
-        self.gf = G.ggml_new_graph_custom(self.ctx0, GRAPH_MAX_NODES, False)
+        self.gf = G.ggml_new_graph_custom(self.ctx0, cap, False)
         self.res.gf = self.gf
 
     def free(self):

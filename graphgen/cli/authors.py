@@ -138,7 +138,8 @@ def run_check(hf_dir, scenario_path=None, target=None, keep=None, f16=False, say
         say("running the authors' model")
         run_scenario_torch(hf, sc, dirs["torch"], scenario_path=scenario_path, draft=draft)
         say("running llama.cpp b11739")
-        run_reference(gguf, scenario_path, dirs["llama.cpp"], 262144)
+        # llama.cpp's log goes with the dumps when they are kept, else only into a failure's message
+        run_reference(gguf, scenario_path, dirs["llama.cpp"], 262144, **({} if keep else {"stderr_log": None}))
         say("running graphgen")
         run_scenario(gguf, sc, dirs["graphgen"], scenario_path=scenario_path)
         stamp_converter(dirs.values(), {"commit": conv.commit, "checkpoint": str(hf.resolve()),

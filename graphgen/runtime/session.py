@@ -15,12 +15,13 @@ import weakref
 import numpy as np
 
 from .. import validate as V
-from ..graph import GRAPH_MAX_NODES, GraphParams, MemSlot
+from ..graph import GraphParams, MemSlot, graph_capacity, graph_max_nodes
 from ..models.arch import build_arch_graph
 from ..ops import ggml as G
 from .backends import open_backend
 from .kvcache import KVCache, UBatch
 from .model import Model, load
+from ..errors import GraphgenError
 from ..scenario import KV_TYPE_IDS
 
 KV_TYPES = dict(KV_TYPE_IDS)
@@ -156,6 +157,8 @@ class Session:
             self.model.upload(self.backend)
         self.hparams = hp = self.model.hparams
         self.n_ctx, self.n_ubatch, self.n_seq = n_ctx, n_ubatch, n_seq
+        # one node budget for every graph of the session, as a llama_context sizes its graphs
+        self.max_nodes = graph_max_nodes(hp, len(self.model.tensors), min(n_ctx, n_ubatch))
         self.flash_attn = flash_attn
         self.type_k, self.type_v = type_k, type_v
         self.n_threads = n_threads
@@ -275,7 +278,7 @@ class Session:
             if shared is None:
                 n = len(self.backends)
                 arr = (ctypes.c_void_p * n)(*self.backends)
-                shared = G.ggml_backend_sched_new(arr, None, n, GRAPH_MAX_NODES, False, True)
+                shared = G.ggml_backend_sched_new(arr, None, n, graph_capacity(self.max_nodes), False, True)
             slot = self._scheds[kind] = GraphSlot(shared)
         return slot
 
@@ -336,7 +339,7 @@ class Session:
     def _compute(self, ub: UBatch, mem: dict, recorder, graph_type: str = "decoder") -> Result:
         causal = self.hparams.causal_attn if not ub.is_embd else True
         params = GraphParams(model=self.model, ubatch=ub, mem=mem, flash_attn=self.flash_attn,
-                             causal_attn=causal, graph_type=graph_type)
+                             causal_attn=causal, graph_type=graph_type, max_nodes=self.max_nodes)
         kind = "encoder" if graph_type == "encoder" else "inject" if ub.is_embd else "block"
         slot = self._slot(kind)
         sig = self._signature(ub, mem, graph_type)
@@ -347,6 +350,12 @@ class Session:
         else:
             self._drop(slot)
             g = build_arch_graph(params)
+            n_nodes = G.ggml_graph_n_nodes(g.gf)
+            if n_nodes > self.max_nodes:
+                g.free()
+                raise GraphgenError(f"the {kind} graph has {n_nodes} nodes, more than llama.cpp's budget for this "
+                                    f"draft ({self.max_nodes}: graph_max_nodes of {len(self.model.tensors)} tensors), "
+                                    "on which llama.cpp aborts")
             g.res.set_outputs()
             self.stats["builds"] += 1
             # the graph's own order, before a backend's graph_optimize permutes its nodes in place
