@@ -367,14 +367,12 @@ def _replace_atomically(path: Path, write: Callable[[Any], None]) -> None:
     os.replace(tmp, path)
 
 
-def prepare_dump_dir(directory: str | os.PathLike) -> Path:
-    """Make `directory` ready for a new run's dumps: earlier graphgen dumps in it are removed (a
-    stale 05-block.json would otherwise pair with the new run's), anything else is left alone,
-    and a file that would be overwritten but is not a graphgen dump is refused."""
+def check_dump_dir(directory: str | os.PathLike) -> list[Path]:
+    """The earlier graphgen dumps in `directory` (a new run's would replace them); a file that
+    would be overwritten but is not a graphgen dump is refused. Changes nothing."""
     out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
     stale = []
-    for path in sorted(out.iterdir()):
+    for path in sorted(out.iterdir()) if out.is_dir() else []:
         if not DUMP_NAME_RE.match(path.name):
             continue
         try:
@@ -385,7 +383,16 @@ def prepare_dump_dir(directory: str | os.PathLike) -> Path:
             raise DumpError(f"{out}: {path.name} is not a graphgen dump; it would be overwritten, so "
                             "write the dumps to another folder")
         stale.append(path)
-    for path in stale:
+    return stale
+
+
+def prepare_dump_dir(directory: str | os.PathLike) -> Path:
+    """Make `directory` ready for a new run's dumps: earlier graphgen dumps in it are removed (a
+    stale 05-block.json would otherwise pair with the new run's), anything else is left alone,
+    and a file that would be overwritten but is not a graphgen dump is refused."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    for path in check_dump_dir(out):
         path.unlink()
         path.with_suffix(".npz").unlink(missing_ok=True)
     return out
@@ -446,9 +453,8 @@ _sha_memo: dict[tuple[str, int, int], str] = {}
 
 
 def _cache_file() -> Path:
-    base = os.environ.get("GRAPHGEN_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "graphgen")
-    return Path(base) / "model-sha256.json"
+    from .cache import root
+    return root() / "model-sha256.json"
 
 
 def model_sha256(path: str | os.PathLike) -> str:

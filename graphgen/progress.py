@@ -43,6 +43,13 @@ def mode_from_flags(quiet: bool = False, force: bool = False) -> str:
     return "never" if quiet else "always" if force else "auto"
 
 
+def lines_wanted(stream=None) -> bool:
+    """Whether per-step lines (a drafting round each) should print: with --progress, or on a
+    terminal unless --quiet."""
+    stream = stream if stream is not None else sys.stderr
+    return _mode == "always" or (_mode == "auto" and _is_terminal(stream))
+
+
 def note(message: str) -> None:
     """A one-line remark about the work (where a log went), shown unless the mode is `never`."""
     if _mode != "never":

@@ -8,6 +8,7 @@ every node downstream inherits its inputs' error, so graph-level bounds sit abov
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from .diff import diff_paths
-from .dump import prepare_dump_dir
+from .staging import staged_dump_dir
 from .ops import ggml as G
 from .engine import run_scenario
 
@@ -71,16 +72,18 @@ def xdiff(model, scenario, backends, out=None, progress=None, nmse: float | None
         handle, _ = open_backend(b)
         G.ggml_backend_free(handle)
     work = Path(out) if out else Path(tempfile.mkdtemp(prefix="graphgen-xdiff-"))
-    dirs = []
-    for k, b in enumerate(backends):
-        name = b.replace("://", "_").replace(":", "_").replace("/", "_")
-        if k == 1 and b == backends[0]:
-            name += "-2"  # the same backend twice (a determinism check): two folders still
-        d = prepare_dump_dir(work / name)
-        # every value is kept: backends differ in the last bits, which a digest cannot weigh
-        run_scenario(model, scenario, d, backend=b, progress=progress, max_data=1 << 62)
-        dirs.append(d)
-    return compare_dirs(dirs[0], dirs[1], backends, nmse)
+    # both folders appear in `out` only once both runs and the comparison are done
+    with contextlib.ExitStack() as stack:
+        dirs = []
+        for k, b in enumerate(backends):
+            name = b.replace("://", "_").replace(":", "_").replace("/", "_")
+            if k == 1 and b == backends[0]:
+                name += "-2"  # the same backend twice (a determinism check): two folders still
+            d = stack.enter_context(staged_dump_dir(work / name))
+            # every value is kept: backends differ in the last bits, which a digest cannot weigh
+            run_scenario(model, scenario, d, backend=b, progress=progress, max_data=1 << 62)
+            dirs.append(d)
+        return compare_dirs(dirs[0], dirs[1], backends, nmse)
 
 
 def compare_dirs(dir_a, dir_b, backends, nmse: float | None = None) -> XDiffResult:

@@ -1,6 +1,8 @@
 """The command line's manners: usage errors in one line, and a dump folder's other files left alone."""
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 
@@ -125,11 +127,18 @@ def test_xdiff_same_backend_twice_and_a_missing_one(tmp_path):
     model = tmp_path / "m.gguf"
     assert subprocess.run(CLI + ["make-model", str(model)], capture_output=True).returncode == 0
     scen = str(REF_DIR / "dflash-fa-off" / "scenario.json")
-    p = subprocess.run(CLI + ["xdiff", str(model), "--scenario", scen, "--backends", "cpu,cpu"],
-                       capture_output=True, text=True, timeout=300)
+    tmp_env = dict(os.environ, TMPDIR=str(tmp_path / "t"))
+    (tmp_path / "t").mkdir()
+    p = subprocess.run(CLI + ["xdiff", str(model), "--scenario", scen, "--backends", "cpu,cpu", "--keep"],
+                       capture_output=True, text=True, timeout=300, env=tmp_env)
     assert p.returncode == 0 and "PASS" in p.stdout, p.stderr
     where = p.stderr.strip().splitlines()[-1].split(" are in ")[-1]
     assert sorted(x.name for x in __import__("pathlib").Path(where).iterdir()) == ["cpu", "cpu-2"]
+    # without --keep (or --out) the temporary dumps go once compared
+    shutil.rmtree(where)
+    p = subprocess.run(CLI + ["xdiff", str(model), "--scenario", scen, "--backends", "cpu,cpu"],
+                       capture_output=True, text=True, timeout=300, env=tmp_env)
+    assert p.returncode == 0 and "PASS" in p.stdout and not list((tmp_path / "t").iterdir()), p.stderr
     # a backend the loaded ggml lacks is refused before the other side runs
     p = subprocess.run(CLI + ["xdiff", str(model), "--scenario", scen, "--backends", "cpu,vulkan",
                               "--out", str(tmp_path / "x")], capture_output=True, text=True, timeout=300)

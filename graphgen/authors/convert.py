@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from .. import cache, progress
 from . import EXTRA_HINT, AuthorsError
 
 CONVERTER_PACKAGE = "llama-cpp-python"
@@ -83,17 +84,15 @@ def print_to_stderr(line: str) -> None:
 
 def converter_tree() -> Path:
     """The folder holding upstream's convert_hf_to_gguf.py (fetched with pip once, then cached)."""
-    from ..ops.runtime import cache_root
-
-    dest = cache_root() / f"llama-converter-{CONVERTER_COMMIT}"
-    if (dest / ".complete").exists():
-        return dest
-    src_dir = cache_root() / "src"
+    found = cache.find(f"llama-converter-{CONVERTER_COMMIT}")
+    if found is not None:
+        return found
+    dest = cache.root() / f"llama-converter-{CONVERTER_COMMIT}"
+    src_dir = cache.root() / "src"
     src_dir.mkdir(parents=True, exist_ok=True)
     sdist = src_dir / f"llama_cpp_python-{CONVERTER_VERSION}.tar.gz"
     if not sdist.exists():
-        print(f"graphgen: fetching llama.cpp's converter ({CONVERTER_PACKAGE} {CONVERTER_VERSION} sdist, once)...",
-              file=sys.stderr, flush=True)
+        progress.note(f"fetching llama.cpp's converter ({CONVERTER_PACKAGE} {CONVERTER_VERSION} sdist, once)...")
         proc = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary",
                                CONVERTER_PACKAGE, "-d", str(src_dir), f"{CONVERTER_PACKAGE}=={CONVERTER_VERSION}"],
                               capture_output=True, text=True)
@@ -116,7 +115,7 @@ def converter_tree() -> Path:
     import compileall
     compileall.compile_dir(str(tmp), quiet=2, workers=1)
     (tmp / ".complete").write_text("ok\n")
-    _world_readable(tmp)
+    cache.publish(tmp)
     shutil.rmtree(dest, ignore_errors=True)
     try:
         tmp.rename(dest)
@@ -154,15 +153,6 @@ def _extract_tree(sdist: Path, tmp: Path) -> str:
     if missing:
         raise ValueError(f"no vendor/llama.cpp/{missing[0]}")
     return head
-
-
-def _world_readable(root: Path) -> None:
-    root.chmod(0o755)
-    for dirpath, dirnames, filenames in os.walk(root):
-        for d in dirnames:
-            os.chmod(os.path.join(dirpath, d), 0o755)
-        for f in filenames:
-            os.chmod(os.path.join(dirpath, f), 0o644)
 
 
 # --- reading checkpoints without loading them ---------------------------------------------------

@@ -93,12 +93,20 @@ def main(argv=None) -> int:
     from ..errors import GraphgenError
     from ..scenario import ScenarioError
 
+    from ..staging import Terminated, clear_pending, install_handlers
+
     args = build_parser().parse_args(argv)
     progress.set_mode(progress.mode_from_flags(args.quiet, args.progress))
+    install_handlers()
     try:
         apply_library_options(args)
         return args.fn(args)
+    except Terminated:
+        clear_pending()
+        print("graphgen: terminated", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
+        clear_pending()
         print("graphgen: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:

@@ -67,15 +67,17 @@ def make_hf_from_args(args: argparse.Namespace) -> int:
 
 def _cmd_dump_torch(args, sc) -> int:
     from ..authors.forward import AuthorsDraft, run_scenario_torch
-    from ..dump import prepare_dump_dir
+    from ..dump import dump_files
+    from ..staging import staged_dump_dir
     hf = Path(args.model)
     if not hf.is_dir():
         raise ValueError(f"{hf}: --engine torch takes a checkpoint folder (config.json and safetensors)")
-    draft = AuthorsDraft(hf, args.target)  # a checkpoint it refuses leaves no output folder behind
-    out = prepare_dump_dir(Path(args.out))
-    run_scenario_torch(hf, sc, out, scenario_path=args.scenario, draft=draft)
-    from ..dump import dump_files
-    for p in dump_files(out):
+    draft = AuthorsDraft(hf, args.target)
+    out = Path(args.out)
+    with staged_dump_dir(out) as tmp:
+        run_scenario_torch(hf, sc, tmp, scenario_path=args.scenario, draft=draft)
+        names = [p.name for p in dump_files(tmp)]
+    for p in (out / n for n in names):
         doc = json.loads(p.read_text())
         print(f"{p}: {doc['graph']}, {len(doc['nodes'])} mapped nodes (torch)")
     return 0
@@ -117,9 +119,11 @@ def run_check(hf_dir, scenario_path=None, target=None, keep=None, f16=False, say
 
     say = say or (lambda msg: None)
     hf = Path(hf_dir)
+    if keep and Path(keep).exists() and (not Path(keep).is_dir() or any(Path(keep).iterdir())):
+        raise ValueError(f"--keep {keep}: exists and is not an empty folder")
     draft = AuthorsDraft(hf, target)
-    work = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="graphgen-check-"))
-    work.mkdir(parents=True, exist_ok=True)
+    # the work folder becomes --keep DIR only once everything ran
+    work = Path(tempfile.mkdtemp(prefix="graphgen-check-"))
     try:
         if scenario_path is None:
             doc = default_check_scenario(min(draft.block_size, 8), draft.mask_token_id, f16)
@@ -139,7 +143,8 @@ def run_check(hf_dir, scenario_path=None, target=None, keep=None, f16=False, say
         run_scenario_torch(hf, sc, dirs["torch"], scenario_path=scenario_path, draft=draft)
         say("running llama.cpp b11739")
         # llama.cpp's log goes with the dumps when they are kept, else only into a failure's message
-        run_reference(gguf, scenario_path, dirs["llama.cpp"], 262144, **({} if keep else {"stderr_log": None}))
+        run_reference(gguf, scenario_path, dirs["llama.cpp"], 262144,
+                      **({"announce_dir": Path(keep) / "llama.cpp"} if keep else {"stderr_log": None}))
         say("running graphgen")
         run_scenario(gguf, sc, dirs["graphgen"], scenario_path=scenario_path)
         stamp_converter(dirs.values(), {"commit": conv.commit, "checkpoint": str(hf.resolve()),
@@ -148,13 +153,17 @@ def run_check(hf_dir, scenario_path=None, target=None, keep=None, f16=False, say
         vs_ours = compare_paths(dirs["torch"], dirs["graphgen"])
         graph = diff_paths(dirs["llama.cpp"], dirs["graphgen"])
         identical = exit_code(graph) == 0
+        if keep:
+            Path(keep).parent.mkdir(parents=True, exist_ok=True)
+            if Path(keep).is_dir():
+                Path(keep).rmdir()
+            shutil.move(str(work), str(keep))
         return {"hf_dir": str(hf), "class": f"{draft.package} {draft.class_name}", "converter": conv.commit,
-                "converter_warnings": conv.warnings, "work": str(work), "kept": bool(keep),
+                "converter_warnings": conv.warnings, "work": str(keep or work), "kept": bool(keep),
                 "authors_vs_llama.cpp": vs_ref, "authors_vs_graphgen": vs_ours, "graphgen_identical": identical,
                 "graph_diff": graph}
     finally:
-        if not keep:
-            shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def verdict(r: dict) -> tuple[int, str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import tempfile
 
@@ -35,14 +36,24 @@ def _cmd_xdiff(args) -> int:
     apply_to_scenario(args, sc)
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
 
-    def progress(step):
-        if step.kind != "seq_rm":
-            print(f"  step {step.index}: {step.kind}", file=sys.stderr)
+    from .. import progress
     out = args.out or tempfile.mkdtemp(prefix="graphgen-xdiff-")
-    res = xdiff(args.model, sc, backends, out, progress, nmse=args.nmse)
+    try:
+        with progress.task(f"xdiff {','.join(backends)}") as task:
+            def on_step(step):
+                if step.kind != "seq_rm":
+                    task.update(f"step {step.index}: {step.kind}")
+            res = xdiff(args.model, sc, backends, out, on_step, nmse=args.nmse)
+    except BaseException:
+        if not args.out:
+            shutil.rmtree(out, ignore_errors=True)
+        raise
     print(json.dumps(res.to_dict(), indent=1) if args.json else res.format_text())
     if not args.out:
-        print(f"the dumps of both runs are in {out}", file=sys.stderr)
+        if args.keep:
+            progress.note(f"the dumps of both runs are in {out}")
+        else:
+            shutil.rmtree(out, ignore_errors=True)
     return 0 if res.ok else 1
 
 
@@ -73,7 +84,9 @@ def register(sub) -> None:
     p.add_argument("--backends", required=True, help="two backends, e.g. cpu,vulkan")
     from .kvtypes import add_kv_type_flags
     add_kv_type_flags(p)
-    p.add_argument("--out", help="folder for the per-backend dumps (default: a temp folder)")
+    p.add_argument("--out", help="folder for the per-backend dumps (default: a temp folder, removed after "
+                                 "the comparison unless --keep)")
+    p.add_argument("--keep", action="store_true", help="without --out: keep the temp folder and say where")
     p.add_argument("--nmse", type=_nmse_arg, default=None,
                    help="one NMSE bound for every node instead of the per-op ones (matmuls 5e-4, f16 "
                         "attention 5e-3, ...); integer results (argmax, argsort, top-k) stay exact")

@@ -56,8 +56,10 @@ def _cmd_bench(args) -> int:
             f.write(markdown_section(args, results))
     if args.svg:
         from ..bench import scale_svg
-        Path(args.svg).write_text(scale_svg(results, f"{Path(args.model).name}: block step time against context "
-                                                     "length and sequences"))
+        from ..staging import staged_file
+        with staged_file(args.svg) as tmp:
+            tmp.write_text(scale_svg(results, f"{Path(args.model).name}: block step time against context "
+                                              "length and sequences"))
     return 0
 
 

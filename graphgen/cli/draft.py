@@ -102,13 +102,15 @@ def _run(args, DraftParams, SimulatedVerifier, open_drafter, run_speculative, de
             raise GraphgenError(f"--accept takes counts >= 0, or -1 for the whole draft; got {args.accept!r}")
         verifier = SimulatedVerifier(accept=accept, target_tokens=target, n_vocab=hp.n_vocab,
                                      mask_token=drafter.mask_token_id, seed=args.verifier_seed)
-        if not args.quiet:
+        from .. import progress as prog
+        show = prog.lines_wanted()
+        if show:
             print(f"draft {args.model}: {drafter.type} (head {drafter.model.variant}), block_size "
                   f"{drafter.block_size}, n_max {drafter.n_max}, n_min {drafter.params.n_min}, p_min "
                   f"{drafter.params.p_min:g}" + (", probabilistic" if params.probabilistic else ""), file=sys.stderr)
 
         def progress(r):
-            if args.quiet:
+            if not show:
                 return
             extra = ""
             if r.q is not None:

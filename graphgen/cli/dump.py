@@ -13,8 +13,9 @@ from .kvtypes import add_kv_type_flags, apply_to_scenario
 
 
 def _cmd_dump(args) -> int:
-    from ..dump import prepare_dump_dir
+    from .. import progress
     from ..scenario import load_scenario
+    from ..staging import staged_dump_dir
     sc = load_scenario(args.scenario)
     retyped = apply_to_scenario(args, sc)
     if args.engine == "torch":
@@ -24,32 +25,34 @@ def _cmd_dump(args) -> int:
         raise ValueError("--target is for --engine torch (the authors' model reads the target's embeddings)")
     if not Path(args.model).is_file():
         raise FileNotFoundError(f"{args.model}: no such model file")
+    if args.engine == "llama.cpp" and args.backend != "cpu":
+        raise ValueError("the llama.cpp reference runs on the CPU; drop --backend or use --engine graphgen")
     out = Path(args.out)
-    if args.engine == "llama.cpp":
-        from ..reference.runner import run_reference
-        if args.backend != "cpu":
-            raise ValueError("the llama.cpp reference runs on the CPU; drop --backend or use --engine graphgen")
-        if retyped:  # the reference reads a scenario file: give it the one the flags made
-            import tempfile
-            with tempfile.TemporaryDirectory() as tmp:
-                path = Path(tmp) / Path(args.scenario).name
-                path.write_text(json.dumps(sc.to_dict()))
-                paths = run_reference(args.model, path, prepare_dump_dir(out), args.max_data)
+    # the dumps land in OUT only when every graph is done: a failed or interrupted run leaves
+    # OUT as it was
+    with staged_dump_dir(out) as tmp:
+        if args.engine == "llama.cpp":
+            from ..reference.runner import run_reference
+            scenario_path = args.scenario
+            if retyped:  # the reference reads a scenario file: give it the one the flags made
+                scenario_path = tmp / ".scenario.json"
+                scenario_path.write_text(json.dumps(sc.to_dict()))
+            paths = run_reference(args.model, scenario_path, tmp, args.max_data, announce_dir=out)
+            if retyped:
+                scenario_path.unlink()
         else:
-            paths = run_reference(args.model, args.scenario, prepare_dump_dir(out), args.max_data)
-    else:
-        from ..engine import run_scenario
-        prepare_dump_dir(out)
-        n = len([s for s in sc.steps if s.kind != "seq_rm"])
-        done = [0]
-
-        def progress(step):
-            if step.kind != "seq_rm":
-                done[0] += 1
-                print(f"[{done[0]}/{n}] {step.kind} (step {step.index})", file=sys.stderr)
-        paths = [p for _, _, p in run_scenario(args.model, sc, out, args.max_data, progress, backend=args.backend,
-                                               scenario_path=args.scenario)]
+            from ..engine import run_scenario
+            n = len([s for s in sc.steps if s.kind != "seq_rm"])
+            done = [0]
+            with progress.task(f"dump {Path(args.model).name}") as task:
+                def on_step(step):
+                    if step.kind != "seq_rm":
+                        done[0] += 1
+                        task.update(f"graph {done[0]} of {n}: {step.kind} (step {step.index})")
+                paths = [p for _, _, p in run_scenario(args.model, sc, tmp, args.max_data, on_step,
+                                                       backend=args.backend, scenario_path=args.scenario)]
     for p in paths:
+        p = out / Path(p).name
         with open(p) as f:
             doc = json.load(f)
         print(f"{p}: {doc['graph']}, {len(doc['nodes'])} nodes")

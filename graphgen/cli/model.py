@@ -26,7 +26,8 @@ def add_make_model_args(parser: argparse.ArgumentParser) -> None:
                         help="with --format hf: z-lab's dflash package (DFlash, DFlash2; the default for them) "
                              "or vLLM's speculators (DFlash, DFlash2, DSpark; the default for DSpark)")
     parser.add_argument("--force", action="store_true",
-                        help="with --format hf: replace OUT when it holds an earlier graphgen checkpoint")
+                        help="replace OUT even when it is not a GGUF (with --format hf: when it holds an "
+                             "earlier graphgen checkpoint)")
     parser.add_argument("--variant", choices=VARIANTS, default="dflash")
     parser.add_argument("--backbone", choices=BACKBONES, default="base")
     parser.add_argument("--conf", action="store_true", help="DSpark confidence head")
@@ -118,7 +119,7 @@ DIM_DEFAULTS = dict(n_embd=64, n_layer=2, n_head=4, n_head_kv=None, n_ff=128, n_
                     target_layers=[1, 2])
 
 
-def make_model_from_args(args: argparse.Namespace, progress=None) -> dict:
+def make_model_from_args(args: argparse.Namespace, progress=None, path=None) -> dict:
     options = {}
     for dest, opt in _ARG_OPTIONS.items():
         value = getattr(args, dest, None)
@@ -134,7 +135,7 @@ def make_model_from_args(args: argparse.Namespace, progress=None) -> dict:
                  n_ff=args.n_ff, n_vocab=args.vocab, block_size=args.block_size, target_layers=args.target_layers)
     dims.update({k: v for k, v in given.items() if v is not None})
     return make_model(
-        args.out, args.variant, args.backbone, wtype=args.wtype, seed=args.seed,
+        path if path is not None else args.out, args.variant, args.backbone, wtype=args.wtype, seed=args.seed,
         context_length=args.context_length, rope_freq_base=args.rope_freq_base, rms_eps=args.rms_eps,
         conf=args.conf, progress=progress, **dims, **options)
 
@@ -146,19 +147,34 @@ def _cmd_make_model(args) -> int:
     from .. import progress
     from ..errors import GGUFModelError
     from ..runtime.model import load
-    with progress.task(f"make-model {args.out}") as p:
-        info = make_model_from_args(args, progress=p.update)
+    from ..staging import staged_file
+    out = Path(args.out)
+    if out.is_dir():
+        raise ValueError(f"{out}: is a folder; make-model writes a GGUF file (or a checkpoint folder with --format hf)")
+    if out.exists() and not args.force and not _is_gguf(out):
+        raise ValueError(f"{out}: exists and is not a GGUF file; pass --force to replace it")
+    # written under a temporary name and renamed once complete and loadable: an interrupted or
+    # refused run leaves OUT as it was
+    with progress.task(f"make-model {args.out}") as p, staged_file(out) as tmp:
+        info = make_model_from_args(args, progress=p.update, path=tmp)
         # a file graphgen itself would refuse is no draft: say why, and leave nothing behind
-        path = Path(info.get("path", args.out))
         p.update("checking that graphgen loads it")
         try:
-            load(path).close()
+            load(tmp).close()
         except GGUFModelError as e:
-            path.unlink(missing_ok=True)
-            raise ValueError(f"these options make a draft graphgen refuses, nothing written: {e}") from None
-    print(f"wrote {info.get('path', args.out)}: variant {info.get('variant')}, backbone {info.get('backbone')}, "
+            raise ValueError("these options make a draft graphgen refuses, nothing written: "
+                             + str(e).replace(str(tmp), str(out))) from None
+    print(f"wrote {out}: variant {info.get('variant')}, backbone {info.get('backbone')}, "
           f"{info.get('n_tensors', '?')} tensors")
     return 0
+
+
+def _is_gguf(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"GGUF"
+    except OSError:
+        return False
 
 
 def _cmd_info(args) -> int:

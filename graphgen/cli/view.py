@@ -132,6 +132,7 @@ def _cmd_view(args) -> int:
     if args.out is None:
         raise ValueError(f"--out is needed for --format {args.format}"
                          + (" with several graphs" if len(pairs) > 1 else ""))
+    from ..staging import staged_file
     out = Path(args.out)
     many = len(pairs) > 1 or out.is_dir()
     for r, o in pairs:
@@ -143,8 +144,8 @@ def _cmd_view(args) -> int:
             target = out.with_name(f"{out.stem}-{r.path.stem}.{ext}")
         else:
             target = out / f"{r.path.stem}.{ext}"
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(content)
+        with staged_file(target) as tmp:
+            tmp.write_text(content)
         print(target)
     return 0
 
@@ -178,14 +179,25 @@ def _cmd_trace(args) -> int:
     if not Path(args.model).is_file():
         raise FileNotFoundError(f"{args.model}: no such model file")
     sc = load_scenario(args.scenario)
-    return run_trace(args.model, sc, sys.stdout, args.filter, args.abort_on_nan, args.dump, args.backend,
-                     as_json=args.json)
+    if args.dump is None:
+        return run_trace(args.model, sc, sys.stdout, args.filter, args.abort_on_nan, None, args.backend,
+                         as_json=args.json)
+    from ..staging import abandon, staged_dump_dir
+    with staged_dump_dir(args.dump) as tmp:
+        rc = run_trace(args.model, sc, sys.stdout, args.filter, args.abort_on_nan, tmp, args.backend,
+                       as_json=args.json)
+        if rc != 0:  # stopped at a NaN: the graphs after it were never dumped
+            abandon(tmp)
+    return rc
 
 
 def _cmd_import(args) -> int:
     from ..view.importers import import_file, write_imported
+    from ..staging import staged_dump_dir
     dumps = import_file(args.file, args.format, args.graph)
-    for p, d in zip(write_imported(dumps, args.out), dumps):
+    with staged_dump_dir(args.out) as tmp:
+        paths = [Path(args.out) / p.name for p in write_imported(dumps, tmp)]
+    for p, d in zip(paths, dumps):
         imp = d.source["import"]
         print(f"{p}: {d.graph}, {len(d.nodes)} nodes ({imp['format']}, structure only: "
               f"{', '.join(f for f in imp['fields'] if f != 'backend')})")

@@ -29,6 +29,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import cache, progress
 from ..errors import GraphgenError
 from ..reference.libload import lib_file
 
@@ -64,9 +65,8 @@ _active: Runtime | None = None
 
 
 def cache_root() -> Path:
-    base = os.environ.get("GRAPHGEN_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "graphgen")
-    return Path(base)
+    """Where graphgen's cache entries go (graphgen.cache)."""
+    return cache.root()
 
 
 def choose(lib_dir: str | os.PathLike | None) -> None:
@@ -107,15 +107,15 @@ def _selected() -> tuple[Path, str, Path | None]:
 
 def _bindings_source() -> Path:
     """ggml-python's Python files, taken from its sdist (cached; fetched with pip on first use)."""
+    found = cache.find(f"ggml-python-{BINDINGS_VERSION}")
+    if found is not None:
+        return found
     dest = cache_root() / f"ggml-python-{BINDINGS_VERSION}"
-    if (dest / ".complete").exists():
-        return dest
     src_dir = cache_root() / "src"
     src_dir.mkdir(parents=True, exist_ok=True)
     sdist = src_dir / f"ggml_python-{BINDINGS_VERSION}.tar.gz"
     if not sdist.exists():
-        print(f"graphgen: fetching {BINDINGS_PACKAGE} {BINDINGS_VERSION}'s Python bindings (once)...",
-              file=sys.stderr, flush=True)
+        progress.note(f"fetching {BINDINGS_PACKAGE} {BINDINGS_VERSION}'s Python bindings (once)...")
         proc = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", BINDINGS_PACKAGE,
                                "-d", str(src_dir), f"{BINDINGS_PACKAGE}=={BINDINGS_VERSION}"],
                               capture_output=True, text=True)
@@ -135,6 +135,7 @@ def _bindings_source() -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise GGMLRuntimeError(f"{sdist}: not a usable {BINDINGS_PACKAGE} sdist ({e}); delete it to fetch again") from e
     (tmp / ".complete").write_text("ok\n")
+    cache.publish(tmp)
     shutil.rmtree(dest, ignore_errors=True)
     try:
         tmp.rename(dest)
@@ -156,12 +157,12 @@ def bound_functions(bindings_py: Path) -> list[str]:
 def _package_for(lib_dir: Path, bindings: Path) -> Path:
     """A folder holding a `ggml` package: the bindings, and lib/ linking to lib_dir's libraries."""
     key = hashlib.sha256(f"{lib_dir}\n{BINDINGS_VERSION}".encode()).hexdigest()[:16]
-    root = cache_root() / "ggml-runtime" / key
-    pkg = root / "ggml"
     links = {base: lib_file(lib_dir, base) for base in LIBRARIES}
-    if (root / ".complete").exists() and all(
-            (pkg / "lib" / f"lib{b}.so").resolve() == p.resolve() for b, p in links.items() if p is not None):
-        return root
+    found = cache.find(f"ggml-runtime/{key}")
+    if found is not None and all((found / "ggml" / "lib" / f"lib{b}.so").resolve() == p.resolve()
+                                 for b, p in links.items() if p is not None):
+        return found
+    root = cache_root() / "ggml-runtime" / key
     root.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=key + ".", dir=root.parent))
     (tmp / "ggml" / "lib").mkdir(parents=True)
@@ -171,6 +172,7 @@ def _package_for(lib_dir: Path, bindings: Path) -> Path:
         if path is not None:
             os.symlink(path.resolve(), tmp / "ggml" / "lib" / f"lib{base}.so")
     (tmp / ".complete").write_text(str(lib_dir) + "\n")
+    cache.publish(tmp)
     shutil.rmtree(root, ignore_errors=True)
     try:
         tmp.rename(root)

@@ -17,6 +17,8 @@ import struct
 import subprocess
 from pathlib import Path
 
+from .. import cache
+
 ENV_LLAMA_DIR = "GRAPHGEN_LLAMA_DIR"
 REFERENCE_PACKAGE = "llama-cpp-py-sync"
 REFERENCE_VERSION = "0.11739"
@@ -94,9 +96,8 @@ def reference_label() -> str:
 
 
 def cache_root() -> Path:
-    base = os.environ.get("GRAPHGEN_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "graphgen")
-    return Path(base)
+    """Where graphgen's cache entries go (graphgen.cache)."""
+    return cache.root()
 
 
 def weaken_version_need(path: Path, version_name: bytes) -> int:
@@ -141,9 +142,11 @@ def weaken_version_need(path: Path, version_name: bytes) -> int:
 def build_c_library(name: str, source: str, why: str) -> Path:
     """Compile `source` into a shared object once, cached by its digest; `why` names the need."""
     digest = hashlib.sha256(source.encode()).hexdigest()[:12]
-    lib = cache_root() / f"{name}-{digest}" / f"lib{name.replace('-', '_')}.so"
-    if lib.exists():
-        return lib
+    so = f"lib{name.replace('-', '_')}.so"
+    found = cache.find(f"{name}-{digest}", marker=so)
+    if found is not None:
+        return found / so
+    lib = cache_root() / f"{name}-{digest}" / so
     cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
     if cc is None:
         raise ReferenceUnavailable(f"{why}: a C compiler (cc or gcc) is required to build {lib.name}")
@@ -154,6 +157,8 @@ def build_c_library(name: str, source: str, why: str) -> Path:
                           capture_output=True, text=True)
     if proc.returncode != 0:
         raise ReferenceUnavailable(f"building {lib.name} failed: {proc.stderr.strip()}")
+    os.chmod(tmp, 0o755)
+    os.chmod(lib.parent, 0o755)
     os.replace(tmp, lib)
     return lib
 
@@ -180,7 +185,11 @@ def prepare_libraries() -> tuple[Path, Path | None]:
     for n in LIB_NAMES:
         st = (src / n).stat()
         digest.update(f"{n}:{st.st_size}:{st.st_mtime_ns}".encode())
-    dest = cache_root() / f"llama-{REFERENCE_BUILD}-{digest.hexdigest()[:12]}"
+    name = f"llama-{REFERENCE_BUILD}-{digest.hexdigest()[:12]}"
+    found = cache.find(name)
+    if found is not None:
+        return found, shim
+    dest = cache_root() / name
     if not (dest / ".complete").exists():
         tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
@@ -189,6 +198,7 @@ def prepare_libraries() -> tuple[Path, Path | None]:
             shutil.copy2(src / n, tmp / n)
             weaken_version_need(tmp / n, b"GLIBC_2.38")
         (tmp / ".complete").write_text("ok\n")
+        cache.publish(tmp)
         try:
             tmp.rename(dest)
         except OSError:  # another process won the race

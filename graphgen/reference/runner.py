@@ -304,12 +304,13 @@ STDERR_LOG = "llama.cpp.log"
 
 
 def run_reference(model, scenario_path, out, max_data: int = 262144, timeout: float = 600,
-                  stderr_log: str | None = STDERR_LOG) -> list[Path]:
+                  stderr_log: str | None = STDERR_LOG, announce_dir=None) -> list[Path]:
     """Run the reference in a child process; raise ReferenceFailed/ReferenceUnavailable on failure.
 
     ReferenceFailed's first line summarises llama.cpp's error, the lines after it (and its
     `reason`) hold the whole of it. The child's standard error is written, as it comes, to
-    `out/stderr_log` (None: kept only in ReferenceFailed.stderr), and one line on stderr says so."""
+    `out/stderr_log` (None: kept only in ReferenceFailed.stderr), and one line on stderr says so
+    (naming `announce_dir` instead of `out` when the caller moves the files there afterwards)."""
     from .. import progress
 
     out = Path(out)
@@ -336,7 +337,6 @@ def run_reference(model, scenario_path, out, max_data: int = 262144, timeout: fl
             task.update(_phase(log_path, n_steps))
         if keep is not None:
             keep.close()
-            progress.note(f"llama.cpp's stderr is in {out / stderr_log}")
         if rc is None:
             _, text = _error_text(log_path, stderr)
             raise ReferenceFailed(f"{reference_label()} did not finish within {timeout:.0f} s"
@@ -347,6 +347,8 @@ def run_reference(model, scenario_path, out, max_data: int = 262144, timeout: fl
             how = f"signal {-rc}" if rc < 0 else f"exit {rc}"
             headline, text = _error_text(log_path, stderr)
             raise ReferenceFailed(f"{reference_label()} failed ({how}): {headline}\n{text}", text, stderr, rc)
+        if keep is not None:
+            progress.note(f"llama.cpp's stderr is in {Path(announce_dir or out) / stderr_log}")
     finally:
         if keep is not None:
             keep.close()

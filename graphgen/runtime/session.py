@@ -23,6 +23,7 @@ from .kvcache import KVCache, UBatch
 from .model import Model, load
 from ..errors import GraphgenError
 from ..scenario import KV_TYPE_IDS
+from ..staging import raise_pending
 
 KV_TYPES = dict(KV_TYPE_IDS)
 
@@ -371,15 +372,24 @@ class Session:
             self._drop(slot)
             raise
         cb_keep = None
+        failed: list[BaseException] = []
         if recorder is not None:
             sched = slot.sched
 
             def _eval(t, ask, _ud):
-                if not ask:
-                    b = G.ggml_backend_sched_get_tensor_backend(sched, t)
-                    recorder.record(ctypes.cast(t, ctypes.c_void_p).value,
-                                    backend=G.ggml_backend_name(b).decode() if b else None)
-                return True
+                # an exception cannot cross the C callback (ctypes would print and drop it, and the
+                # graph would go on): keep it, stop the compute, raise it once ggml returns
+                if failed:
+                    return False
+                try:
+                    if not ask:
+                        b = G.ggml_backend_sched_get_tensor_backend(sched, t)
+                        recorder.record(ctypes.cast(t, ctypes.c_void_p).value,
+                                        backend=G.ggml_backend_name(b).decode() if b else None)
+                    return True
+                except BaseException as e:  # noqa: BLE001 - Ctrl-C included
+                    failed.append(e)
+                    return False
             cb_keep = G.ggml_backend_sched_eval_callback(_eval)
             G.ggml_backend_sched_set_eval_callback(slot.sched, cb_keep, None)
         # otherwise no callback is set: the one a recorder sets is unset when its compute ends
@@ -402,6 +412,9 @@ class Session:
             else:
                 status = G.ggml_backend_sched_graph_compute(slot.sched, g.gf)
             self._lap("compute")
+            if failed:
+                raise failed[0]
+            raise_pending()
             if status != 0:
                 raise RuntimeError(f"ggml compute failed with status {status}")
             if recorder is not None and hasattr(recorder, "reorder"):

@@ -124,11 +124,13 @@ def export(out_dir: str | Path, ref: Dump, ours: Dump | None = None, res: DiffRe
             from graphgen.diff import diff_dumps
             res = diff_dumps(ref, ours)
         status = {i: r.status for i, r in diff_map(res, ref, ours).ref_status.items()}
-    paths = [out_dir / f"{stem}.graph.json"]
-    paths[0].write_text(json.dumps(graph_json(ref, status=status)))
+    from graphgen.staging import staged_file
+    docs = {f"{stem}.graph.json": graph_json(ref, status=status)}
     if ours is not None:
-        for key, doc in node_data(res, ref, ours).items():
-            p = out_dir / f"{stem}.{key}.json"
-            p.write_text(json.dumps(doc))
-            paths.append(p)
+        docs.update({f"{stem}.{key}.json": doc for key, doc in node_data(res, ref, ours).items()})
+    paths = []
+    for name, doc in docs.items():
+        with staged_file(out_dir / name) as tmp:
+            tmp.write_text(json.dumps(doc))
+        paths.append(out_dir / name)
     return paths

@@ -1,0 +1,166 @@
+"""Outputs that appear only when complete, and interrupts that end a command cleanly.
+
+A run that is interrupted or fails leaves nothing that looks complete and never touches what
+the user had: files are written under a temporary name beside their target and renamed at the
+end (`staged_file`); a dump folder's files are written into a temporary folder beside it and
+moved in, replacing earlier graphgen dumps, only when the run completes (`staged_dump_dir`).
+
+SIGINT and SIGTERM raise `KeyboardInterrupt` / `Terminated` wherever Python runs next. ggml calls
+Python back (the eval callback) and ctypes swallows an exception raised there, so a signal that
+lands inside a callback is also kept as pending: code that drives ggml calls `raise_pending()`
+after each compute, and the command ends with exit 130 (143) all the same.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import tempfile
+from pathlib import Path
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, ended like Ctrl-C but with exit 143."""
+
+
+_pending: BaseException | None = None
+
+
+def _on_signal(signum, frame):
+    global _pending
+    exc = Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+    _pending = exc
+    raise exc
+
+
+def install_handlers() -> None:
+    """SIGINT and SIGTERM raise (the command-line entry point installs them)."""
+    try:
+        signal.signal(signal.SIGINT, _on_signal)
+        signal.signal(signal.SIGTERM, _on_signal)
+    except ValueError:  # not the main thread: signals stay as they are
+        pass
+
+
+def raise_pending() -> None:
+    """Raise a signal that arrived while Python could not (inside a C callback)."""
+    global _pending
+    exc, _pending = _pending, None
+    if exc is not None:
+        raise exc
+
+
+def clear_pending() -> None:
+    global _pending
+    _pending = None
+
+
+@contextlib.contextmanager
+def signals_deferred():
+    """Hold SIGINT and SIGTERM while a few renames finish, so that they all land or none."""
+    sigs = {signal.SIGINT, signal.SIGTERM}
+    try:
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
+    except (AttributeError, ValueError, OSError):  # not the main thread, or no such call
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _made_parents(path: Path) -> list[Path]:
+    """Create path's missing parent folders; the ones made, innermost first (to undo)."""
+    missing = []
+    p = path.parent
+    while not p.exists():
+        missing.append(p)
+        p = p.parent
+    for d in reversed(missing):
+        d.mkdir()
+    return missing
+
+
+def _undo_parents(made: list[Path]) -> None:
+    for d in made:
+        try:
+            d.rmdir()
+        except OSError:
+            break
+
+
+@contextlib.contextmanager
+def staged_file(path: str | os.PathLike):
+    """Yield a temporary path beside `path`; when the block completes, rename it onto `path`.
+    On failure or interrupt the temporary file goes and `path` is as it was."""
+    path = Path(path)
+    made = _made_parents(path)
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
+    os.close(fd)
+    tmp = Path(name)
+    # the mode a plain open() would give (mkstemp's is private), or the replaced file's
+    tmp.chmod(path.stat().st_mode & 0o777 if path.exists() else 0o666 & ~_umask())
+    ok = False
+    try:
+        yield tmp
+        with signals_deferred():
+            os.replace(tmp, path)
+        ok = True
+    finally:
+        tmp.unlink(missing_ok=True)
+        if not ok:
+            _undo_parents(made)
+
+
+_ABANDON = ".abandon"
+
+
+def abandon(staged: Path) -> None:
+    """Leave the dump folder as it was although the block ends normally (a run that stopped
+    short on purpose, as trace --abort-on-nan does)."""
+    (Path(staged) / _ABANDON).touch()
+
+
+@contextlib.contextmanager
+def staged_dump_dir(out: str | os.PathLike):
+    """Yield a temporary folder beside `out` to write dumps into; when the block completes, the
+    earlier graphgen dumps in `out` are removed and the new files moved in (other files stay).
+    A folder that holds an `NN-*.json` that is no graphgen dump is refused before anything runs."""
+    from .dump import DumpError, check_dump_dir, prepare_dump_dir
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise DumpError(f"{out}: exists and is not a folder")
+    if out.is_dir():
+        check_dump_dir(out)
+    made = _made_parents(out)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
+    tmp.chmod(0o777 & ~_umask())
+    ok = False
+    try:
+        yield tmp
+        if (tmp / _ABANDON).exists():
+            return
+        with signals_deferred():
+            created = not out.exists()
+            prepare_dump_dir(out)
+            try:
+                for f in sorted(tmp.iterdir()):
+                    os.replace(f, out / f.name)
+            except OSError:
+                if created:
+                    shutil.rmtree(out, ignore_errors=True)
+                raise
+        ok = True
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not ok:
+            _undo_parents(made)
