@@ -88,27 +88,28 @@ def _closed_pipe() -> int:
 
 
 def main(argv=None) -> int:
+    # first, so that a signal at any moment, the imports included, ends the command cleanly
+    from ..staging import Terminated, clear_pending, install_handlers
+    install_handlers()
+    try:
+        return _main(argv)
+    except KeyboardInterrupt as e:
+        clear_pending()
+        print("graphgen: terminated" if isinstance(e, Terminated) else "graphgen: interrupted", file=sys.stderr)
+        return 143 if isinstance(e, Terminated) else 130
+
+
+def _main(argv) -> int:
     from .. import progress
     from ..dump import DumpError
     from ..errors import GraphgenError
     from ..scenario import ScenarioError
 
-    from ..staging import Terminated, clear_pending, install_handlers
-
     args = build_parser().parse_args(argv)
     progress.set_mode(progress.mode_from_flags(args.quiet, args.progress))
-    install_handlers()
     try:
         apply_library_options(args)
         return args.fn(args)
-    except Terminated:
-        clear_pending()
-        print("graphgen: terminated", file=sys.stderr)
-        return 143
-    except KeyboardInterrupt:
-        clear_pending()
-        print("graphgen: interrupted", file=sys.stderr)
-        return 130
     except BrokenPipeError:
         return _closed_pipe()
     except (GraphgenError, ScenarioError, DumpError, FileNotFoundError, ValueError, NotImplementedError,

@@ -1,0 +1,117 @@
+"""Ctrl-C (SIGINT) or SIGTERM at any moment: exit 130 (143), one line, no traceback, nothing left
+that looks complete, the user's earlier files byte for byte as they were.
+
+Each case starts a command on a draft deep enough to keep it busy for several seconds and sends
+the signal after a delay, so it lands in model loading, in graph building, inside ggml's compute,
+inside the eval callback that records a dump (where ctypes would swallow it), or while files are
+written. 20 moments over dump (both engines), trace, xdiff, make-model, draft and bench.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REF_DIR
+
+CLI = [sys.executable, "-m", "graphgen.cli"]
+SCENARIO = REF_DIR / "dflash-fa-off" / "scenario.json"
+
+
+@pytest.fixture(scope="module")
+def deep(tmp_path_factory):
+    """A 400-layer draft: each command on it runs for seconds, not milliseconds."""
+    from graphgen.synth import make_model
+    path = tmp_path_factory.mktemp("deep") / "deep.gguf"
+    make_model(path, "dflash", n_layer=400, n_embd=128, n_ff=256)
+    return path
+
+
+def _snapshot(folder: Path) -> dict[str, str]:
+    """Every file under folder (hidden ones included) with its digest."""
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _earlier_dump(folder: Path) -> None:
+    """What a user had in the output folder: an earlier run's dumps and a note of their own."""
+    folder.mkdir(parents=True)
+    (folder / "00-block.json").write_text(json.dumps({"format": "graphgen-dump/1", "earlier": True}))
+    (folder / "notes.txt").write_text("my notes\n")
+
+
+def _run_and_signal(cmd, delay: float, sig, cwd: Path) -> subprocess.CompletedProcess:
+    proc = subprocess.Popen(CLI + cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    time.sleep(delay)
+    if proc.poll() is not None:
+        pytest.fail(f"{cmd[0]} finished before the signal at {delay} s: the workload is too small "
+                    f"(exit {proc.returncode}): {proc.stderr.read()[-300:]}")
+    proc.send_signal(sig)
+    try:
+        _, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail(f"{cmd[0]} did not end within 60 s of {sig.name}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, "", err)
+
+
+def _leftovers(folder: Path) -> list[str]:
+    return [p.name for p in folder.iterdir() if p.name.endswith(".partial") or ".partial" in p.name]
+
+
+CASES = [
+    # (command, delay in s, signal): the output folder or file is named OUT
+    (["dump", "{model}", "--scenario", str(SCENARIO), "--out", "OUT"], 0.3, signal.SIGINT),
+    (["dump", "{model}", "--scenario", str(SCENARIO), "--out", "OUT"], 1.5, signal.SIGINT),
+    (["dump", "{model}", "--scenario", str(SCENARIO), "--out", "OUT"], 3.0, signal.SIGINT),
+    (["dump", "{model}", "--scenario", str(SCENARIO), "--out", "OUT"], 4.5, signal.SIGTERM),
+    (["dump", "{model}", "--scenario", str(SCENARIO), "--out", "OUT", "--engine", "llama.cpp"], 1.0, signal.SIGINT),
+    (["dump", "{model}", "--scenario", str(SCENARIO), "--out", "OUT", "--engine", "llama.cpp"], 2.5, signal.SIGTERM),
+    (["trace", "{model}", "--scenario", str(SCENARIO), "--dump", "OUT"], 1.5, signal.SIGINT),
+    (["trace", "{model}", "--scenario", str(SCENARIO), "--dump", "OUT", "--json"], 3.5, signal.SIGINT),
+    (["xdiff", "{model}", "--scenario", str(SCENARIO), "--backends", "cpu,cpu", "--out", "OUT"], 1.5, signal.SIGINT),
+    (["xdiff", "{model}", "--scenario", str(SCENARIO), "--backends", "cpu,cpu", "--out", "OUT"], 5.0, signal.SIGINT),
+    (["xdiff", "{model}", "--scenario", str(SCENARIO), "--backends", "cpu,cpu", "--out", "OUT"], 9.0, signal.SIGTERM),
+    (["make-model", "OUT", "--layers", "900", "--n-embd", "128", "--n-ff", "256"], 0.5, signal.SIGINT),
+    (["make-model", "OUT", "--layers", "900", "--n-embd", "128", "--n-ff", "256"], 1.5, signal.SIGINT),
+    (["make-model", "OUT", "--layers", "900", "--n-embd", "128", "--n-ff", "256"], 2.5, signal.SIGTERM),
+    (["draft", "{model}", "--prompt-tokens", "1,2,3,4", "--n-predict", "400"], 1.5, signal.SIGINT),
+    (["draft", "{model}", "--prompt-tokens", "1,2,3,4", "--n-predict", "400", "--json"], 3.5, signal.SIGINT),
+    (["draft", "{model}", "--prompt-tokens", "1,2,3,4", "--n-predict", "400"], 5.0, signal.SIGTERM),
+    (["bench", "{model}", "--repeat", "50", "--engines", "graphgen", "--svg", "OUT"], 1.5, signal.SIGINT),
+    (["bench", "{model}", "--repeat", "50", "--engines", "graphgen", "--svg", "OUT"], 4.0, signal.SIGINT),
+    (["bench", "{model}", "--repeat", "50", "--engines", "graphgen,llama.cpp", "--svg", "OUT"], 3.0, signal.SIGTERM),
+]
+
+
+@pytest.mark.parametrize("cmd,delay,sig", CASES,
+                         ids=[f"{c[0]}-{d}s-{s.name}" for c, d, s in CASES])
+def test_signal_ends_the_command_cleanly(tmp_path, deep, cmd, delay, sig):
+    work = tmp_path / "work"
+    work.mkdir()
+    out = work / "out"
+    if cmd[0] in ("dump", "trace", "xdiff"):
+        _earlier_dump(out)
+    else:
+        out.write_bytes(b"GGUF earlier file the user had")
+    before = _snapshot(work)
+    args = [a.replace("{model}", str(deep)).replace("OUT", str(out)) if isinstance(a, str) else a for a in cmd]
+    p = _run_and_signal(args, delay, sig, work)
+    want = 143 if sig == signal.SIGTERM else 130
+    assert p.returncode == want, (p.returncode, p.stderr[-2000:])
+    lines = [l for l in p.stderr.strip().splitlines() if l.strip()]
+    assert "Traceback" not in p.stderr and "Exception ignored" not in p.stderr, p.stderr[-2000:]
+    assert lines and lines[-1] == ("graphgen: terminated" if sig == signal.SIGTERM else "graphgen: interrupted")
+    # what the user had is untouched, and nothing new that looks complete (or half-written) remains
+    assert _snapshot(work) == before, (sorted(_snapshot(work)), sorted(before))
+    assert not _leftovers(work)
+    if out.is_dir():
+        assert not _leftovers(out)
