@@ -185,6 +185,7 @@ class Session:
         # between backends into tensors it makes anew, so each kind keeps its own.
         self._scheds: dict[str, GraphSlot] = {}
         self._share_sched = len(self.backends) == 1
+        self._remote = self.backend_name.startswith("RPC")
         self._allocated: dict = {}   # scheduler -> the graph it holds
         self.stats = {"builds": 0, "allocs": 0, "reuses": 0}
         self.reuse_graphs = reuse_graphs
@@ -332,6 +333,14 @@ class Session:
             for other in self._scheds.values():
                 if other is not slot and other.sched == slot.sched and other.graph is not None:
                     self._unplace(other.graph)
+        if self._remote and self._sched_size(slot.sched) != before:
+            # a moved buffer on an RPC server drops every graph the server has cached (its
+            # free_buffer discards them all), while each scheduler's client side still holds the
+            # uids of its splits and would ask for a recompute the server can no longer do; the
+            # other schedulers' graphs are built afresh (new uids, sent whole) when next computed
+            for other in self._scheds.values():
+                if other.sched != slot.sched and other.graph is not None:
+                    self._drop(other)
         # an input the graph does not use gets no memory and is never set; one that can be
         # written in place gets a numpy view of its memory, valid while g keeps its places
         g.live_inputs = [(t, values, _host_view(t) if hasattr(values, "into") else None)
