@@ -58,7 +58,12 @@ def _cmd_xdiff(args) -> int:
 
 
 def _cmd_rpc_server(args) -> int:
+    import signal
     from ..runtime.backends import start_rpc_server
+    # the server loops inside ggml, where a Python handler never runs: Ctrl-C and SIGTERM end the
+    # process at once (it writes nothing that could be left half done)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"graphgen: warning: serving on {args.host}; the RPC protocol has no authentication", file=sys.stderr)
     def ready():
