@@ -25,11 +25,14 @@ def configured_root() -> Path:
 def _writable(path: Path) -> bool:
     """Whether `path` can be written, or made and then written."""
     p = path
-    while not p.exists():
-        if p.parent == p:
-            return False
-        p = p.parent
-    return p.is_dir() and os.access(p, os.W_OK | os.X_OK)
+    try:
+        while not p.exists():
+            if p.parent == p:
+                return False
+            p = p.parent
+        return p.is_dir() and os.access(p, os.W_OK | os.X_OK)
+    except OSError:  # a folder on the way this user may not enter
+        return False
 
 
 def root() -> Path:

@@ -112,6 +112,18 @@ def _int(d: dict, key: str, where: str, default=None, lo=None, hi=None) -> int:
     return v
 
 
+# the fields each step takes: a misspelt one is named, not read as a missing one
+_STEP_KEYS = {"inject": {"n_tokens", "pos0", "seq"}, "encode": {"n_tokens", "pos0", "seq"},
+              "seq_rm": {"seq", "p0", "p1"}}
+_BLOCK_KEYS = {"tokens", "pos0", "seq", "embd_state"}
+
+
+def _known(body: dict, keys: set, where: str) -> None:
+    unknown = sorted(set(body) - keys)
+    if unknown:
+        raise ScenarioError(f"{where}: unknown field '{unknown[0]}' (expected {', '.join(sorted(keys))})")
+
+
 def parse_scenario(doc: dict, where: str = "scenario") -> Scenario:
     if not isinstance(doc, dict):
         raise ScenarioError(f"{where}: expected a JSON object")
@@ -147,6 +159,8 @@ def parse_scenario(doc: dict, where: str = "scenario") -> Scenario:
         (kind, body), = raw.items()
         if not isinstance(body, dict):
             raise ScenarioError(f"{sw}: '{kind}' must be an object")
+        if kind in _STEP_KEYS:
+            _known(body, _STEP_KEYS[kind], f"{sw} {kind}")
         if kind == "inject":
             n = _int(body, "n_tokens", f"{sw} inject", lo=1)
             if n > sc.n_ubatch:
@@ -160,6 +174,8 @@ def parse_scenario(doc: dict, where: str = "scenario") -> Scenario:
             st = Step("encoder", i, seq=_int(body, "seq", sw, 0, lo=0, hi=sc.n_seq - 1),
                       n_tokens=n, pos0=_int(body, "pos0", f"{sw} encode", 0, lo=0))
         elif kind == "block":
+            if "seqs" in body:
+                _known(body, {"seqs"}, f"{sw} block")
             entries = body.get("seqs", [body]) if "seqs" in body else [body]
             if not isinstance(entries, list) or not entries:
                 raise ScenarioError(f"{sw} block: 'seqs' must be a non-empty list")
@@ -168,6 +184,7 @@ def parse_scenario(doc: dict, where: str = "scenario") -> Scenario:
                 bw = f"{sw} block seq entry {j}"
                 if not isinstance(e, dict):
                     raise ScenarioError(f"{bw}: expected an object")
+                _known(e, _BLOCK_KEYS, bw)
                 toks = e.get("tokens")
                 if not isinstance(toks, list) or not toks or not all(
                         isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in toks):

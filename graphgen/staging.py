@@ -21,6 +21,10 @@ import tempfile
 from pathlib import Path
 
 
+class NotAFolder(ValueError):
+    """An output path whose parent is a file."""
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM, ended like Ctrl-C but with exit 143."""
 
@@ -85,6 +89,8 @@ def _made_parents(path: Path) -> list[Path]:
     while not p.exists():
         missing.append(p)
         p = p.parent
+    if not p.is_dir():
+        raise NotAFolder(f"{path}: {p} is a file, not a folder")
     for d in reversed(missing):
         d.mkdir()
     return missing

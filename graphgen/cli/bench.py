@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from .kvtypes import add_kv_type_flags, apply_to_scenario
+from .kvtypes import FA_FLAG, FA_SCENARIO, add_kv_type_flags, apply_to_scenario
 
 
 def _cmd_bench(args) -> int:
@@ -30,7 +30,7 @@ def _cmd_bench(args) -> int:
         base.n_threads = args.threads
     if args.flash_attn is not None:
         base.flash_attn = args.flash_attn == "on"
-    apply_to_scenario(args, base)
+    apply_to_scenario(args, base, FA_FLAG + " or " + FA_SCENARIO)
     # each run: (label, axis, value, scenario); the n_seq runs come first, as the command lists them
     runs = [(f"n_seq {n}", "n_seq", n, base if n == 1 else multi_seq_scenario(base, n)) for n in args.n_seq]
     runs += [(f"n_kv {n}", "n_kv", n, context_scenario(base, n)) for n in args.n_kv or ()]
@@ -157,7 +157,7 @@ def register(sub) -> None:
     p.add_argument("--n-seq", type=_n_seq, default=[1], help="block batches of this many sequences, e.g. 1,4,16")
     p.add_argument("--flash-attn", choices=("on", "off"), default=None,
                    help="override the scenario's flash attention (a quantized V cache needs it on)")
-    add_kv_type_flags(p)
+    add_kv_type_flags(p, fa_hint=FA_FLAG)
     p.add_argument("--n-kv", type=_n_kv, default=None, metavar="N,...",
                    help="also time the block after a prompt filling the cache to N cells (multiples of 256), "
                         "e.g. 256,1024,4096,8192: how a step grows with context")

@@ -181,7 +181,7 @@ def register(subparsers) -> None:
     p.add_argument("--n-ctx", type=int, default=0, help="draft KV cache size (default: what the run needs)")
     p.add_argument("--n-ubatch", type=int, default=64, help="injection chunk and batch limit (default 64)")
     p.add_argument("--flash-attn", choices=("on", "off"), default="off")
-    add_kv_type_flags(p, default="f16")
+    add_kv_type_flags(p, default="f16", fa_hint="--flash-attn on")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--backend", default="cpu", help="cpu, vulkan[:N], cuda[:N], metal, rpc://HOST:PORT or auto")
     p.add_argument("--json", action="store_true", help="print the summary (and tokens) as JSON")

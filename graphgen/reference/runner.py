@@ -342,7 +342,8 @@ def run_reference(model, scenario_path, out, max_data: int = 262144, timeout: fl
             raise ReferenceFailed(f"{reference_label()} did not finish within {timeout:.0f} s"
                                   + (f"\n{text}" if text else ""), text, stderr)
         if rc == 3:
-            raise ReferenceUnavailable(stderr.strip().splitlines()[-1])
+            # the child's own one-line error, without its prefix (the caller adds one)
+            raise ReferenceUnavailable(stderr.strip().splitlines()[-1].removeprefix("graphgen: error: "))
         if rc != 0:
             how = f"signal {-rc}" if rc < 0 else f"exit {rc}"
             headline, text = _error_text(log_path, stderr)

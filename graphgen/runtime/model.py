@@ -11,6 +11,7 @@ Every key and shape is validated before ggml sees it; the weights go into one ba
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -726,20 +727,48 @@ def read_hparams(reader, path) -> tuple[HParams, str, str]:
     return hp, variant, backbone
 
 
+@functools.lru_cache(maxsize=None)
+def _bounded_reader_class():
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
+
+    class BoundedReader(GGUFReader):
+        """gguf-py's reader, naming the first tensor whose data runs past the end of a truncated
+        file (as llama.cpp's loader does) instead of failing to reshape an array."""
+
+        def _build_tensors(self, start_offs, fields):
+            size = len(self.data)
+            for info in fields:
+                _, name_data, _, dims, raw_dtype, offset = info.parts
+                try:
+                    block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(int(raw_dtype[0]))]
+                except (ValueError, KeyError):
+                    continue  # the parent names the bad type
+                n_bytes = int(np.prod(dims.astype(np.int64))) * type_size // block
+                at = int(start_offs + offset[0])
+                if at + n_bytes > size:
+                    name = bytes(name_data).decode("utf-8", "replace")
+                    raise GGUFModelError(f"tensor '{name}' ({n_bytes} bytes at offset {at}) runs past the end of "
+                                         f"the file ({size} bytes): the GGUF is truncated or corrupt")
+            return super()._build_tensors(start_offs, fields)
+    return BoundedReader
+
+
 class Model:
     """A loaded draft: hparams, variant, backbone and its weights in a backend buffer."""
 
     def __init__(self, path, backend=None):
-        from gguf import GGUFReader
-
         self.path = Path(path)
+        if self.path.is_dir():
+            raise GGUFModelError(f"{self.path}: is a folder, not a GGUF file")
         if not self.path.is_file():
             raise GGUFModelError(f"{self.path}: no such file")
         # the magic, then every count bounded by the file's size: gguf-py trusts the counts and can
         # loop for hours
         V.check_gguf_layout(self.path)
         try:
-            reader = GGUFReader(str(self.path), "r")
+            reader = _bounded_reader_class()(str(self.path), "r")
+        except GGUFModelError as e:
+            raise GGUFModelError(f"{self.path}: {e}") from None
         except Exception as e:  # gguf-py raises ValueError/IndexError/struct.error on truncation
             raise GGUFModelError(f"{self.path}: malformed or truncated GGUF ({type(e).__name__}: {e})") from None
         self.hparams, self.variant, self.backbone = read_hparams(reader, self.path)
