@@ -533,8 +533,13 @@ def test_draft_cli(tiny, tmp_path, capsys):
     f = tmp_path / "f.npy"
     with Session(tiny["dspark"]) as s:
         np.save(f, prompt_features(s, 40, seed=4))
-    rc = cli_main(["draft", str(tiny["dspark"]), "--spec-type", "draft-dspark", "--features", str(f),
-                   "--prompt-tokens", "1,2,3,4,5", "--n-predict", "10", "--accept", "1,3"])
+    args = ["draft", str(tiny["dspark"]), "--spec-type", "draft-dspark", "--features", str(f),
+            "--prompt-tokens", "1,2,3,4,5", "--n-predict", "10", "--accept", "1,3"]
+    # the per-round lines are progress: on a terminal or with --progress, not in a pipe or a log
+    rc = cli_main(args)
+    out, err = capsys.readouterr()
+    assert rc == 0 and "[round" not in err
+    rc = cli_main(["--progress"] + args)
     out, err = capsys.readouterr()
     assert rc == 0
     assert "[round 1] seq 0 pos 5:" in err and "accepted 1" in err and "[round 2]" in err

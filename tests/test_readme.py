@@ -1,0 +1,116 @@
+"""The README's commands run as written.
+
+Every `sh` block of the README is run, line by line, in a folder of its own holding what the
+README itself defines: `s.json` is the scenario of its "Scenario format" section. Synopsis lines
+are run as their shortest form: optional `[...]` groups and continuation lines dropped, `a|b`
+taking `a`. A line is left out, and the reason counted, only when it names a placeholder
+(DUMP, REF, FILE, ...), a developer's own build (`~/...`), a GPU backend this machine lacks, a
+server that runs until stopped, or a job of its own (setup, the test suite, mutation, fuzz and
+soak runs, which CI runs anyway or which take minutes). Each line that runs must exit 0.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+PLACEHOLDERS = re.compile(r"\b(DUMP|REF|OURS|FILE|DIR|HOST|PORT|IDS|F\.npy|NAME|WORD)\b|<")
+OWN_JOBS = ("tools/setup.sh", "python tools/mutate.py", "python -m pytest", "make fuzz", "fuzz_main.py",
+            "tools/soak.py")
+GPU = re.compile(r"\b(vulkan|cuda|metal)\b")
+
+
+def _scenario() -> str:
+    section = README.split("## Scenario format", 1)[1]
+    return re.search(r"```json\n(.*?)```", section, re.S).group(1)
+
+
+def _blocks() -> list[tuple[int, list[str]]]:
+    out = []
+    for k, block in enumerate(re.findall(r"```sh\n(.*?)```", README, re.S)):
+        lines = []
+        for raw in block.splitlines():
+            if not raw.strip() or raw.startswith((" ", "\t")):
+                continue  # continuation lines of a synopsis hold optional flags only
+            lines.append(raw.split("  #")[0].strip())
+        out.append((k, lines))
+    return out
+
+
+def _shortest(line: str) -> str:
+    prev = None
+    while prev != line:
+        prev, line = line, re.sub(r"\s*\[[^\[\]]*\]", "", line)
+    return re.sub(r"(\S+?)\|\S+", r"\1", line)
+
+
+def _why_not(line: str) -> str | None:
+    if line.startswith(OWN_JOBS) or any(j in line for j in OWN_JOBS):
+        return "a job of its own"
+    if "~/" in line:
+        return "a developer's own build"
+    if PLACEHOLDERS.search(line):
+        return "a placeholder"
+    if "rpc-server" in line:
+        return "a server that runs until stopped"
+    if GPU.search(line):
+        return "a GPU backend"
+    return None
+
+
+def _torch_available() -> bool:
+    try:
+        from graphgen.authors import require_torch
+        require_torch()
+        return True
+    except Exception:  # noqa: BLE001
+        return False
+
+
+BLOCKS = [(k, lines) for k, lines in _blocks() if any(l.startswith("graphgen") for l in lines)]
+
+
+def test_the_readme_has_blocks_to_run():
+    runnable = [l for _, lines in BLOCKS for l in lines if _why_not(_shortest(l)) is None]
+    assert len(runnable) >= 20, runnable
+
+
+@pytest.mark.parametrize("k,lines", BLOCKS, ids=[f"block{k}" for k, _ in BLOCKS])
+def test_readme_block_runs(tmp_path, k, lines):
+    (tmp_path / "s.json").write_text(_scenario())
+    json.loads((tmp_path / "s.json").read_text())
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    ran = 0
+    for line in lines:
+        cmd = _shortest(line)
+        if _why_not(cmd) is not None:
+            continue
+        if ("--format hf" in cmd or "--engine torch" in cmd or cmd.split()[1:2] in (["convert"], ["check"])) \
+                and not _torch_available():
+            if os.environ.get("GRAPHGEN_REQUIRE_TORCH") == "1":
+                pytest.fail(f"GRAPHGEN_REQUIRE_TORCH=1 but the graphgen[torch] extra is missing for: {cmd}")
+            continue
+        if cmd.startswith("graphgen make-model draft.gguf") or cmd.startswith("graphgen dump draft.gguf") \
+                or cmd.startswith("graphgen info draft.gguf") or cmd.startswith("graphgen bench draft.gguf") \
+                or cmd.startswith("graphgen draft draft.gguf") or cmd.startswith("graphgen trace draft.gguf"):
+            if not (tmp_path / "draft.gguf").exists():
+                # a block that uses the draft without making it: the tiny default
+                subprocess.run([sys.executable, "-m", "graphgen.cli", "make-model", "draft.gguf"], cwd=tmp_path,
+                               check=True, capture_output=True)
+        args = shlex.split(cmd)
+        args = [sys.executable, "-m", "graphgen.cli"] + args[1:] if args[0] == "graphgen" else args
+        if args[3:4] == ["bench"]:
+            args += ["--repeat", "2"]  # the README's default of 20 repetitions is for measuring
+        p = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=900, env=env)
+        assert p.returncode == 0, f"README block {k}: `{cmd}` exited {p.returncode}: {p.stderr[-1500:]}"
+        ran += 1
+    assert ran or all(_why_not(_shortest(l)) for l in lines if l.startswith("graphgen")), lines
