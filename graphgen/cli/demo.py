@@ -3,29 +3,51 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import tempfile
 from pathlib import Path
 
 
 def _cmd_demo(args) -> int:
+    final = Path(args.out) if args.out else None
+    if final is not None and final.exists() and (not final.is_dir() or any(final.iterdir())):
+        raise ValueError(f"--out {final}: exists and is not an empty folder")
+    if final is not None:
+        final.parent.mkdir(parents=True, exist_ok=True)
+    # the demo works in a folder of its own, which becomes --out only when it is done; an
+    # interrupted or failed demo leaves nothing behind
+    work = Path(tempfile.mkdtemp(prefix=".graphgen-demo-" if final else "graphgen-demo-",
+                                 dir=final.parent if final else None))
+    try:
+        code = _demo(work, final or work)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    if final is not None:
+        if final.exists():
+            final.rmdir()
+        os.replace(work, final)
+    return code
+
+
+def _demo(work: Path, shown: Path) -> int:
     import numpy as np
 
     from ..engine import run_scenario
     from ..scenario import default_scenario
     from ..synth import make_model
 
-    work = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="graphgen-demo-"))
-    work.mkdir(parents=True, exist_ok=True)
     model = work / "tiny-dflash.gguf"
     make_model(model, "dflash", seed=0)
     sc = default_scenario(block_size=4, mask_token=255)
     scen_path = work / "scenario.json"
     scen_path.write_text(json.dumps(sc.to_dict(), indent=1))
-    print(f"made a tiny DFlash draft: {model}")
+    print(f"made a tiny DFlash draft: {shown / model.name}")
     print("scenario: inject 6 target-feature rows at pos 0..5, then the block [7, <mask> x3] at pos 6")
     results = run_scenario(model, sc, work / "graphgen")
     for step, r, path in results:
-        print(f"  {step.kind:6s} graph: {r.n_nodes} nodes -> {path}")
+        print(f"  {step.kind:6s} graph: {r.n_nodes} nodes -> {shown / path.relative_to(work)}")
     block = results[-1][1]
     print("drafted block (positions 1..3), top-3 tokens per position:")
     for i in range(1, block.logits.shape[0]):
@@ -43,7 +65,7 @@ def _cmd_demo(args) -> int:
     from ..diff import diff_paths
     from ..reference.runner import run_reference
     print("running the same scenario in llama.cpp b11739 ...")
-    run_reference(model, scen_path, work / "llama.cpp")
+    run_reference(model, scen_path, work / "llama.cpp", announce_dir=shown / "llama.cpp")
     ok = True
     for res in diff_paths(work / "llama.cpp", work / "graphgen"):
         print(res.format_text())
