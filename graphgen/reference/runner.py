@@ -142,111 +142,116 @@ def run_child(model: Path, scenario: Scenario, out: Path, max_data: int, scenari
     mdl = lib.llama_model_load_from_file(str(model).encode(), mparams)
     if mdl == ffi.NULL:
         raise ReferenceFailed(f"{reference_label()} could not load {model}")
-    # read after llama.cpp accepted the file: a file it refuses is its to refuse
-    meta = _model_meta(model)
-    n_embd_inp = meta["n_embd"] * len(meta["target_layers"])
-    log.enter("context")
-    cparams = lib.llama_context_default_params()
-    cparams.n_ctx = scenario.n_ctx
-    cparams.n_batch = scenario.n_ubatch
-    cparams.n_ubatch = scenario.n_ubatch
-    cparams.n_seq_max = scenario.n_seq
-    cparams.kv_unified = True  # one stream: graphgen keeps a unified cache
-    cparams.n_threads = scenario.n_threads
-    cparams.n_threads_batch = scenario.n_threads
-    cparams.flash_attn_type = 1 if scenario.flash_attn else 0
-    cparams.type_k = GGML_TYPE_IDS[scenario.type_k]
-    cparams.type_v = GGML_TYPE_IDS[scenario.type_v]
-    cparams.cb_eval = cb_eval
-    cparams.cb_eval_user_data = ffi.NULL
-    ctx = lib.llama_init_from_model(mdl, cparams)
-    if ctx == ffi.NULL:
-        raise ReferenceFailed(f"{reference_label()} could not create a context for {model}")
-    # h_nextn is what the drivers read (LiliCorr's context features, DFlash2/DSpark lattices)
-    set_nextn(int(ffi.cast("uintptr_t", ctx)), True, False)
+    ctx = ffi.NULL
+    # freed on every way out: a worker that serves many cases must not keep a refused one's
+    try:
+        # read after llama.cpp accepted the file: a file it refuses is its to refuse
+        meta = _model_meta(model)
+        n_embd_inp = meta["n_embd"] * len(meta["target_layers"])
+        log.enter("context")
+        cparams = lib.llama_context_default_params()
+        cparams.n_ctx = scenario.n_ctx
+        cparams.n_batch = scenario.n_ubatch
+        cparams.n_ubatch = scenario.n_ubatch
+        cparams.n_seq_max = scenario.n_seq
+        cparams.kv_unified = True  # one stream: graphgen keeps a unified cache
+        cparams.n_threads = scenario.n_threads
+        cparams.n_threads_batch = scenario.n_threads
+        cparams.flash_attn_type = 1 if scenario.flash_attn else 0
+        cparams.type_k = GGML_TYPE_IDS[scenario.type_k]
+        cparams.type_v = GGML_TYPE_IDS[scenario.type_v]
+        cparams.cb_eval = cb_eval
+        cparams.cb_eval_user_data = ffi.NULL
+        ctx = lib.llama_init_from_model(mdl, cparams)
+        if ctx == ffi.NULL:
+            raise ReferenceFailed(f"{reference_label()} could not create a context for {model}")
+        # h_nextn is what the drivers read (LiliCorr's context features, DFlash2/DSpark lattices)
+        set_nextn(int(ffi.cast("uintptr_t", ctx)), True, False)
 
-    custom = custom_llama_dir()
-    source = {"engine": "llama.cpp", "ggml": base_lib.ggml_version().decode(), "llama_dir": str(libdir)}
-    if custom is None:
-        source.update(version=REFERENCE_BUILD, package=f"llama-cpp-py-sync=={REFERENCE_VERSION}")
-    else:
-        source.update(version="custom")
-    header = {
-        "source": source,
-        "model": model.name,
-        "cpu_features": feats,
-        **provenance(model, scenario, scenario_path),
-    }
-    written = []
-    keep = []  # host buffers must outlive llama_process
-    context_rows: dict[tuple[int, int], np.ndarray] = {}
-    mem = lib.llama_get_memory(ctx)
-    seq_no = 0
-    for step in scenario.steps:
-        log.enter(f"step {step.index}")
-        if step.kind == "seq_rm":
-            lib.llama_memory_seq_rm(mem, step.seq, step.pos0, step.p1)
-            continue
-        batch = lib.llama_batch_ext_init(ctx)
-        if step.kind in ("inject", "encoder"):
-            x = np.ascontiguousarray(scenario.features(step, n_embd_inp))
-            keep.append(x)
-            for i in range(step.n_tokens):
-                row = ffi.cast("float *", x[i:].ctypes.data)
-                idx = lib.llama_batch_ext_add_embd(batch, step.seq, {"data": row, "n_rows": 1, "n_embd": n_embd_inp})
-                p = step.pos0 + i
-                pos = ffi.new("llama_pos[4]", [p, p, p, 0] if meta["mrope"] else [p, 0, 0, 0])
-                lib.llama_batch_ext_set_pos(batch, idx, pos)
-                lib.llama_batch_ext_set_output_embd(batch, idx, True)
-            lib.llama_set_causal_attn(ctx, True)
+        custom = custom_llama_dir()
+        source = {"engine": "llama.cpp", "ggml": base_lib.ggml_version().decode(), "llama_dir": str(libdir)}
+        if custom is None:
+            source.update(version=REFERENCE_BUILD, package=f"llama-cpp-py-sync=={REFERENCE_VERSION}")
         else:
-            states = [None] * len(step.blocks)
-            if meta["lilicorr"]:
-                for j, b in enumerate(step.blocks):
-                    if b.embd_state == "random":
-                        states[j] = scenario.random_state(step, len(b.tokens), meta["n_embd"])
-                    else:
-                        row = context_rows.get((b.seq, b.pos0 - 1))
-                        states[j] = None if row is None else np.tile(row, (len(b.tokens), 1))
-                # as graphgen's engine: a block without its state row leaves the whole batch
-                # without states (llama.cpp refuses a batch where only some tokens carry one)
-                if any(st is None for st in states):
-                    states = [None] * len(step.blocks)
-            for b, state in zip(step.blocks, states):
-                if state is not None:
-                    state = np.ascontiguousarray(state, dtype=np.float32)
-                    keep.append(state)
-                for i, tok in enumerate(b.tokens):
-                    idx = lib.llama_batch_ext_add_token(batch, b.seq, tok)
-                    pos = ffi.new("llama_pos[4]", [b.pos0 + i, 0, 0, 0])
+            source.update(version="custom")
+        header = {
+            "source": source,
+            "model": model.name,
+            "cpu_features": feats,
+            **provenance(model, scenario, scenario_path),
+        }
+        written = []
+        keep = []  # host buffers must outlive llama_process
+        context_rows: dict[tuple[int, int], np.ndarray] = {}
+        mem = lib.llama_get_memory(ctx)
+        seq_no = 0
+        for step in scenario.steps:
+            log.enter(f"step {step.index}")
+            if step.kind == "seq_rm":
+                lib.llama_memory_seq_rm(mem, step.seq, step.pos0, step.p1)
+                continue
+            batch = lib.llama_batch_ext_init(ctx)
+            if step.kind in ("inject", "encoder"):
+                x = np.ascontiguousarray(scenario.features(step, n_embd_inp))
+                keep.append(x)
+                for i in range(step.n_tokens):
+                    row = ffi.cast("float *", x[i:].ctypes.data)
+                    idx = lib.llama_batch_ext_add_embd(batch, step.seq, {"data": row, "n_rows": 1, "n_embd": n_embd_inp})
+                    p = step.pos0 + i
+                    pos = ffi.new("llama_pos[4]", [p, p, p, 0] if meta["mrope"] else [p, 0, 0, 0])
                     lib.llama_batch_ext_set_pos(batch, idx, pos)
-                    lib.llama_batch_ext_set_output_logits(batch, idx, True)
+                    lib.llama_batch_ext_set_output_embd(batch, idx, True)
+                lib.llama_set_causal_attn(ctx, True)
+            else:
+                states = [None] * len(step.blocks)
+                if meta["lilicorr"]:
+                    for j, b in enumerate(step.blocks):
+                        if b.embd_state == "random":
+                            states[j] = scenario.random_state(step, len(b.tokens), meta["n_embd"])
+                        else:
+                            row = context_rows.get((b.seq, b.pos0 - 1))
+                            states[j] = None if row is None else np.tile(row, (len(b.tokens), 1))
+                    # as graphgen's engine: a block without its state row leaves the whole batch
+                    # without states (llama.cpp refuses a batch where only some tokens carry one)
+                    if any(st is None for st in states):
+                        states = [None] * len(step.blocks)
+                for b, state in zip(step.blocks, states):
                     if state is not None:
-                        lib.llama_batch_ext_set_embd_state(
-                            batch, idx, {"data": ffi.cast("float *", state[i:].ctypes.data),
-                                         "n_rows": 1, "n_embd": meta["n_embd"]})
-            lib.llama_set_causal_attn(ctx, meta["causal"])
-        rec.reset()
-        ptype = lib.LLAMA_PROCESS_TYPE_ENCODE if step.kind == "encoder" else lib.LLAMA_PROCESS_TYPE_DECODE
-        ret = lib.llama_process(ctx, ptype, batch)
-        lib.llama_batch_ext_free(batch)
-        if ret != 0:
-            raise ReferenceFailed(f"llama_process returned {ret} at step {step.index} ({step.kind})")
-        if step.kind == "inject" and meta["lilicorr"]:
-            for i in range(step.n_tokens):
-                # the injected chunk's context features are h_nextn of each row
-                ptr = _nextn_row(llama_dl, ffi, ctx, i)
-                if ptr is not None:
-                    context_rows[(step.seq, step.pos0 + i)] = np.ctypeslib.as_array(
-                        ptr, shape=(meta["n_embd"],)).copy()
-        settings = {"flash_attn": scenario.flash_attn, "type_k": scenario.type_k,
-                    "type_v": scenario.type_v, "n_ctx": scenario.n_ctx, "n_ubatch": scenario.n_ubatch,
-                    "n_kv": n_kv_from_nodes(rec.nodes), "causal": meta["causal"] if step.kind == "block" else True}
-        path = write_dump(out, seq_no, step.kind, dict(header, settings=settings), rec.nodes, rec.values)
-        written.append(path)
-        seq_no += 1
-    lib.llama_free(ctx)
-    lib.llama_model_free(mdl)
+                        state = np.ascontiguousarray(state, dtype=np.float32)
+                        keep.append(state)
+                    for i, tok in enumerate(b.tokens):
+                        idx = lib.llama_batch_ext_add_token(batch, b.seq, tok)
+                        pos = ffi.new("llama_pos[4]", [b.pos0 + i, 0, 0, 0])
+                        lib.llama_batch_ext_set_pos(batch, idx, pos)
+                        lib.llama_batch_ext_set_output_logits(batch, idx, True)
+                        if state is not None:
+                            lib.llama_batch_ext_set_embd_state(
+                                batch, idx, {"data": ffi.cast("float *", state[i:].ctypes.data),
+                                             "n_rows": 1, "n_embd": meta["n_embd"]})
+                lib.llama_set_causal_attn(ctx, meta["causal"])
+            rec.reset()
+            ptype = lib.LLAMA_PROCESS_TYPE_ENCODE if step.kind == "encoder" else lib.LLAMA_PROCESS_TYPE_DECODE
+            ret = lib.llama_process(ctx, ptype, batch)
+            lib.llama_batch_ext_free(batch)
+            if ret != 0:
+                raise ReferenceFailed(f"llama_process returned {ret} at step {step.index} ({step.kind})")
+            if step.kind == "inject" and meta["lilicorr"]:
+                for i in range(step.n_tokens):
+                    # the injected chunk's context features are h_nextn of each row
+                    ptr = _nextn_row(llama_dl, ffi, ctx, i)
+                    if ptr is not None:
+                        context_rows[(step.seq, step.pos0 + i)] = np.ctypeslib.as_array(
+                            ptr, shape=(meta["n_embd"],)).copy()
+            settings = {"flash_attn": scenario.flash_attn, "type_k": scenario.type_k,
+                        "type_v": scenario.type_v, "n_ctx": scenario.n_ctx, "n_ubatch": scenario.n_ubatch,
+                        "n_kv": n_kv_from_nodes(rec.nodes), "causal": meta["causal"] if step.kind == "block" else True}
+            path = write_dump(out, seq_no, step.kind, dict(header, settings=settings), rec.nodes, rec.values)
+            written.append(path)
+            seq_no += 1
+    finally:
+        if ctx != ffi.NULL:
+            lib.llama_free(ctx)
+        lib.llama_model_free(mdl)
     return written
 
 
@@ -424,7 +429,35 @@ def _phase(log_path: Path, n_steps: int | None) -> str:
     return f"computing {phase}"
 
 
+def serve(stdin=None, stdout=None) -> int:
+    """Many cases in one process, for sweeps of thousands (the fuzz's long mode): one JSON request
+    a line on stdin, {"id", "model", "scenario" (a file), "out", "max_data", "log"}; `S <id>` on
+    stdout before each case and `R <json>` ({"id", "ok", "error"}) after it. An abort inside
+    llama.cpp ends the process mid-case: the parent counts that case from its log and starts
+    another worker for the rest."""
+    stdin = stdin or sys.stdin
+    stdout = stdout or sys.stdout
+    for line in stdin:
+        if not line.strip():
+            continue
+        req = json.loads(line)
+        os.environ[ENV_ERROR_LOG] = req["log"]  # each case's phases and errors apart
+        print(f"S {req['id']}", file=stdout, flush=True)
+        try:
+            run_child(Path(req["model"]), load_scenario(req["scenario"]), Path(req["out"]),
+                      int(req.get("max_data", 0)), req["scenario"])
+            res = {"id": req["id"], "ok": True, "error": ""}
+        except (ReferenceFailed, ReferenceUnavailable, ValueError) as e:
+            headline, _ = _error_text(Path(req["log"]), f"graphgen: error: {e}")
+            res = {"id": req["id"], "ok": False, "error": headline}
+        print("R " + json.dumps(res), file=stdout, flush=True)
+    return 0
+
+
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--serve"]:
+        return serve()
     ap = argparse.ArgumentParser(prog="python -m graphgen.reference.runner")
     ap.add_argument("model")
     ap.add_argument("scenario")
