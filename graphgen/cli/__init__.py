@@ -114,6 +114,13 @@ def _main(argv) -> int:
         return _closed_pipe()
     except (GraphgenError, ScenarioError, DumpError, FileNotFoundError, ValueError, NotImplementedError,
             OSError, RuntimeError) as e:
+        # an error raised while an interrupt unwound (a zip file that cannot close half-written,
+        # say) is the interrupt's consequence: end as the interrupt
+        ctx = e.__context__
+        while ctx is not None:
+            if isinstance(ctx, KeyboardInterrupt):
+                raise ctx from None
+            ctx = ctx.__context__
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         print(f"graphgen: error: {msg}", file=sys.stderr)
         return 2
