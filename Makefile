@@ -9,4 +9,4 @@ fuzz:
 
 # the long mode against llama.cpp b11739: >= 10,000 GGUFs and 10,000 batches compared (SEED=...)
 fuzz-reference:
-	python3 tests/fuzz/fuzz_long.py --ggufs 13000 --batches 11700 $${SEED:+--seed $$SEED}
+	python3 tests/fuzz/fuzz_long.py --ggufs 13000 --batches 13000 $${SEED:+--seed $$SEED}
