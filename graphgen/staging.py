@@ -5,10 +5,11 @@ the user had: files are written under a temporary name beside their target and r
 end (`staged_file`); a dump folder's files are written into a temporary folder beside it and
 moved in, replacing earlier graphgen dumps, only when the run completes (`staged_dump_dir`).
 
-SIGINT and SIGTERM raise `KeyboardInterrupt` / `Terminated` wherever Python runs next. ggml calls
-Python back (the eval callback) and ctypes swallows an exception raised there, so a signal that
-lands inside a callback is also kept as pending: code that drives ggml calls `raise_pending()`
-after each compute, and the command ends with exit 130 (143) all the same.
+SIGINT and SIGTERM raise `KeyboardInterrupt` / `Terminated` wherever Python runs next, except while
+ggml computes: ggml calls Python back (the eval callback) and ctypes prints and drops an exception
+raised there, so around a compute (`deferred()`) a signal is only noted, the callback stops the
+compute when it sees one, and `raise_pending()` raises it once ggml returns: the command ends with
+exit 130 (143) all the same.
 """
 
 from __future__ import annotations
@@ -30,13 +31,33 @@ class Terminated(KeyboardInterrupt):
 
 
 _pending: BaseException | None = None
+_deferred = 0
 
 
 def _on_signal(signum, frame):
     global _pending
     exc = Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
     _pending = exc
+    if _deferred:
+        return  # inside ggml: raised by raise_pending() once it returns
     raise exc
+
+
+def pending() -> bool:
+    """Whether a signal waits to be raised (an eval callback then stops the compute)."""
+    return _pending is not None
+
+
+@contextlib.contextmanager
+def deferred():
+    """While ggml computes (and calls Python back), a signal is only noted: an exception raised in
+    a C callback would be printed and dropped by ctypes. The caller raises it with raise_pending()."""
+    global _deferred
+    _deferred += 1
+    try:
+        yield
+    finally:
+        _deferred -= 1
 
 
 def install_handlers() -> None:

@@ -23,7 +23,7 @@ from .kvcache import KVCache, UBatch
 from .model import Model, load
 from ..errors import GraphgenError
 from ..scenario import KV_TYPE_IDS
-from ..staging import raise_pending
+from ..staging import deferred, pending, raise_pending
 
 KV_TYPES = dict(KV_TYPE_IDS)
 
@@ -387,8 +387,9 @@ class Session:
 
             def _eval(t, ask, _ud):
                 # an exception cannot cross the C callback (ctypes would print and drop it, and the
-                # graph would go on): keep it, stop the compute, raise it once ggml returns
-                if failed:
+                # graph would go on): keep it, stop the compute, raise it once ggml returns; a
+                # signal is only noted while ggml computes (staging.deferred) and stops it here
+                if failed or pending():
                     return False
                 try:
                     if not ask:
@@ -416,10 +417,11 @@ class Session:
                 arr = np.ascontiguousarray(values(g.params))
                 G.ggml_backend_tensor_set(t, _address(arr), 0, arr.nbytes)
             self._lap("inputs")
-            if direct:
-                status = G.ggml_backend_graph_compute(self.backend, g.gf)
-            else:
-                status = G.ggml_backend_sched_graph_compute(slot.sched, g.gf)
+            with deferred():
+                if direct:
+                    status = G.ggml_backend_graph_compute(self.backend, g.gf)
+                else:
+                    status = G.ggml_backend_sched_graph_compute(slot.sched, g.gf)
             self._lap("compute")
             if failed:
                 raise failed[0]
