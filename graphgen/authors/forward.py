@@ -323,6 +323,7 @@ class _Taps:
         self.il = -1
         self.handles = []
         self.calls: dict[tuple[int, str], int] = {}
+        self._wrapped: list[tuple[object, str]] = []   # (object, method) wrapped for this forward
 
     def _put(self, name, t):
         self.got[name] = t.detach().clone()
@@ -332,7 +333,7 @@ class _Taps:
         m = self.draft.model
         hs = self.handles
 
-        def on(module, name, pre=False, which=None):
+        def on(module, name, pre=False):
             if pre:
                 hs.append(module.register_forward_pre_hook(lambda mod, args: self._put(name.format(il=self.il), args[0])))
             else:
@@ -370,9 +371,9 @@ class _Taps:
             hs.clear()
             for obj, attr, orig in patched:
                 setattr(obj, attr, orig)
-            for conv, meth in getattr(self, "_wrapped", []):
+            for conv, meth in self._wrapped:
                 conv.__dict__.pop(meth, None)
-            self._wrapped = []
+            self._wrapped.clear()
 
     def _wrap_method(self, obj, meth, name, first=False):
         orig = getattr(obj, meth)
@@ -382,7 +383,7 @@ class _Taps:
             self._put(name, out[0] if first else out)
             return out
         setattr(obj, meth, wrapper)
-        self._wrapped = getattr(self, "_wrapped", []) + [(obj, meth)]
+        self._wrapped.append((obj, meth))
 
     def _patch_rope(self):
         # q and k after rope are no module's output: wrap the function the authors' attention calls

@@ -136,9 +136,6 @@ def run_check(hf_dir, scenario_path=None, target=None, keep=None, f16=False, say
         say(f"converting {hf} with llama.cpp's converter")
         conv = convert(hf, gguf, target_dir=target, force=True, warn=None)  # warnings go in the report
         dirs = {k: work / k for k in ("torch", "llama.cpp", "graphgen")}
-        for d in dirs.values():
-            if d.exists():
-                shutil.rmtree(d)
         say("running the authors' model")
         run_scenario_torch(hf, sc, dirs["torch"], scenario_path=scenario_path, draft=draft)
         say("running llama.cpp b11739")
