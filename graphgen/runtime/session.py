@@ -99,6 +99,24 @@ def _host_view(t) -> np.ndarray | None:
 _NO_CALLBACK = G.ggml_backend_sched_eval_callback(0)
 
 
+def _graph_tensors(g) -> list:
+    """The structs of every tensor g reaches: its nodes, their sources and the tensors views
+    stand on, and its inputs (one it does not use included)."""
+    seen: dict[int, object] = {}
+    todo = [G.ggml_graph_node(g.gf, i) for i in range(G.ggml_graph_n_nodes(g.gf))]
+    todo += [t for t, _ in g.res.inputs]
+    while todo:
+        t = todo.pop()
+        a = ctypes.cast(t, ctypes.c_void_p).value
+        if not a or a in seen:
+            continue
+        c = seen[a] = t.contents
+        todo += [s for s in c.src if s]
+        if c.view_src:
+            todo.append(c.view_src)
+    return list(seen.values())
+
+
 class GraphSlot:
     """A graph kind's scheduler and its last graph."""
 
@@ -293,10 +311,10 @@ class Session:
         """Forget where the scheduler put g's tensors (its buffer moved), so that the next
         allocation places them afresh; weights and KV cache tensors stay where they are."""
         keep = {self.model._buf} | {c._buf for c in self.caches.values()}
-        # the scheduler's tensors are the nodes and the inputs (the other leaves are weights)
-        tensors = [G.ggml_graph_node(g.gf, i) for i in range(G.ggml_graph_n_nodes(g.gf))]
-        for t in tensors + [t for t, _ in g.res.inputs]:
-            c = t.contents
+        # every tensor the allocator placed: nodes, inputs, and leaves that are neither (a shape
+        # a fill starts from): one left behind keeps a pointer to the freed buffer, which the
+        # scheduler reads when it next assigns the graph's backends
+        for c in _graph_tensors(g):
             if c.buffer and c.buffer not in keep:
                 c.data = None
                 c.buffer = None
