@@ -15,3 +15,7 @@ class BatchError(GraphgenError, ValueError):
 
 class KVCacheFullError(GraphgenError, RuntimeError):
     """The KV cache has no room for a batch; the cache is left as it was."""
+
+
+class ContextError(GraphgenError, ValueError):
+    """Context settings llama.cpp would not create a context with (or abort on)."""

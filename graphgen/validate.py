@@ -122,7 +122,7 @@ def check_seq(seq, n_seq: int, what: str = "batch") -> int:
     return s
 
 
-def check_batch(pos: np.ndarray, seq: np.ndarray, n_ubatch: int, n_seq: int) -> None:
+def check_batch(pos: np.ndarray, seq: np.ndarray, n_ubatch: int, n_seq: int, limit: str = "") -> None:
     """The checks of every batch: size, positions, sequence ids.
 
     A position may repeat within a sequence: llama.cpp accepts that as long as the positions
@@ -130,7 +130,7 @@ def check_batch(pos: np.ndarray, seq: np.ndarray, n_ubatch: int, n_seq: int) -> 
     if pos.ndim != 1 or pos.shape[0] == 0:
         raise BatchError("a batch needs at least one token")
     if pos.shape[0] > n_ubatch:
-        raise BatchError(f"batch of {pos.shape[0]} tokens is larger than n_ubatch {n_ubatch}")
+        raise BatchError(f"batch of {pos.shape[0]} tokens is larger than {limit or f'n_ubatch {n_ubatch}'}")
     if (pos < 0).any():
         raise BatchError(f"negative position {int(pos.min())} in the batch")
     bad = (seq < 0) | (seq >= n_seq)

@@ -12,3 +12,22 @@ REF_DIR = ROOT / "tests" / "reference"
 @pytest.fixture(scope="session")
 def models_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("models")
+
+
+@pytest.fixture(scope="session")
+def isolated(tmp_path_factory):
+    """graphgen in a worker process: a case that aborts ggml fails alone (workers.Isolated)."""
+    from workers import Isolated
+    iso = Isolated(tmp_path_factory.mktemp("workers") / "graphgen.err")
+    yield iso
+    iso.close()
+
+
+@pytest.fixture(scope="session")
+def reference_worker(tmp_path_factory):
+    """llama.cpp b11739 serving many scenarios in one process (`runner --serve`)."""
+    from workers import Worker
+    w = Worker([sys.executable, "-m", "graphgen.reference.runner", "--serve"],
+               tmp_path_factory.mktemp("workers") / "reference.err", timeout=600)
+    yield w
+    w.close()

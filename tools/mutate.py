@@ -13,7 +13,7 @@ real tree is not used), and the file is restored. A mutation is
 
     python tools/mutate.py              # every mutation; exit 1 if any survived or errored
     python tools/mutate.py --list       # names and targets
-    python tools/mutate.py -k sinkhorn  # those whose name contains the word
+    python tools/mutate.py -k sinkhorn  # those whose name contains the word (-k again: or another)
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ DIFF = ("tests/test_diff.py",)
 SEEDREF = ("tests/test_seed_reference.py",)
 KVCACHE = ("tests/test_kvcache.py",)
 SESSION = ("tests/test_session.py",)
+SESSIONS = ("tests/test_reference_sessions.py",)
 # the authors' models alone (needs graphgen[torch]): graph bugs llama.cpp's parity would also
 # catch, seen here from the authors' side, and bugs in the comparison itself
 AUTHORS = ("tests/test_authors.py",)
@@ -149,6 +150,29 @@ MUTATIONS = [
              "            if other.results and other.sched == slot.sched:", "            if False:", SESSION),
     Mutation("moved_graph_not_unplaced", "graphgen/runtime/session.py",
              "                    self._unplace(other.graph)", "                    pass", SESSION),
+    # --- whole sessions against b11739: removals at their edges, cells found again ---
+    Mutation("kv_rm_range_end_included", "graphgen/runtime/kvcache.py",
+             "in_range = (self.pos >= 0) & (self.pos >= p0) & (self.pos < p1)",
+             "in_range = (self.pos >= 0) & (self.pos >= p0) & (self.pos <= p1)", SESSIONS),
+    Mutation("kv_rm_p1_zero_open", "graphgen/runtime/kvcache.py",
+             "p1 = np.iinfo(np.int64).max if p1 < 0 else p1", "p1 = np.iinfo(np.int64).max if p1 <= 0 else p1",
+             SESSIONS),
+    Mutation("kv_rm_all_sequences_as_last", "graphgen/runtime/kvcache.py",
+             "        if seq < 0:\n            hit = in_range", "        if seq < -1:\n            hit = in_range", SESSIONS),
+    Mutation("kv_rm_head_kept", "graphgen/runtime/kvcache.py",
+             "            self.head = int(nz[0])", "            pass", SESSIONS),
+    Mutation("kv_slot_search_restart_early", "graphgen/runtime/kvcache.py",
+             "if head > self.used() + 2 * n:", "if head > self.used() + n:", SESSIONS),
+    Mutation("kv_swa_cell_reused_a_step_late", "graphgen/runtime/kvcache.py",
+             "can_use |= single & ((pmax[owner] + 1 - self.pos) >= self.n_swa)",
+             "can_use |= single & ((pmax[owner] + 1 - self.pos) > self.n_swa)", SESSIONS),
+    Mutation("kv_swa_purge_short", "graphgen/runtime/kvcache.py",
+             "self.seq_rm(q, pmin, pmax + 1)", "self.seq_rm(q, pmin, pmax)", SESSIONS),
+    Mutation("batch_not_capped_at_n_ctx", "graphgen/runtime/session.py",
+             "self.n_batch = min(n_ctx, n_ubatch) if hp.ctx_causal else n_ubatch", "self.n_batch = n_ubatch",
+             SESSIONS),
+    Mutation("unplace_misses_leaves", "graphgen/runtime/session.py",
+             "        todo += [s for s in c.src if s]", "        todo += []", ("tests/test_compute_buffer.py",)),
     Mutation("mask_block_uniform_last_row", "graphgen/runtime/kvcache.py",
              "full[rows] = full[rows[0]]", "full[rows] = full[rows[-1]]", SEED_ONLY),
     # --- DeepSeek-V4 backbone ---
@@ -299,13 +323,14 @@ def run_one(m: Mutation, tree: Path, timeout: float) -> tuple[str, float, str]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="tools/mutate.py", description="plant one-line bugs, run the tests that should catch each")
-    ap.add_argument("-k", metavar="WORD", help="only mutations whose name contains WORD")
+    ap.add_argument("-k", metavar="WORD", action="append",
+                    help="only mutations whose name contains WORD (repeat it for several words)")
     ap.add_argument("--list", action="store_true", help="list the mutations and exit")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per mutation (default 900)")
     args = ap.parse_args(argv)
-    chosen = [m for m in MUTATIONS if not args.k or args.k in m.name]
+    chosen = [m for m in MUTATIONS if not args.k or any(w in m.name for w in args.k)]
     if not chosen:
-        print(f"no mutation matches {args.k!r}", file=sys.stderr)
+        print(f"no mutation matches {' or '.join(args.k)}", file=sys.stderr)
         return 2
     if args.list:
         for m in chosen:

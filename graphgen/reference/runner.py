@@ -109,67 +109,154 @@ class _LogCapture:
             self.file.flush()
 
 
+class ReferenceContext:
+    """A b11739 model and context with the scenario's settings, fed one batch at a time as the
+    scenario's steps (and the drivers) feed it; `recorder`, when given, sees every node the
+    context computes. The model and context are freed by close(), on every way out."""
+
+    def __init__(self, model: Path, scenario: Scenario, recorder=None):
+        ffi, lib, libdir = load_llama()
+        self.ffi, self.lib, self.libdir = ffi, lib, libdir
+        self.log = _LogCapture(ffi, lib)
+        # libllama is loaded, so its ggml is too: by file in the build folder, else by soname
+        self.cpu_lib = ctypes.CDLL(str(lib_file(libdir, "ggml-cpu") or "libggml-cpu.so.0"))
+        base_lib = self.base_lib = ctypes.CDLL(str(lib_file(libdir, "ggml-base") or "libggml-base.so.0"))
+        base_lib.ggml_version.restype = ctypes.c_char_p
+        base_lib.ggml_op_desc.restype = ctypes.c_char_p
+        base_lib.ggml_op_desc.argtypes = [ctypes.c_void_p]
+        base_lib.ggml_type_name.restype = ctypes.c_char_p
+        base_lib.ggml_type_name.argtypes = [ctypes.c_int]
+        llama_dl = ctypes.CDLL(str(lib_file(libdir, "llama")))
+        set_nextn = llama_dl._Z26llama_set_embeddings_nextnP13llama_contextbb
+        set_nextn.argtypes = [ctypes.c_void_p, ctypes.c_bool, ctypes.c_bool]
+        self._nextn_ith = llama_dl._Z30llama_get_embeddings_nextn_ithP13llama_contexti
+        self._nextn_ith.restype = ctypes.POINTER(ctypes.c_float)
+        self._nextn_ith.argtypes = [ctypes.c_void_p, ctypes.c_int]
+        self.scenario = scenario
+        self.cb_eval = ffi.NULL
+        if recorder is not None:
+            @ffi.callback("bool(struct ggml_tensor *, bool, void *)")
+            def cb_eval(t, ask, ud):
+                if not ask:
+                    recorder.record(int(ffi.cast("uintptr_t", t)))
+                return True
+            self.cb_eval = cb_eval
+
+        lib.llama_backend_init()
+        mparams = lib.llama_model_default_params()
+        self.mdl = lib.llama_model_load_from_file(str(model).encode(), mparams)
+        if self.mdl == ffi.NULL:
+            raise ReferenceFailed(f"{reference_label()} could not load {model}")
+        self.ctx = ffi.NULL
+        try:
+            # read after llama.cpp accepted the file: a file it refuses is its to refuse
+            self.meta = meta = _model_meta(model)
+            self.n_embd_inp = meta["n_embd"] * len(meta["target_layers"])
+            self.log.enter("context")
+            cparams = lib.llama_context_default_params()
+            cparams.n_ctx = scenario.n_ctx
+            cparams.n_batch = scenario.n_ubatch
+            cparams.n_ubatch = scenario.n_ubatch
+            cparams.n_seq_max = scenario.n_seq
+            cparams.kv_unified = True  # one stream: graphgen keeps a unified cache
+            cparams.n_threads = scenario.n_threads
+            cparams.n_threads_batch = scenario.n_threads
+            cparams.flash_attn_type = 1 if scenario.flash_attn else 0
+            cparams.type_k = GGML_TYPE_IDS[scenario.type_k]
+            cparams.type_v = GGML_TYPE_IDS[scenario.type_v]
+            cparams.cb_eval = self.cb_eval
+            cparams.cb_eval_user_data = ffi.NULL
+            self.ctx = lib.llama_init_from_model(self.mdl, cparams)
+            if self.ctx == ffi.NULL:
+                raise ReferenceFailed(f"{reference_label()} could not create a context for {model}")
+            # h_nextn is what the drivers read (LiliCorr's context features, DFlash2/DSpark lattices)
+            set_nextn(int(ffi.cast("uintptr_t", self.ctx)), True, False)
+            self.mem = lib.llama_get_memory(self.ctx)
+            self.n_batch = int(lib.llama_n_batch(self.ctx))
+            self.n_vocab = int(lib.llama_vocab_n_tokens(lib.llama_model_get_vocab(self.mdl)))
+        except BaseException:
+            self.close()
+            raise
+
+    def seq_rm(self, seq: int, p0: int, p1: int) -> bool:
+        return bool(self.lib.llama_memory_seq_rm(self.mem, seq, p0, p1))
+
+    def seq_pos_max(self, seq: int) -> int:
+        return int(self.lib.llama_memory_seq_pos_max(self.mem, seq))
+
+    def process(self, step, features=None, states=None) -> int:
+        """Run one step (an inject or encoder chunk of `features`, or a block whose sequences
+        take `states`, one array per block or None); llama_process's return value."""
+        ffi, lib = self.ffi, self.lib
+        keep = []  # host buffers must outlive llama_process
+        batch = lib.llama_batch_ext_init(self.ctx)
+        try:
+            if step.kind in ("inject", "encoder"):
+                x = np.ascontiguousarray(features, dtype=np.float32)
+                keep.append(x)
+                for i in range(step.n_tokens):
+                    row = ffi.cast("float *", x[i:].ctypes.data)
+                    idx = _added(lib.llama_batch_ext_add_embd(batch, step.seq, {"data": row, "n_rows": 1,
+                                                                                "n_embd": self.n_embd_inp}), step, i)
+                    p = step.pos0 + i
+                    pos = ffi.new("llama_pos[4]", [p, p, p, 0] if self.meta["mrope"] else [p, 0, 0, 0])
+                    lib.llama_batch_ext_set_pos(batch, idx, pos)
+                    lib.llama_batch_ext_set_output_embd(batch, idx, True)
+                lib.llama_set_causal_attn(self.ctx, True)
+            else:
+                states = states or [None] * len(step.blocks)
+                for b, state in zip(step.blocks, states):
+                    if state is not None:
+                        state = np.ascontiguousarray(state, dtype=np.float32)
+                        keep.append(state)
+                    for i, tok in enumerate(b.tokens):
+                        idx = _added(lib.llama_batch_ext_add_token(batch, b.seq, tok), step, i)
+                        pos = ffi.new("llama_pos[4]", [b.pos0 + i, 0, 0, 0])
+                        lib.llama_batch_ext_set_pos(batch, idx, pos)
+                        lib.llama_batch_ext_set_output_logits(batch, idx, True)
+                        if state is not None:
+                            lib.llama_batch_ext_set_embd_state(
+                                batch, idx, {"data": ffi.cast("float *", state[i:].ctypes.data),
+                                             "n_rows": 1, "n_embd": self.meta["n_embd"]})
+                lib.llama_set_causal_attn(self.ctx, self.meta["causal"])
+            ptype = lib.LLAMA_PROCESS_TYPE_ENCODE if step.kind == "encoder" else lib.LLAMA_PROCESS_TYPE_DECODE
+            return lib.llama_process(self.ctx, ptype, batch)
+        finally:
+            lib.llama_batch_ext_free(batch)
+
+    def nextn_row(self, i: int):
+        """Row i of h_nextn (n_embd floats, a copy), or None when the context has none."""
+        p = self._nextn_ith(int(self.ffi.cast("uintptr_t", self.ctx)), i)
+        return np.ctypeslib.as_array(p, shape=(self.meta["n_embd"],)).copy() if p else None
+
+    def logits_row(self, i: int) -> np.ndarray:
+        p = self.lib.llama_get_logits_ith(self.ctx, i)
+        if p == self.ffi.NULL:
+            raise ReferenceFailed(f"llama.cpp has no logits for batch row {i}")
+        return np.frombuffer(self.ffi.buffer(p, 4 * self.n_vocab), dtype=np.float32).copy()
+
+    def close(self) -> None:
+        if getattr(self, "ctx", self.ffi.NULL) != self.ffi.NULL:
+            self.lib.llama_free(self.ctx)
+            self.ctx = self.ffi.NULL
+        if getattr(self, "mdl", self.ffi.NULL) != self.ffi.NULL:
+            self.lib.llama_model_free(self.mdl)
+            self.mdl = self.ffi.NULL
+
+
 def run_child(model: Path, scenario: Scenario, out: Path, max_data: int, scenario_path=None) -> list[Path]:
     from ..dump import provenance, write_dump
 
-    ffi, lib, libdir = load_llama()
-    log = _LogCapture(ffi, lib)
-    # libllama is loaded, so its ggml is too: by file in the build folder, else by soname
-    cpu_lib = ctypes.CDLL(str(lib_file(libdir, "ggml-cpu") or "libggml-cpu.so.0"))
-    base_lib = ctypes.CDLL(str(lib_file(libdir, "ggml-base") or "libggml-base.so.0"))
-    base_lib.ggml_version.restype = ctypes.c_char_p
-    base_lib.ggml_op_desc.restype = ctypes.c_char_p
-    base_lib.ggml_op_desc.argtypes = [ctypes.c_void_p]
-    base_lib.ggml_type_name.restype = ctypes.c_char_p
-    base_lib.ggml_type_name.argtypes = [ctypes.c_int]
-    llama_dl = ctypes.CDLL(str(lib_file(libdir, "llama")))
-    set_nextn = llama_dl._Z26llama_set_embeddings_nextnP13llama_contextbb
-    set_nextn.argtypes = [ctypes.c_void_p, ctypes.c_bool, ctypes.c_bool]
-
-    feats = cpu_features(cpu_lib)
-
-    rec = NodeRecorder(lambda p: base_lib.ggml_op_desc(p).decode(),
-                       lambda t: base_lib.ggml_type_name(t).decode(), max_data)
-
-    @ffi.callback("bool(struct ggml_tensor *, bool, void *)")
-    def cb_eval(t, ask, ud):
-        if not ask:
-            rec.record(int(ffi.cast("uintptr_t", t)))
-        return True
-
-    lib.llama_backend_init()
-    mparams = lib.llama_model_default_params()
-    mdl = lib.llama_model_load_from_file(str(model).encode(), mparams)
-    if mdl == ffi.NULL:
-        raise ReferenceFailed(f"{reference_label()} could not load {model}")
-    ctx = ffi.NULL
+    rec = NodeRecorder(None, None, max_data)
+    rc = ReferenceContext(model, scenario, recorder=rec)
+    base_lib = rc.base_lib
+    rec.op_desc = lambda p: base_lib.ggml_op_desc(p).decode()
+    rec.type_name = lambda t: base_lib.ggml_type_name(t).decode()
     # freed on every way out: a worker that serves many cases must not keep a refused one's
     try:
-        # read after llama.cpp accepted the file: a file it refuses is its to refuse
-        meta = _model_meta(model)
-        n_embd_inp = meta["n_embd"] * len(meta["target_layers"])
-        log.enter("context")
-        cparams = lib.llama_context_default_params()
-        cparams.n_ctx = scenario.n_ctx
-        cparams.n_batch = scenario.n_ubatch
-        cparams.n_ubatch = scenario.n_ubatch
-        cparams.n_seq_max = scenario.n_seq
-        cparams.kv_unified = True  # one stream: graphgen keeps a unified cache
-        cparams.n_threads = scenario.n_threads
-        cparams.n_threads_batch = scenario.n_threads
-        cparams.flash_attn_type = 1 if scenario.flash_attn else 0
-        cparams.type_k = GGML_TYPE_IDS[scenario.type_k]
-        cparams.type_v = GGML_TYPE_IDS[scenario.type_v]
-        cparams.cb_eval = cb_eval
-        cparams.cb_eval_user_data = ffi.NULL
-        ctx = lib.llama_init_from_model(mdl, cparams)
-        if ctx == ffi.NULL:
-            raise ReferenceFailed(f"{reference_label()} could not create a context for {model}")
-        # h_nextn is what the drivers read (LiliCorr's context features, DFlash2/DSpark lattices)
-        set_nextn(int(ffi.cast("uintptr_t", ctx)), True, False)
-
+        meta = rc.meta
         custom = custom_llama_dir()
-        source = {"engine": "llama.cpp", "ggml": base_lib.ggml_version().decode(), "llama_dir": str(libdir)}
+        source = {"engine": "llama.cpp", "ggml": base_lib.ggml_version().decode(), "llama_dir": str(rc.libdir)}
         if custom is None:
             source.update(version=REFERENCE_BUILD, package=f"llama-cpp-py-sync=={REFERENCE_VERSION}")
         else:
@@ -177,71 +264,43 @@ def run_child(model: Path, scenario: Scenario, out: Path, max_data: int, scenari
         header = {
             "source": source,
             "model": model.name,
-            "cpu_features": feats,
+            "cpu_features": cpu_features(rc.cpu_lib),
             **provenance(model, scenario, scenario_path),
         }
         written = []
-        keep = []  # host buffers must outlive llama_process
         context_rows: dict[tuple[int, int], np.ndarray] = {}
-        mem = lib.llama_get_memory(ctx)
         seq_no = 0
         for step in scenario.steps:
-            log.enter(f"step {step.index}")
+            rc.log.enter(f"step {step.index}")
             if step.kind == "seq_rm":
-                lib.llama_memory_seq_rm(mem, step.seq, step.pos0, step.p1)
+                rc.seq_rm(step.seq, step.pos0, step.p1)
                 continue
-            batch = lib.llama_batch_ext_init(ctx)
+            states = None
+            features = None
             if step.kind in ("inject", "encoder"):
-                x = np.ascontiguousarray(scenario.features(step, n_embd_inp))
-                keep.append(x)
-                for i in range(step.n_tokens):
-                    row = ffi.cast("float *", x[i:].ctypes.data)
-                    idx = lib.llama_batch_ext_add_embd(batch, step.seq, {"data": row, "n_rows": 1, "n_embd": n_embd_inp})
-                    p = step.pos0 + i
-                    pos = ffi.new("llama_pos[4]", [p, p, p, 0] if meta["mrope"] else [p, 0, 0, 0])
-                    lib.llama_batch_ext_set_pos(batch, idx, pos)
-                    lib.llama_batch_ext_set_output_embd(batch, idx, True)
-                lib.llama_set_causal_attn(ctx, True)
-            else:
-                states = [None] * len(step.blocks)
-                if meta["lilicorr"]:
-                    for j, b in enumerate(step.blocks):
-                        if b.embd_state == "random":
-                            states[j] = scenario.random_state(step, len(b.tokens), meta["n_embd"])
-                        else:
-                            row = context_rows.get((b.seq, b.pos0 - 1))
-                            states[j] = None if row is None else np.tile(row, (len(b.tokens), 1))
-                    # as graphgen's engine: a block without its state row leaves the whole batch
-                    # without states (llama.cpp refuses a batch where only some tokens carry one)
-                    if any(st is None for st in states):
-                        states = [None] * len(step.blocks)
-                for b, state in zip(step.blocks, states):
-                    if state is not None:
-                        state = np.ascontiguousarray(state, dtype=np.float32)
-                        keep.append(state)
-                    for i, tok in enumerate(b.tokens):
-                        idx = lib.llama_batch_ext_add_token(batch, b.seq, tok)
-                        pos = ffi.new("llama_pos[4]", [b.pos0 + i, 0, 0, 0])
-                        lib.llama_batch_ext_set_pos(batch, idx, pos)
-                        lib.llama_batch_ext_set_output_logits(batch, idx, True)
-                        if state is not None:
-                            lib.llama_batch_ext_set_embd_state(
-                                batch, idx, {"data": ffi.cast("float *", state[i:].ctypes.data),
-                                             "n_rows": 1, "n_embd": meta["n_embd"]})
-                lib.llama_set_causal_attn(ctx, meta["causal"])
+                features = scenario.features(step, rc.n_embd_inp)
+            elif meta["lilicorr"]:
+                states = []
+                for b in step.blocks:
+                    if b.embd_state == "random":
+                        states.append(scenario.random_state(step, len(b.tokens), meta["n_embd"]))
+                    else:
+                        row = context_rows.get((b.seq, b.pos0 - 1))
+                        states.append(None if row is None else np.tile(row, (len(b.tokens), 1)))
+                # as graphgen's engine: a block without its state row leaves the whole batch
+                # without states (llama.cpp refuses a batch where only some tokens carry one)
+                if any(st is None for st in states):
+                    states = None
             rec.reset()
-            ptype = lib.LLAMA_PROCESS_TYPE_ENCODE if step.kind == "encoder" else lib.LLAMA_PROCESS_TYPE_DECODE
-            ret = lib.llama_process(ctx, ptype, batch)
-            lib.llama_batch_ext_free(batch)
+            ret = rc.process(step, features, states)
             if ret != 0:
                 raise ReferenceFailed(f"llama_process returned {ret} at step {step.index} ({step.kind})")
             if step.kind == "inject" and meta["lilicorr"]:
                 for i in range(step.n_tokens):
                     # the injected chunk's context features are h_nextn of each row
-                    ptr = _nextn_row(llama_dl, ffi, ctx, i)
-                    if ptr is not None:
-                        context_rows[(step.seq, step.pos0 + i)] = np.ctypeslib.as_array(
-                            ptr, shape=(meta["n_embd"],)).copy()
+                    row = rc.nextn_row(i)
+                    if row is not None:
+                        context_rows[(step.seq, step.pos0 + i)] = row
             settings = {"flash_attn": scenario.flash_attn, "type_k": scenario.type_k,
                         "type_v": scenario.type_v, "n_ctx": scenario.n_ctx, "n_ubatch": scenario.n_ubatch,
                         "n_kv": n_kv_from_nodes(rec.nodes), "causal": meta["causal"] if step.kind == "block" else True}
@@ -249,18 +308,17 @@ def run_child(model: Path, scenario: Scenario, out: Path, max_data: int, scenari
             written.append(path)
             seq_no += 1
     finally:
-        if ctx != ffi.NULL:
-            lib.llama_free(ctx)
-        lib.llama_model_free(mdl)
+        rc.close()
     return written
 
 
-def _nextn_row(llama_dl, ffi, ctx, i):
-    fn = llama_dl._Z30llama_get_embeddings_nextn_ithP13llama_contexti
-    fn.restype = ctypes.POINTER(ctypes.c_float)
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_int]
-    p = fn(int(ffi.cast("uintptr_t", ctx)), i)
-    return p if p else None
+def _added(idx: int, step, i: int) -> int:
+    # a batch holds the context's n_batch tokens; a row it refuses would leave a shorter batch
+    # that still runs and looks complete
+    if idx < 0:
+        raise ReferenceFailed(f"llama_batch_ext refused row {i} (error {idx}: the batch is full at its "
+                              f"n_batch rows) at step {step.index} ({step.kind})")
+    return idx
 
 
 _ABORT_LINE = re.compile(r"GGML_ASSERT|GGML_ABORT|terminate called|what\(\)|Segmentation fault|"

@@ -1,7 +1,7 @@
 """The DFlash family drivers of the seed's common/speculative.cpp, on a graphgen Session.
 
 `DFlashDrafter` is common_speculative_impl_draft_dflash: it injects target features into the
-draft's KV cache in chunks of n_ubatch (`process`), runs a single decode over the noise blocks
+draft's KV cache in chunks of n_batch (`process`), runs a single decode over the noise blocks
 [id_last, <mask> x n_max] of all sequences that draft (`draft`), takes the draft greedily and then
 drops the blocks from the KV cache. `DSparkDrafter`, `DFlash2Drafter` and `LiliCorrDrafter`
 derive from it and override what the seed's classes override: the init options, `begin`,
@@ -221,13 +221,13 @@ class DFlashDrafter:
 
     def process_multi(self, entries) -> bool:
         """entries: [(seq, features [n, len(target_layers) * n_embd], pos0), ...], one per sequence,
-        as one target batch; each sequence is injected in chunks of n_ubatch, in sequence order."""
+        as one target batch; each sequence is injected in chunks of the context's batch size, in sequence order."""
         by_seq = {}
         for seq, feats, pos0 in entries:
             if seq in by_seq:
                 raise GraphgenError(f"sequence {seq} appears twice in one target batch")
             by_seq[seq] = (np.asarray(feats, dtype=np.float32), int(pos0))
-        n_ubatch = self.session.n_ubatch
+        n_batch = self.session.n_batch
         for seq in range(self.n_seq):
             if seq not in by_seq:
                 continue
@@ -236,8 +236,8 @@ class DFlashDrafter:
                 raise GraphgenError(f"target features must be [n_tokens, {self.n_embd_enc}] "
                                     f"(len(target_layers) * n_embd), got shape {list(feats.shape)}")
             n_rows = feats.shape[0]
-            for offset in range(0, n_rows, n_ubatch):
-                n_chunk = min(n_ubatch, n_rows - offset)
+            for offset in range(0, n_rows, n_batch):
+                n_chunk = min(n_batch, n_rows - offset)
                 try:
                     r = self.session.inject(feats[offset:offset + n_chunk], pos0 + offset, seq)
                 except GraphgenError as e:
@@ -300,7 +300,7 @@ class DFlashDrafter:
             return None
         groups, cur, cur_n = [], [], 0
         for b, st in zip(blocks, states):
-            if cur and cur_n + len(b[1]) > self.session.n_ubatch:
+            if cur and cur_n + len(b[1]) > self.session.n_batch:
                 groups.append(cur)
                 cur, cur_n = [], 0
             cur.append((b, st))

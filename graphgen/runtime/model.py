@@ -60,6 +60,7 @@ class HParams:
     f_logit_scale: float = 0.0
     f_final_logit_softcapping: float = 0.0
     causal_attn: bool = False
+    ctx_causal: bool = True
     ffn_op: str = "silu"
     target_layers: list = field(default_factory=list)
     block_size: int = 0
@@ -516,7 +517,11 @@ def read_base_hparams(m: GGUFMeta, hp: HParams, path) -> None:
     hp.n_ctx_train = m.get(k("context_length"), required=True, kind="int")
     hp.n_embd = m.get(k("embedding_length"), required=True, kind="int")
     m.read(k("embedding_length_out"))
-    hp.causal_attn = bool(m.read(k("attention.causal")))
+    causal = m.read(k("attention.causal"))
+    hp.causal_attn = bool(causal)
+    # llama.cpp's own default when the key is absent: what its context starts with, and what
+    # caps the context's batch at n_ctx
+    hp.ctx_causal = True if causal is None else bool(causal)
     m.read(k("pooling_type"))
     m.read(k("classifier.pooling_type"))
     act = m.read(k("classifier.activation"))

@@ -21,7 +21,7 @@ from ..ops import ggml as G
 from .backends import open_backend
 from .kvcache import KVCache, UBatch
 from .model import Model, load
-from ..errors import GraphgenError
+from ..errors import ContextError, GraphgenError
 from ..scenario import KV_TYPE_IDS
 from ..staging import deferred, pending, raise_pending
 
@@ -176,8 +176,19 @@ class Session:
             self.model.upload(self.backend)
         self.hparams = hp = self.model.hparams
         self.n_ctx, self.n_ubatch, self.n_seq = n_ctx, n_ubatch, n_seq
+        # the most tokens a batch holds: a causal llama.cpp context caps its batch at the n_ctx
+        # asked for (before padding), and a batch is one ubatch here
+        self.n_batch = min(n_ctx, n_ubatch) if hp.ctx_causal else n_ubatch
+        if n_seq > self.n_batch:
+            if self.model is not model:
+                self.model.close()
+            self.model = None
+            self.close()
+            why = f"n_ubatch {n_ubatch}" + (f" capped at n_ctx {n_ctx}" if self.n_batch < n_ubatch else "")
+            raise ContextError(f"n_seq {n_seq} is more than a batch holds ({self.n_batch}: {why}); llama.cpp "
+                               "aborts creating such a context (its output buffer holds a batch)")
         # one node budget for every graph of the session, as a llama_context sizes its graphs
-        self.max_nodes = graph_max_nodes(hp, len(self.model.tensors), min(n_ctx, n_ubatch))
+        self.max_nodes = graph_max_nodes(hp, len(self.model.tensors), self.n_batch)
         self.flash_attn = flash_attn
         self.type_k, self.type_v = type_k, type_v
         self.n_threads = n_threads
@@ -205,7 +216,9 @@ class Session:
         self._share_sched = len(self.backends) == 1
         self._remote = self.backend_name.startswith("RPC")
         self._allocated: dict = {}   # scheduler -> the graph it holds
-        self.stats = {"builds": 0, "allocs": 0, "reuses": 0}
+        # graphs built, allocations, graphs reused, and reused graphs placed again after the
+        # shared buffer moved under them
+        self.stats = {"builds": 0, "allocs": 0, "reuses": 0, "replaced": 0}
         self.reuse_graphs = reuse_graphs
         self.last_graph = None
         # seconds per phase of the last batch: validate, kv, graph, inputs, compute, outputs
@@ -214,7 +227,13 @@ class Session:
 
     # -- batches ----------------------------------------------------------------------------
     def _check_common(self, pos, seq):
-        V.check_batch(pos, seq, self.n_ubatch, self.n_seq)
+        V.check_batch(pos, seq, self.n_batch, self.n_seq, self._batch_limit())
+
+    def _batch_limit(self) -> str:
+        if self.n_batch < self.n_ubatch:
+            return (f"the batch size {self.n_batch} (n_ubatch {self.n_ubatch} capped at n_ctx {self.n_ctx}, "
+                    "as llama.cpp caps a causal context's batch)")
+        return f"n_ubatch {self.n_ubatch}"
 
     def make_inject(self, features, pos0: int, seq: int = 0) -> UBatch:
         x = V.check_features(features, self.hparams.n_embd_inp_enc)
@@ -223,14 +242,14 @@ class Session:
         seq = V.check_seq(seq, self.n_seq)
         pos = np.arange(pos0, pos0 + n, dtype=np.int32)
         sq = np.full(n, seq, dtype=np.int32)
-        if not 0 < n <= self.n_ubatch:
+        if not 0 < n <= self.n_batch:
             self._check_common(pos, sq)  # raises, naming the size
         return UBatch(pos=pos, seq=sq, embd=x, runs=[(seq, pos0, n)])
 
     def make_block(self, blocks, embd_state=None) -> UBatch:
         """blocks: [(seq, tokens, pos0), ...] into one batch, in that order."""
         quick = V.quick_blocks(blocks, self.model.variant, self.hparams.n_vocab, self.hparams.block_size,
-                               self.n_ubatch, self.n_seq)
+                               self.n_batch, self.n_seq)
         if quick is not None:
             tokens, pos_a, seq_a, runs = quick
         else:
@@ -319,6 +338,7 @@ class Session:
                 c.data = None
                 c.buffer = None
         g.placed = False
+        g.moved = True
 
     def _sched_size(self, sched) -> int:
         return sum(int(G.ggml_backend_sched_get_buffer_size(sched, b)) for b in self.backends)
@@ -340,6 +360,9 @@ class Session:
             if other.sched == slot.sched:
                 other.settle()
         before = self._sched_size(slot.sched)
+        if g.moved:
+            self.stats["replaced"] += 1
+            g.moved = False
         G.ggml_backend_sched_reset(slot.sched)
         if not G.ggml_backend_sched_alloc_graph(slot.sched, g.gf):
             self._allocated[slot.sched] = None
@@ -388,7 +411,7 @@ class Session:
             self.stats["builds"] += 1
             # the graph's own order, before a backend's graph_optimize permutes its nodes in place
             g.node_order = {G.addr(G.ggml_graph_node(g.gf, i)): i for i in range(G.ggml_graph_n_nodes(g.gf))}
-            g.placed = False
+            g.placed = g.moved = False
             slot.graph, slot.sig = g, sig
         # one backend, no eval callback: compute the graph on the backend directly (the
         # scheduler would run it as one split on that backend all the same)

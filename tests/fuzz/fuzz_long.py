@@ -22,12 +22,9 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import queue
 import shutil
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 import traceback
 from collections import Counter
@@ -36,56 +33,11 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent.parent))
+sys.path.insert(0, str(HERE.parent))
+
+from workers import Worker  # noqa: E402
 
 _STEP = re.compile(r"\bstep (\d+)\b")
-
-
-class Worker:
-    """A long-lived child serving one JSON request a line; `S <id>` before, `R <json>` after."""
-
-    def __init__(self, cmd: list[str], err_path: Path, timeout: float):
-        self.cmd, self.err_path, self.timeout = cmd, err_path, timeout
-        self.proc = None
-        self.restarts = 0
-
-    def _start(self):
-        self.err = open(self.err_path, "ab")
-        self.proc = subprocess.Popen(self.cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.err,
-                                     text=True, bufsize=1)
-        # a reader thread: select() on a buffered pipe misses lines already read into the buffer
-        self.lines = queue.Queue()
-        proc, lines = self.proc, self.lines
-        threading.Thread(target=lambda: [lines.put(ln) for ln in proc.stdout] + [lines.put(None)],
-                         daemon=True).start()
-
-    def ask(self, req: dict) -> tuple[dict | None, str]:
-        """(the result, "") or (None, "abort: ..." / "hang")."""
-        if self.proc is None or self.proc.poll() is not None:
-            self._start()
-        self.proc.stdin.write(json.dumps(req) + "\n")
-        self.proc.stdin.flush()
-        deadline = time.monotonic() + self.timeout
-        while True:
-            try:
-                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                self.proc.kill()
-                self.proc.wait()
-                self.proc = None
-                self.restarts += 1
-                return None, "hang"
-            if line is None:
-                rc = self.proc.wait()
-                self.proc = None
-                self.restarts += 1
-                return None, f"abort (signal {-rc})" if rc < 0 else f"abort (exit {rc})"
-            if line.startswith("R "):
-                return json.loads(line[2:]), ""
-
-    def close(self):
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.stdin.close()
-            self.proc.wait(timeout=60)
 
 
 def serve_graphgen() -> int:
