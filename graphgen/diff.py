@@ -34,7 +34,7 @@ import numpy as np
 from graphgen.dump import N_OP_PARAMS, Dump, DumpError, Node, dump_files, load_dump
 
 DEFAULT_NMSE = {"f32": 1e-7, "f16": 1e-7, "bf16": 1e-7, "i32": 0, "i64": 0}
-EXACT_TYPES = frozenset({"i8", "i16", "i32", "i64"})  # integers compare exactly unless told otherwise
+EXACT_TYPES = frozenset({"i8", "i16", "i32", "i64"})  # integers always compare exactly
 CONTEXT = 3                # nodes shown before/after the first divergence
 MAX_DP_CELLS = 250_000     # larger unmatched regions fall back to a name-only alignment
 MAX_LISTED = 20            # differences listed in the text report
@@ -289,6 +289,9 @@ class DiffResult:
     warnings: list[str] = field(default_factory=list)    # the sides ran different models or scenarios
     provenance: dict[str, Any] = field(default_factory=dict)
     unpaired: str | None = None    # "ref" or "ours": this graph found no partner on the other side
+    # settings both dumps record with different values ("n_kv ref=256 ours=512"): the graphs were
+    # not computed under the same conditions, a divergence whatever their nodes say
+    settings_differ: list[str] = field(default_factory=list)
 
     @property
     def status(self) -> str:
@@ -298,7 +301,7 @@ class DiffResult:
             return "IDENTICAL"
         if self.unpaired:
             return "NO PARTNER"
-        if self.not_compared and not self.structural and not self.numeric_failures:
+        if self.not_compared and not self.structural and not self.numeric_failures and not self.settings_differ:
             return "NOT COMPARED"
         return "DIVERGED"
 
@@ -327,7 +330,8 @@ class DiffResult:
                 "summary": summary, "builds": dict(self.builds), "status": self.status,
                 "not_compared": [{"ref_index": i, "ours_index": j, "name": n, "why": w}
                                  for i, j, n, w in self.not_compared],
-                "warnings": list(self.warnings), "provenance": self.provenance, "unpaired": self.unpaired}
+                "warnings": list(self.warnings), "provenance": self.provenance, "unpaired": self.unpaired,
+                "settings_differ": list(self.settings_differ)}
 
     def format_text(self) -> str:
         s = self.summary
@@ -356,6 +360,9 @@ class DiffResult:
                     f"  numeric          {s['numeric_compared']} compared ({s.get('by_digest', 0)} by digest), "
                     f"{s['numeric_failed']} failed, {s.get('not_compared', 0)} not compared",
                     f"  values           {self._values_verdict()}"]
+        if self.settings_differ:
+            out += ["", "settings differ (the graphs ran under different settings):"]
+            out += [f"  {d}" for d in self.settings_differ]
         if self.structural:
             out += ["", "differences:"]
             out += [f"  {d.describe()}" for d in self.structural[:MAX_LISTED]]
@@ -450,9 +457,10 @@ def _thresholds(nmse: float | dict[str, float] | None):
         raise TypeError(f"nmse must be a float or a dict of type -> float, got {nmse!r}")
 
     def threshold(typ: str) -> float:
-        if typ in table:
-            return float(table[typ])
-        return 0.0 if typ in EXACT_TYPES else fallback
+        # an integer node (indices, positions, argmax) is right or wrong: no threshold loosens it
+        if typ in EXACT_TYPES:
+            return 0.0
+        return float(table[typ]) if typ in table else fallback
     return threshold
 
 
@@ -814,8 +822,10 @@ def diff_dumps(ref: Dump, ours: Dump, nmse: float | dict[str, float] | None = No
         notes.append(f"comparing a '{ref.graph}' graph with a '{ours.graph}' graph")
     warnings, provenance = _provenance(full_ref, full_ours)
     # an import knows neither the build nor the settings: nothing to compare them with
+    settings_differ: list[str] = []
     if not structure_only:
         notes += _build_notes(ref, ours)
+        settings_differ = _settings_differ(ref, ours)
 
     # First divergence in ref order; a structural difference precedes a value failure at the same
     # node, and value failures propagate downstream, so the earliest one is the origin.
@@ -842,10 +852,11 @@ def diff_dumps(ref: Dump, ours: Dump, nmse: float | dict[str, float] | None = No
         "explained_ours": sum(len(e.ours_indices) for e in explained),
         "numeric_compared": len(numeric), "numeric_failed": len(fails),
         "by_digest": sum(r.by_digest for r in numeric), "not_compared": len(not_compared),
-        "max_nmse": max(finite) if finite else None,
+        "max_nmse": max(finite) if finite else None, "settings_differ": len(settings_differ),
     }
     return DiffResult(ref_path=str(ref.path), ours_path=str(ours.path), graph=ref.graph,
-                      identical=not structural and not fails and not not_compared, structural=structural,
+                      identical=not structural and not fails and not not_compared and not settings_differ,
+                      settings_differ=settings_differ, structural=structural,
                       numeric=numeric, not_compared=not_compared,
                       first_divergence=first, rules_fired=dict(Counter(e.rule for e in explained)),
                       explained=explained, notes=notes, summary=summary,
@@ -866,12 +877,16 @@ def _build_notes(ref: Dump, ours: Dump) -> list[str]:
     if ggml_ref and ggml_ours and ggml_ref != ggml_ours:
         notes.append(f"computed on different ggml versions (ref {ggml_ref}, ours {ggml_ours}): kernels may "
                      "differ, so value differences need not come from the graph")
-    sdiff = [f"{k} ref={_fmt(ref.settings.get(k))} ours={_fmt(ours.settings.get(k))}"
-             for k in sorted(set(ref.settings) | set(ours.settings))
-             if ref.settings.get(k) != ours.settings.get(k)]
-    if sdiff:
-        notes.append(f"settings differ: {', '.join(sdiff)}")
+    one_side = [f"{k} ({'ref' if k in ref.settings else 'ours'} only)"
+                for k in sorted(set(ref.settings) ^ set(ours.settings))]
+    if one_side:
+        notes.append(f"settings recorded by one side only: {', '.join(one_side)}")
     return notes
+
+
+def _settings_differ(ref: Dump, ours: Dump) -> list[str]:
+    return [f"{k} ref={_fmt(ref.settings[k])} ours={_fmt(ours.settings[k])}"
+            for k in sorted(set(ref.settings) & set(ours.settings)) if ref.settings[k] != ours.settings[k]]
 
 
 def _provenance(ref: Dump, ours: Dump) -> tuple[list[str], dict[str, Any]]:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .diff import diff_paths
+from .diff import EXACT_TYPES, diff_paths
 from .staging import staged_dump_dir
 from .ops import ggml as G
 from .engine import run_scenario
@@ -58,6 +58,9 @@ class XDiffResult:
                            f"nmse {b['nmse']:.3g} > {b['threshold']:.1g}")
             for d in g["structural"][:5]:
                 out.append(f"    {d}")
+            if g.get("not_compared"):
+                out.append(f"    {len(g['not_compared'])} nodes not compared (no values on a side), first "
+                           f"{g['not_compared'][0]}")
         return "\n".join(out)
 
 
@@ -98,7 +101,7 @@ def compare_dirs(dir_a, dir_b, backends, nmse: float | None = None) -> XDiffResu
     for r in diff_paths(dir_a, dir_b, nmse=1.0):
         if r.unpaired:  # one run evaluated a graph the other did not
             res.graphs.append({"graph": r.graph, "nodes": None, "structural": list(r.notes), "worst_nmse": 0.0,
-                               "worst_name": "-", "first_bad": None, "order_dependent": 0})
+                               "worst_name": "-", "first_bad": None, "order_dependent": 0, "not_compared": []})
             res.ok = False
             continue
         ref, ours = load_dump(r.ref_path), load_dump(r.ours_path)
@@ -121,15 +124,19 @@ def compare_dirs(dir_a, dir_b, backends, nmse: float | None = None) -> XDiffResu
                 reordered.add(node.name)
                 n_perm += 1
                 nmse, _, reason = compare_values(np.sort(a, axis=None), np.sort(b, axis=None))
-            thr = 0.0 if op in EXACT_OPS else OP_NMSE.get(op, DEFAULT_NMSE) if bound is None else bound
+            exact = op in EXACT_OPS or node.type in EXACT_TYPES
+            thr = 0.0 if exact else OP_NMSE.get(op, DEFAULT_NMSE) if bound is None else bound
             bad = (reason is not None) or nmse > thr
             if nmse > worst:
                 worst, worst_name = nmse, n.name
             if bad and first_bad is None:
                 first_bad = {"index": n.ref_index, "name": n.name, "op": op, "nmse": nmse, "threshold": thr}
-        structural = [d.describe() for d in r.structural]
+        structural = [d.describe() for d in r.structural] + [f"settings differ: {d}" for d in r.settings_differ]
+        # a node neither side kept values of was not compared: only a quantized cache's writes and
+        # views (no float values to read) may go without
+        unseen = [n for _, _, n, _ in r.not_compared if not n.startswith("cache_")]
         res.graphs.append({"graph": r.graph, "nodes": r.summary.get("nodes_ref"), "structural": structural,
                            "worst_nmse": worst, "worst_name": worst_name, "first_bad": first_bad,
-                           "order_dependent": n_perm})
-        res.ok &= not structural and first_bad is None
+                           "order_dependent": n_perm, "not_compared": unseen})
+        res.ok &= not structural and first_bad is None and not unseen and bool(r.numeric)
     return res

@@ -7,6 +7,7 @@ def assert_parity(results, context=""):
     for res in results:
         text = context + "\n" + res.format_text()
         assert not res.structural, text
+        assert not res.settings_differ, text
         assert not res.rules_fired, text
         assert res.numeric, f"{text}\nno node values were compared"
         # only a quantized KV cache's nodes (its writes and views) carry neither values nor a digest;

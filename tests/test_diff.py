@@ -737,3 +737,138 @@ def test_xdiff_cli_nmse(tmp_path, models_dir, capsys):
                      "--nmse", "0", "--out", str(tmp_path / "x"), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["ok"] is True and doc["nmse"] == 0.0 and [g["graph"] for g in doc["graphs"]] == ["inject", "block"]
+
+
+# -- the rules the help text promises ------------------------------------------------------------
+
+def _with_int_node(tmp_path, delta):
+    """The block graph plus an i32 node (an argmax over the logits rows); ours off by `delta`."""
+    def graph(d):
+        g = copy_graph()
+        n = Node(len(g), "argmax", "ARGMAX", "i32", [4, 1, 1, 1], ["result_output"], None, 0, [0] * 16)
+        g.append((n, np.array([3, 1, 4, 1 + d], dtype=np.int32)))
+        return g
+    return write(tmp_path / "ref", graph(0)), write(tmp_path / "ours", graph(delta))
+
+
+@pytest.mark.parametrize("nmse", [None, 1e-3, 1.0, 1e9, {"i32": 0.5, "f32": 1.0}])
+def test_integer_nodes_compare_exactly_whatever_the_threshold(tmp_path, nmse):
+    ref, ours = _with_int_node(tmp_path, 1)
+    r = diff_dumps(load_dump(ref), load_dump(ours), nmse=nmse)
+    [bad] = r.numeric_failures
+    assert (bad.name, bad.threshold) == ("argmax", 0.0)
+    assert not r.identical and exit_code([r]) == 1
+    ref, ours = _with_int_node(tmp_path / "same", 0)
+    assert diff_dumps(load_dump(ref), load_dump(ours), nmse=nmse).identical
+
+
+@pytest.mark.parametrize("key,value", [("n_kv", 512), ("flash_attn", True), ("type_k", "q8_0"), ("n_ctx", 128),
+                                       ("causal", True)])
+def test_a_settings_difference_is_a_divergence(tmp_path, capsys, key, value):
+    """Two graphs that ran under different settings do not pass as identical, even with every
+    node equal: the difference is counted, shown and fails the exit code."""
+    header = dict(HEADER, settings=dict(HEADER["settings"], **{key: value}))
+    write(tmp_path / "ref", make_graph())
+    write(tmp_path / "ours", make_graph(), header=header)
+    [r] = diff_paths(tmp_path / "ref", tmp_path / "ours")
+    assert not r.identical and r.status == "DIVERGED" and exit_code([r]) == 1
+    assert r.structural == [] and not r.numeric_failures  # the nodes themselves agree
+    assert r.settings_differ == [f"{key} ref={_fmt_setting(HEADER['settings'][key])} ours={_fmt_setting(value)}"]
+    assert r.summary["settings_differ"] == 1 and r.to_dict()["settings_differ"] == r.settings_differ
+    assert "settings differ" in r.format_text()
+    assert cli_main(["diff", str(tmp_path / "ref"), str(tmp_path / "ours")]) == 1
+    assert f"{key} ref=" in capsys.readouterr().out
+
+
+def _fmt_setting(v):
+    return json.dumps(v) if isinstance(v, (list, str, type(None))) else str(v)
+
+
+def test_a_setting_only_one_side_records_is_a_note(tmp_path):
+    """A setting beyond the required ones that only one side records cannot disagree: a note,
+    not a divergence."""
+    header = dict(HEADER, settings=dict(HEADER["settings"], n_threads=4))
+    write(tmp_path / "ref", make_graph())
+    write(tmp_path / "ours", make_graph(), header=header)
+    [r] = diff_paths(tmp_path / "ref", tmp_path / "ours")
+    assert r.identical and r.settings_differ == []
+    assert any("n_threads (ours only)" in n for n in r.notes)
+
+
+# -- xdiff's failures ---------------------------------------------------------------------------
+
+def test_xdiff_fails_on_a_structural_difference(tmp_path):
+    from graphgen.xdiff import compare_dirs
+    g = copy_graph()
+    g[21][0].op = "SUB"
+    write(tmp_path / "a", make_graph())
+    write(tmp_path / "b", g)
+    res = compare_dirs(tmp_path / "a", tmp_path / "b", ["cpu", "other"])
+    assert not res.ok
+    assert "FAIL" in res.format_text() and "structure DIFFERS" in res.format_text()
+    assert any("SUB" in d for d in res.graphs[0]["structural"])
+
+
+def test_xdiff_fails_on_a_graph_one_backend_did_not_run(tmp_path):
+    from graphgen.xdiff import compare_dirs
+    for seq in range(2):
+        write(tmp_path / "a", make_graph(), seq=seq)
+    write(tmp_path / "b", make_graph())
+    res = compare_dirs(tmp_path / "a", tmp_path / "b", ["cpu", "other"])
+    assert not res.ok and len(res.graphs) == 2 and res.graphs[1]["nodes"] is None
+
+
+def test_xdiff_keeps_integer_nodes_exact_under_any_bound(tmp_path):
+    from graphgen.xdiff import compare_dirs
+    ref, ours = _with_int_node(tmp_path, 1)
+    res = compare_dirs(ref.parent, ours.parent, ["cpu", "other"], nmse=1e9)
+    assert not res.ok
+    bad = res.graphs[0]["first_bad"]
+    assert (bad["name"], bad["threshold"]) == ("argmax", 0.0)
+
+
+def test_xdiff_fails_when_a_node_was_not_compared(tmp_path):
+    """Values missing on a side are no agreement: the node is named and the run fails."""
+    from graphgen.xdiff import compare_dirs
+    g = make_graph()
+    write(tmp_path / "a", g)
+    nodes = [n for n, _ in g]
+    values = {n.index: v for n, v in g if n.name != "kq-0"}
+    d = write_dump(tmp_path / "b", 0, "block", HEADER, nodes, values)
+    doc = json.loads(d.read_text())
+    for n in doc["nodes"]:
+        if n["name"] == "kq-0":
+            n.pop("digest", None)
+    d.write_text(json.dumps(doc))
+    res = compare_dirs(tmp_path / "a", tmp_path / "b", ["cpu", "other"])
+    assert not res.ok and res.graphs[0]["not_compared"] == ["kq-0"]
+    assert "not compared" in res.format_text()
+
+
+def test_xdiff_cli_exits_1_and_says_where(tmp_path, models_dir, capsys, monkeypatch):
+    """The command's failure path: the second backend's run perturbed in one matmul."""
+    import graphgen.xdiff as X
+    from make_references import build_model
+    case = REF_DIR / "dflash-fa-off"
+    model = build_model(case, models_dir)
+    real = X.run_scenario
+    runs = []
+
+    def perturbed(model, scenario, out, **kw):
+        res = real(model, scenario, out, **kw)
+        runs.append(out)
+        if len(runs) == 2:
+            for path in sorted(Path(out).glob("*-block.json")):
+                doc = json.loads(path.read_text())
+                k = next(n["index"] for n in doc["nodes"] if n["op"] == "MUL_MAT")
+                z = dict(np.load(path.with_suffix(".npz")))
+                z[f"n{k}"] = z[f"n{k}"] * np.float32(1.1)  # nmse 1e-2, past the matmul bound
+                np.savez(path.with_suffix(".npz"), **z)
+        return res
+    monkeypatch.setattr(X, "run_scenario", perturbed)
+    code = cli_main(["xdiff", str(model), "--scenario", str(case / "scenario.json"), "--backends", "cpu,cpu",
+                     "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 1 and doc["ok"] is False
+    [inject, block] = doc["graphs"]
+    assert inject["first_bad"] is None and block["first_bad"]["op"] == "MUL_MAT"

@@ -260,6 +260,48 @@ def test_n_max_clamped_with_upstream_warning(variant, n_draft_max, tiny, caplog)
         assert d.n_max == n_draft_max and "clamping" not in caplog.text
 
 
+# the block each head sends for a given n_max below its trained block (5 here), and the rows it reads
+BLOCK_RULES = {
+    "dflash": lambda n_max: n_max + 1,    # id_last, then n_max masks
+    "dflash2": lambda n_max: n_max + 1,
+    "dspark": lambda n_max: n_max,        # the anchor slot predicts too
+    "lilicorr": lambda n_max: 5,          # the scorer reads every slot of the trained block
+}
+
+
+@pytest.mark.parametrize("variant", sorted(BLOCK_RULES))
+def test_n_max_below_the_block(variant, tiny):
+    """Every n_max from 1 to the head's largest: the block the head sends, and a draft of
+    exactly n_max tokens (no p_min, no n_min); LiliCorr's block never changes, so its shorter
+    drafts are prefixes of its longest."""
+    with Session(tiny[variant]) as s:
+        largest = create_drafter(s, None, DraftParams(n_max=None)).n_max
+        drafts = {}
+        for n_max in range(1, largest + 1):
+            d = create_drafter(s, None, DraftParams(n_max=n_max))
+            sent = []
+            orig = s.block_multi
+
+            def spy(blocks, **kw):
+                sent.append([len(b[1]) for b in blocks])
+                return orig(blocks, **kw)
+            s.block_multi = spy
+            try:
+                if n_max == 1:
+                    d.process(prompt_features(s), 0, 0)
+                req = DraftRequest(ID_LAST, N_PROMPT)
+                d.draft({0: req})
+            finally:
+                s.block_multi = orig
+            assert sent == [[BLOCK_RULES[variant](n_max)]], n_max
+            assert len(req.result) == n_max, (n_max, req.result)
+            assert s.seq_pos_max(0) == N_PROMPT - 1  # the block left the cache
+            drafts[n_max] = req.result
+        if variant == "lilicorr":
+            for n_max, draft in drafts.items():
+                assert draft == drafts[largest][:n_max]
+
+
 def test_injection_is_chunked_by_n_ubatch(tiny):
     with Session(tiny["dflash"], n_ubatch=4) as s:
         d = create_drafter(s, "draft-dflash")
@@ -285,12 +327,55 @@ def prob_draft(d, seed, temp=4.0, begin=True):
     return req
 
 
+def np_sampled_walk(lat, top_k, rng, temp):
+    """The sampled lattice walk in float64 numpy, drawing from `rng` (an MT19937)."""
+    pred, out = 0, []
+    for i in range(1, lat.shape[0]):
+        row = lat[i].astype(np.float64)
+        sc = row[top_k + pred * top_k: top_k + (pred + 1) * top_k]
+        pred = int(np.argmax(sc))
+        p = np.exp((sc - sc[pred]) / temp)
+        p /= p.sum()
+        u = uniform_real(rng)
+        for k in np.argsort(row[:top_k]):
+            u -= p[k]
+            if u < 0:
+                pred = int(k)
+                break
+        out.append(int(row[pred]))
+    return out
+
+
+def test_dflash2_each_sequence_samples_from_its_own_generator(tiny):
+    """Two sequences drafted in one decode with the same seed: each walk draws from a generator
+    of its own, seeded afresh for its request."""
+    with Session(tiny["dflash2"], n_seq=2) as s:
+        d = create_drafter(s, "draft-dflash2", DraftParams(n_max=None, probabilistic=True))
+        for seq in (0, 1):
+            d.process(prompt_features(s, seed=10 + seq), 0, seq)
+            d.begin(seq, list(range(N_PROMPT)))
+        reqs = {seq: DraftRequest(ID_LAST, N_PROMPT, temp=3.0, seed=9, want_q=True) for seq in (0, 1)}
+        d.draft(reqs)
+        lat = d.last_block.h_nextn
+        n = lat.shape[0] // 2
+        for seq in (0, 1):
+            rng = MT19937((9 ^ 0x85EBCA6B) & 0xFFFFFFFF)
+            assert reqs[seq].result == np_sampled_walk(lat[seq * n:(seq + 1) * n], 4, rng, 3.0), seq
+
+
 def test_dflash2_probabilistic(tiny):
     with Session(tiny["dflash2"]) as s:
         d = create_drafter(s, "draft-dflash2", DraftParams(n_max=None, probabilistic=True))
         d.process(prompt_features(s), 0, 0)
         a, b = prob_draft(d, 42), prob_draft(d, 42)
         assert a.result == b.result and a.result_q == b.result_q and len(a.result) == 4
+        # per request, not per round: the same seed without begin() runs the generator on from
+        # where the last draft left it, one uniform draw per token
+        c = prob_draft(d, 42, begin=False)
+        rng = MT19937((42 ^ 0x85EBCA6B) & 0xFFFFFFFF)
+        for _ in b.result:
+            uniform_real(rng)
+        assert c.result == np_sampled_walk(d.last_block.h_nextn, 4, rng, 4.0)
         drafts = {tuple(prob_draft(d, sd).result) for sd in range(12)}
         assert len(drafts) > 1, "different seeds give different drafts"
         for row in a.result_q:
@@ -298,9 +383,6 @@ def test_dflash2_probabilistic(tiny):
             assert abs(sum(p for _, _, p in row) - 1.0) < 1e-5
         for tok, row in zip(a.result, a.result_q):
             assert tok in [t for t, _, _ in row]
-        # per request, not per round: without begin() the generator runs on
-        c = prob_draft(d, 42, begin=False)
-        assert len(c.result_q) == len(c.result)
         # greedy when the request carries no q
         g = DraftRequest(ID_LAST, N_PROMPT, temp=4.0, seed=42)
         d.draft({0: g})

@@ -308,3 +308,45 @@ def test_both_engines_record_provenance(tmp_path, models_dir, cache, capsys):
     out = capsys.readouterr().out
     assert out.count("warning: the two sides ran different scenarios") == 2
     assert f"seed {sc.seed + 1}" in out and "numeric failures:" in out
+
+
+@pytest.mark.parametrize("engine", ["graphgen", "llama.cpp"])
+def test_every_node_carries_its_statistics_and_digest(tmp_path, engine):
+    """A dump that keeps no values (max_data 0) still carries, for every node with readable values,
+    a digest of its bytes and the statistics the diff uses to locate a change; both must describe
+    the values the same run keeps when asked to."""
+    import json as _json
+
+    from graphgen.engine import run_scenario
+    from graphgen.reference.runner import run_reference
+    from graphgen.synth import make_model
+    model = tmp_path / "d.gguf"
+    make_model(model, "dflash2", "base")
+    doc = {"n_ctx": 256, "n_ubatch": 16, "flash_attn": "off", "type_kv": "f16", "seed": 2,
+           "steps": [{"inject": {"n_tokens": 5}}, {"block": {"tokens": [3, 255, 255, 255], "pos0": 5}}]}
+    sc = tmp_path / "s.json"
+    sc.write_text(_json.dumps(doc))
+    for name, max_data in (("lean", 0), ("full", 1 << 40)):
+        if engine == "graphgen":
+            run_scenario(model, parse_scenario(doc), tmp_path / name, max_data=max_data)
+        else:
+            run_reference(model, sc, tmp_path / name, max_data=max_data)
+    checked = 0
+    for lean, full in zip(load_dump_dir(tmp_path / "lean"), load_dump_dir(tmp_path / "full")):
+        dtypes = {"f32": np.float32, "f16": np.float16, "i32": np.int32}
+        for node in lean.nodes:
+            v = full.values(node.index)
+            if v is None or node.type not in dtypes:
+                continue  # a quantized cache's rows: no float values to describe
+            x = v.astype(np.float64).ravel()
+            fin = x[np.isfinite(x)]
+            want = {"count": x.size, "sum": fin.sum(), "sumsq": float(np.dot(fin, fin)),
+                    "min": fin.min() if fin.size else None, "max": fin.max() if fin.size else None,
+                    "nan": int(np.isnan(x).sum()), "inf": int(np.isinf(x).sum())}
+            assert node.stats is not None, node.name
+            for k, w in want.items():
+                assert node.stats[k] == pytest.approx(w, rel=1e-12, abs=0), (node.name, k)
+            raw = np.ascontiguousarray(v.astype(dtypes[node.type])).tobytes()
+            assert node.digest == hashlib.sha256(raw).hexdigest(), node.name
+            checked += 1
+    assert checked > 40

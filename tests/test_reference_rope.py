@@ -266,3 +266,25 @@ def test_random_configs_draw_every_key():
 def test_random_rope_config_matches_llama_cpp(seed, tmp_path):
     kw, sc = random_rope_config(seed)
     run_both(tmp_path, kw, sc)
+
+
+@pytest.mark.parametrize("variant,backbone", [("dflash", "base"), ("dspark", "dsv4")])
+def test_rope_base_missing_from_the_gguf(tmp_path, variant, backbone):
+    """Without `dflash.rope.freq_base` llama.cpp rotates with its default base, 10000: a draft made
+    with another base and the key then dropped must run as b11739 runs it, at base 10000."""
+    from gguf_edit import rewrite
+    from graphgen.reference.runner import run_reference
+    made = tmp_path / "made.gguf"
+    make_model(made, variant, backbone, rope_freq_base=500000.0)
+    model = tmp_path / "draft.gguf"
+    rewrite(made, model, drop_keys=("dflash.rope.freq_base",))
+    sc = scenario()
+    scen = tmp_path / "scenario.json"
+    scen.write_text(json.dumps(sc))
+    run_reference(model, scen, tmp_path / "ref")
+    run_scenario(model, parse_scenario(sc), tmp_path / "ours")
+    results = diff_paths(tmp_path / "ref", tmp_path / "ours")
+    assert len(results) == 4
+    assert_parity(results, variant)
+    bases = {p["freq_base"] for _, _, p in rope_nodes(tmp_path / "ours")}
+    assert bases == {10000.0}

@@ -51,6 +51,7 @@ SEEDREF = ("tests/test_seed_reference.py",)
 KVCACHE = ("tests/test_kvcache.py",)
 SESSION = ("tests/test_session.py",)
 SESSIONS = ("tests/test_reference_sessions.py",)
+DRAFTERS = ("tests/test_drafters.py",)
 # the authors' models alone (needs graphgen[torch]): graph bugs llama.cpp's parity would also
 # catch, seen here from the authors' side, and bugs in the comparison itself
 AUTHORS = ("tests/test_authors.py",)
@@ -166,13 +167,42 @@ MUTATIONS = [
     Mutation("kv_swa_cell_reused_a_step_late", "graphgen/runtime/kvcache.py",
              "can_use |= single & ((pmax[owner] + 1 - self.pos) >= self.n_swa)",
              "can_use |= single & ((pmax[owner] + 1 - self.pos) > self.n_swa)", SESSIONS),
-    Mutation("kv_swa_purge_short", "graphgen/runtime/kvcache.py",
-             "self.seq_rm(q, pmin, pmax + 1)", "self.seq_rm(q, pmin, pmax)", SESSIONS),
     Mutation("batch_not_capped_at_n_ctx", "graphgen/runtime/session.py",
              "self.n_batch = min(n_ctx, n_ubatch) if hp.ctx_causal else n_ubatch", "self.n_batch = n_ubatch",
              SESSIONS),
     Mutation("unplace_misses_leaves", "graphgen/runtime/session.py",
              "        todo += [s for s in c.src if s]", "        todo += []", ("tests/test_compute_buffer.py",)),
+    # --- the drivers: per-request state, blocks below the trained size ---
+    Mutation("dflash2_generator_not_restarted_per_request", "graphgen/runtime/drafters.py",
+             "            self.rng_seed[seq] = -1", "            pass", DRAFTERS),
+    Mutation("dflash2_one_generator_for_all_sequences", "graphgen/runtime/drafters.py",
+             "u = uniform_real(self.rng[seq], 0.0, 1.0)", "u = uniform_real(self.rng[0], 0.0, 1.0)", DRAFTERS),
+    Mutation("dspark_anchor_block_one_longer", "graphgen/runtime/drafters.py",
+             "return self.params.n_max + (0 if self.sample_from_anchor else 1)", "return self.params.n_max + 1",
+             DRAFTERS),
+    Mutation("lilicorr_block_follows_n_max", "graphgen/runtime/drafters.py",
+             "return self.block_size  # the scorer", "return self.params.n_max + 1  # the scorer", DRAFTERS),
+    Mutation("lilicorr_reads_one_row_short", "graphgen/runtime/drafters.py",
+             "for i in range(1, p.n_max + 1):", "for i in range(1, p.n_max):", DRAFTERS),
+    # --- graph-diff's promises, op_params, statistics, xdiff's failures ---
+    Mutation("diff_integer_threshold_loosened", "graphgen/diff.py",
+             "        if typ in EXACT_TYPES:\n            return 0.0", "        if typ in EXACT_TYPES:\n            return fallback",
+             DIFF),
+    Mutation("diff_settings_ignored", "graphgen/diff.py",
+             "settings_differ = _settings_differ(ref, ours)", "settings_differ = []", DIFF),
+    Mutation("opparams_view_offset_sign_extended", "graphgen/opparams.py",
+             "(p[0] & 0xFFFFFFFF) | ((p[1] & 0xFFFFFFFF) << 32)", "p[0] | ((p[1] & 0xFFFFFFFF) << 32)",
+             ("tests/test_opparams.py",)),
+    Mutation("xdiff_not_compared_ignored", "graphgen/xdiff.py",
+             "res.ok &= not structural and first_bad is None and not unseen and bool(r.numeric)",
+             "res.ok &= not structural and first_bad is None", DIFF),
+    Mutation("xdiff_integer_nodes_loose", "graphgen/xdiff.py",
+             "exact = op in EXACT_OPS or node.type in EXACT_TYPES", "exact = op in EXACT_OPS", DIFF),
+    Mutation("stats_sumsq_is_the_sum", "graphgen/record.py",
+             '"sumsq": float(np.dot(finite, finite))', '"sumsq": float(finite.sum())', ("tests/test_dump.py",)),
+    Mutation("rope_base_default_wrong", "graphgen/runtime/model.py",
+             'hp.rope_freq_base = m.get(k("rope.freq_base"), 10000.0, kind="float")',
+             'hp.rope_freq_base = m.get(k("rope.freq_base"), 1000000.0, kind="float")', ROPE),
     Mutation("mask_block_uniform_last_row", "graphgen/runtime/kvcache.py",
              "full[rows] = full[rows[0]]", "full[rows] = full[rows[-1]]", SEED_ONLY),
     # --- DeepSeek-V4 backbone ---

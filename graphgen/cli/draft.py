@@ -92,7 +92,7 @@ def _run(args, DraftParams, SimulatedVerifier, open_drafter, run_speculative, de
         drafter = open_drafter(args.model, args.spec_type, params, n_ctx=n_ctx, n_ubatch=args.n_ubatch,
                                flash_attn=args.flash_attn == "on", n_threads=args.threads,
                                **dict(zip(("type_k", "type_v"), kv_types(args, "f16", "f16", args.flash_attn == "on"))),
-                               backend=args.backend)
+                               backend=args.backend, engine=args.engine)
     try:
         hp = drafter.session.hparams
         need = len(prompt) + args.n_predict + drafter.n_max - 1
@@ -184,6 +184,9 @@ def register(subparsers) -> None:
     add_kv_type_flags(p, default="f16", fa_hint="--flash-attn on")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--backend", default="cpu", help="cpu, vulkan[:N], cuda[:N], metal, rpc://HOST:PORT or auto")
+    p.add_argument("--engine", choices=("graphgen", "llama.cpp"), default="graphgen",
+                   help="where the drivers' batches run: graphgen's graphs, or llama.cpp b11739 (CPU, in a child "
+                        "process) for the same drivers on the reference's graphs (default graphgen)")
     p.add_argument("--json", action="store_true", help="print the summary (and tokens) as JSON")
     p.add_argument("--verbose", action="store_true", help="the drivers' info log (upstream's LOG_INF lines)")
     p.set_defaults(fn=_cmd_draft)

@@ -213,7 +213,7 @@ class DFlashDrafter:
                         "Drafts may degrade.", pos_max, n - 1)
 
     def seq_pos_max(self, seq: int) -> int:
-        return max(c.seq_pos_max(seq) for c in self.session.caches.values())
+        return self.session.seq_pos_max(seq)
 
     def process(self, features, pos0: int, seq: int = 0) -> bool:
         """Inject the target features of one sequence's positions pos0.. (a target batch)."""
@@ -650,10 +650,17 @@ def create_drafter(session, spec_types=None, params: DraftParams | None = None) 
     return DRIVERS[concrete](session, params)
 
 
-def open_drafter(model_path, spec_types=None, params: DraftParams | None = None, **session_kw) -> DFlashDrafter:
+def open_drafter(model_path, spec_types=None, params: DraftParams | None = None, engine: str = "graphgen",
+                 **session_kw) -> DFlashDrafter:
     """Check the spec types against the GGUF (a non-DFlash draft is refused with upstream's message),
-    open a Session on it and create the driver."""
-    from .session import Session
+    open a Session on it and create the driver. engine "llama.cpp" runs the driver's batches in
+    llama.cpp b11739 instead (graphgen.reference.session)."""
+    if engine == "graphgen":
+        from .session import Session
+    elif engine == "llama.cpp":
+        from ..reference.session import ReferenceSession as Session
+    else:
+        raise ValueError(f"engine must be graphgen or llama.cpp, got {engine!r}")
     types = types_from_gguf(model_path) if not spec_types else types_from_names(spec_types)
     fam = check_types(types)
     if fam is not None:
