@@ -241,3 +241,77 @@ def compare_session(model: Path, doc: dict, work: Path, ours_worker, ref_worker)
     n_graphs = sum(1 for s in doc["steps"][:stop] if "seq_rm" not in s)
     results = diff_paths(work / "ref", work / "ours") if n_graphs and (work / "ours").exists() else []
     return SessionResult(ours, ref, results, n_graphs)
+
+
+# -- the long sweep ---------------------------------------------------------------------------
+
+def main(argv=None) -> int:
+    """`make sessions`: many sessions per variant through both engines, with a tally."""
+    import argparse
+    import sys
+    import tempfile
+    import time
+    from collections import Counter
+
+    from workers import Isolated, Worker
+    ap = argparse.ArgumentParser(description="whole sessions against llama.cpp b11739")
+    ap.add_argument("--per-variant", type=int, default=100)
+    ap.add_argument("--first-seed", type=int, default=0)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    from graphgen.synth import make_model
+    from parity_check import assert_parity
+    t0 = time.time()
+    counts: Counter = Counter()
+    bad = []
+    with tempfile.TemporaryDirectory(prefix="graphgen-sessions-") as tmp:
+        work = Path(tmp)
+        ours = Isolated(work / "graphgen.err")
+        ref = Worker([sys.executable, "-m", "graphgen.reference.runner", "--serve"], work / "reference.err", 600)
+        try:
+            for variant in VARIANTS:
+                for seed in range(args.first_seed, args.first_seed + args.per_variant):
+                    d = work / f"{variant}-{seed}"
+                    (var, backbone, kw), doc = random_session(variant, seed)
+                    model = d / "draft.gguf"
+                    d.mkdir(parents=True)
+                    make_model(model, var, backbone, **kw)
+                    try:
+                        res = compare_session(model, doc, d, ours, ref)
+                        counts["sessions"] += 1
+                        counts["steps"] += len(doc["steps"])
+                        assert (res.ours["ok"], res.ours["step"]) == (res.ref["ok"], res.ref["step"]), res.describe()
+                        assert len(res.results) == res.n_graphs, res.describe()
+                        if res.n_graphs:
+                            assert_parity(res.results, res.describe())
+                        counts["graphs compared"] += res.n_graphs
+                        counts["nodes compared"] += sum(len(r.numeric) for r in res.results)
+                        counts["ran to the end" if res.ref["ok"] else "refused by both at the same step"] += 1
+                        if not res.ref["ok"] and "abort" in res.ref["error"]:
+                            counts["of which b11739 aborted"] += 1
+                    except AssertionError as e:
+                        counts["disagreements"] += 1
+                        bad.append(f"{variant} session {seed}: {str(e).splitlines()[0][:300]}")
+                    shutil.rmtree(d, ignore_errors=True)
+                print(f"{variant}: {dict(counts)} ({time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
+        finally:
+            ours.close()
+            ref.close()
+    counts["worker restarts (graphgen)"] = ours.worker.restarts
+    counts["worker restarts (b11739)"] = ref.restarts
+    report = {"counts": dict(counts), "seconds": round(time.time() - t0, 1), "disagreements": bad[:20]}
+    if args.json:
+        print(json.dumps(report, indent=1))
+    else:
+        for k, v in counts.items():
+            print(f"{k:36s} {v}")
+        print(f"{report['seconds']} s")
+        for line in bad[:20]:
+            print("  " + line)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    import sys
+    sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent / "fuzz")]
+    sys.exit(main())

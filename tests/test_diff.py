@@ -742,10 +742,11 @@ def test_xdiff_cli_nmse(tmp_path, models_dir, capsys):
 # -- the rules the help text promises ------------------------------------------------------------
 
 def _with_int_node(tmp_path, delta):
-    """The block graph plus an i32 node (an argmax over the logits rows); ours off by `delta`."""
+    """The block graph plus an i32 node (token ids gathered by a GET_ROWS, an op that carries
+    floats elsewhere: only the type makes it exact); ours off by `delta`."""
     def graph(d):
         g = copy_graph()
-        n = Node(len(g), "argmax", "ARGMAX", "i32", [4, 1, 1, 1], ["result_output"], None, 0, [0] * 16)
+        n = Node(len(g), "ids", "GET_ROWS", "i32", [4, 1, 1, 1], ["result_output", "inp_pos"], None, 0, [0] * 16)
         g.append((n, np.array([3, 1, 4, 1 + d], dtype=np.int32)))
         return g
     return write(tmp_path / "ref", graph(0)), write(tmp_path / "ours", graph(delta))
@@ -756,7 +757,7 @@ def test_integer_nodes_compare_exactly_whatever_the_threshold(tmp_path, nmse):
     ref, ours = _with_int_node(tmp_path, 1)
     r = diff_dumps(load_dump(ref), load_dump(ours), nmse=nmse)
     [bad] = r.numeric_failures
-    assert (bad.name, bad.threshold) == ("argmax", 0.0)
+    assert (bad.name, bad.threshold) == ("ids", 0.0)
     assert not r.identical and exit_code([r]) == 1
     ref, ours = _with_int_node(tmp_path / "same", 0)
     assert diff_dumps(load_dump(ref), load_dump(ours), nmse=nmse).identical
@@ -824,7 +825,7 @@ def test_xdiff_keeps_integer_nodes_exact_under_any_bound(tmp_path):
     res = compare_dirs(ref.parent, ours.parent, ["cpu", "other"], nmse=1e9)
     assert not res.ok
     bad = res.graphs[0]["first_bad"]
-    assert (bad["name"], bad["threshold"]) == ("argmax", 0.0)
+    assert (bad["name"], bad["threshold"]) == ("ids", 0.0)
 
 
 def test_xdiff_fails_when_a_node_was_not_compared(tmp_path):

@@ -24,7 +24,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
 PLACEHOLDERS = re.compile(r"\b(DUMP|REF|OURS|FILE|DIR|HOST|PORT|IDS|F\.npy|NAME|WORD)\b|<")
-OWN_JOBS = ("tools/setup.sh", "python tools/mutate.py", "python -m pytest", "make fuzz", "fuzz_main.py",
+OWN_JOBS = ("tools/setup.sh", "python tools/mutate.py", "python -m pytest", "make fuzz", "make sessions", "fuzz_main.py",
             "tools/soak.py")
 GPU = re.compile(r"\b(vulkan|cuda|metal)\b")
 

@@ -76,6 +76,7 @@ case "$job" in
   demo)
     [ -z "${VIRTUAL_ENV:-}" ] && echo "graphgen is installed in .venv: run it as .venv/bin/graphgen, or 'source .venv/bin/activate' first" >&2
     exec "$PY" -m graphgen.cli demo "$@" ;;
-  test) exec "$PY" -m pytest -q "$@" ;;
+  # both cores: the suite is CPU-bound, one test at a time per worker (-n 1 or -p no:xdist for one)
+  test) exec "$PY" -m pytest -q -n "${GRAPHGEN_TEST_WORKERS:-2}" --dist worksteal "$@" ;;
   install|torch) [ -z "${VIRTUAL_ENV:-}" ] && echo "installed in .venv: run .venv/bin/graphgen" >&2; exit 0 ;;
 esac

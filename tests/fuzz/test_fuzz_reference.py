@@ -23,10 +23,10 @@ from fuzz_gen import make_cases
 from fuzz_runner import run_cases
 
 N_GEN = int(os.environ.get("GRAPHGEN_FUZZ_REF_N", "300"))
-N_SAMPLE = int(os.environ.get("GRAPHGEN_FUZZ_REF_SAMPLE", "100"))
-N_BATCHES = int(os.environ.get("GRAPHGEN_FUZZ_REF_BATCHES", "100"))
+N_SAMPLE = int(os.environ.get("GRAPHGEN_FUZZ_REF_SAMPLE", "60"))
+N_BATCHES = int(os.environ.get("GRAPHGEN_FUZZ_REF_BATCHES", "60"))
 # every n-th case of the key-type sweep (n coprime with the number of types, so every type comes up)
-KEY_TYPE_STEP = int(os.environ.get("GRAPHGEN_FUZZ_REF_KEY_STEP", "9"))
+KEY_TYPE_STEP = int(os.environ.get("GRAPHGEN_FUZZ_REF_KEY_STEP", "17"))
 SEED = int(os.environ.get("GRAPHGEN_FUZZ_REF_SEED", "11"))
 SEED_ONLY_KEYS = ("dflash.attention.kv_lora_rank", "dflash.hyper_connection.single_pass", "dflash.sample_from_anchor")
 
