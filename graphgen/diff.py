@@ -32,6 +32,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from graphgen.dump import N_OP_PARAMS, Dump, DumpError, Node, dump_files, load_dump
+from graphgen.importers import common_fields, import_file
 
 DEFAULT_NMSE = {"f32": 1e-7, "f16": 1e-7, "bf16": 1e-7, "i32": 0, "i64": 0}
 EXACT_TYPES = frozenset({"i8", "i16", "i32", "i64"})  # integers always compare exactly
@@ -729,7 +730,6 @@ def diff_dumps(ref: Dump, ours: Dump, nmse: float | dict[str, float] | None = No
     if isinstance(rules, (str, os.PathLike)):
         rules = load_rules(rules)
     rules = list(rules or ())
-    from graphgen.view.importers import common_fields
     full_ref, full_ours = ref, ours
     ref, ours, cut_note = common_fields(ref, ours)
     threshold = _thresholds(nmse)
@@ -953,7 +953,6 @@ def _is_dump_json(path: Path) -> bool:
 def load_side(path: str | os.PathLike) -> list[Dump]:
     """The graphs of one side of a diff: a dump folder, a dump file, or a file the importers read
     (eval-callback text, a ggml dot file, a GGML_SCHED_DEBUG log; structure only)."""
-    from graphgen.view.importers import import_file
     path = Path(path)
     if not path.exists():
         raise DumpError(f"{path}: no such file or folder")
@@ -1010,7 +1009,7 @@ def diff_paths(ref_path: str | os.PathLike, ours_path: str | os.PathLike,
     Graphs are paired by kind and step (`pair_graphs`); a graph without a partner gives a result
     that says so and fails, except that when one side is a single file the other side's remaining
     graphs are only named in a note (one graph was asked for). An imported side is compared on
-    the fields its format shows (`graphgen.view.importers.common_fields`). `progress(k, n, name,
+    the fields its format shows (`graphgen.importers.common_fields`). `progress(k, n, name,
     detail)` is called as the work goes on: graph k of n, the files' names, how far its values are."""
     ref_path, ours_path = Path(ref_path), Path(ours_path)
     for p in (ref_path, ours_path):

@@ -9,14 +9,13 @@ ggml's depth-first visit from each ggml_build_forward_expand and auto names (`no
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import functools
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from .ops import ggml as G
+from .ops.cmath import logf
 from .ops.ggml import (ggml_add, ggml_build_forward_expand, ggml_cast, ggml_cont, ggml_cont_2d,
                        ggml_flash_attn_ext, ggml_flash_attn_ext_add_sinks, ggml_geglu_split, ggml_mul,
                        ggml_mul_mat, ggml_permute, ggml_prec_set_acc, ggml_reshape_2d, ggml_rms_norm,
@@ -113,18 +112,6 @@ class GraphResult:
                 G.ggml_set_output(t)
 
 
-def _libm_logf():
-    """glibc's logf, the one llama_context calls; numpy's float32 log may round differently."""
-    try:
-        libm = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
-        fn = libm.logf
-    except (OSError, AttributeError):
-        return lambda x: np.float32(np.log(np.float32(x)))
-    fn.restype, fn.argtypes = ctypes.c_float, [ctypes.c_float]
-    return lambda x: np.float32(fn(float(x)))
-
-
-_logf = _libm_logf()
 
 GGML_HINT_SRC0_IS_HADAMARD = 1
 
@@ -173,12 +160,12 @@ def rope_params(hp) -> RopeParams:
             factor = f32(1.0) / freq_scale
 
             def mscale(scale, m):
-                return f32(1.0) if scale <= f32(1.0) else f32(f32(0.1) * f32(m)) * _logf(scale) + f32(1.0)
+                return f32(1.0) if scale <= f32(1.0) else f32(f32(0.1) * f32(m)) * logf(scale) + f32(1.0)
             if hp.rope_yarn_log_mul != 0.0:
                 attn = mscale(factor, 1.0) / mscale(factor, hp.rope_yarn_log_mul)
             else:
                 attn = mscale(factor, 1.0)
-            attn = attn * (f32(1.0) / (f32(1.0) + f32(0.1) * _logf(factor)))
+            attn = attn * (f32(1.0) / (f32(1.0) + f32(0.1) * logf(factor)))
         attn = f32(attn * f32(hp.rope_attn_factor))
     n_ctx_orig = hp.n_ctx_orig_yarn if hp.n_ctx_orig_yarn != 0 else hp.n_ctx_train
     # a C int in the op's parameters: a u32 past 2^31 wraps as it does upstream

@@ -34,10 +34,6 @@ def set_mode(mode: str) -> None:
     _mode = mode
 
 
-def get_mode() -> str:
-    return _mode
-
-
 def mode_from_flags(quiet: bool = False, force: bool = False) -> str:
     """--quiet wins over --progress: asking for silence is the stronger wish."""
     return "never" if quiet else "always" if force else "auto"

@@ -19,7 +19,7 @@ from graphgen.cli.dump import add_diff_args, run_diff
 from graphgen.diff import (RulesError, compare_values, diff_dumps, diff_paths, exit_code, load_rules,
                            normalize_name, parse_rules)
 from graphgen.dump import Node, load_dump, write_dump
-from graphgen.view.importers import VIEW_OPS, import_file
+from graphgen.importers import VIEW_OPS, import_file
 
 HEADER = {
     "source": {"engine": "llama.cpp", "version": "b6000"},

@@ -13,7 +13,7 @@ import pytest
 from conftest import REF_DIR
 from graphgen.ops import ggml as G
 from graphgen.ops import runtime
-from graphgen.reference.libload import lib_file, package_dir
+from graphgen.libload import lib_file, package_dir
 
 CLI = [sys.executable, "-m", "graphgen.cli"]
 

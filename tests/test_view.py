@@ -27,7 +27,7 @@ from graphgen.view import graph as V
 from graphgen.view.diffmap import STATUS_COLOURS, diff_map
 from graphgen.view.explorer import export, graph_json
 from graphgen.view.html import to_html
-from graphgen.view.importers import import_file, import_text, project
+from graphgen.importers import import_file, import_text, project
 from graphgen.view.trace import header_line, value_lines
 
 CASES = sorted(p.name for p in REF_DIR.iterdir() if (p / "case.json").is_file())

@@ -68,7 +68,7 @@ def apply_library_options(args) -> None:
     import os
 
     from ..ops.runtime import ENV_GGML_DIR, choose
-    from ..reference.libload import ENV_LLAMA_DIR
+    from ..libload import ENV_LLAMA_DIR
     if args.llama:
         os.environ[ENV_LLAMA_DIR] = str(Path(args.llama).expanduser().resolve())
     if args.ggml:

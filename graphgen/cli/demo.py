@@ -57,7 +57,7 @@ def _demo(work: Path, shown: Path) -> int:
         p /= p.sum()
         print("  pos %d: " % i + ", ".join(f"{int(t)} (p={p[t]:.3f})" for t in top))
     try:
-        from ..reference.libload import package_dir
+        from ..libload import package_dir
         package_dir()
     except Exception as e:
         print(f"reference llama.cpp not installed ({e}); skipping the graph-diff")

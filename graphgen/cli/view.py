@@ -25,7 +25,7 @@ def is_dump_file(path: Path) -> bool:
 
 def load_any(path: str | Path) -> list[Dump]:
     """Dumps from a dump file, a dump folder, or an importable log / dot file."""
-    from ..view.importers import import_file
+    from ..importers import import_file
     path = Path(path)
     if not path.exists():
         raise DumpError(f"{path}: no such file or folder")
@@ -152,7 +152,7 @@ def _cmd_view(args) -> int:
 
 def align_imports(refs: list[Dump], ours: list[Dump]) -> tuple[list[Dump], list[Dump]]:
     """Project a full side onto what an imported side knows, so the two compare like for like."""
-    from ..view.importers import import_format, project
+    from ..importers import import_format, project
     fr = import_format(refs[0]) if refs else None
     fo = import_format(ours[0]) if ours else None
     if fo and not fr:
@@ -192,7 +192,7 @@ def _cmd_trace(args) -> int:
 
 
 def _cmd_import(args) -> int:
-    from ..view.importers import import_file, write_imported
+    from ..importers import import_file, write_imported
     from ..staging import staged_dump_dir
     dumps = import_file(args.file, args.format, args.graph)
     with staged_dump_dir(args.out) as tmp:
@@ -205,7 +205,7 @@ def _cmd_import(args) -> int:
 
 
 def register(sub) -> None:
-    from ..view.importers import FORMATS
+    from ..importers import FORMATS
     p = sub.add_parser("view", help="draw a dump (DOT, SVG, HTML, Model Explorer); two dumps: their diff")
     p.add_argument("dump", help="dump file or folder (or an eval-callback / dot / sched-debug file)")
     p.add_argument("ours", nargs="?", help="a second dump: show the diff of DUMP (ref) and this")

@@ -21,6 +21,7 @@ from ..ops.ggml import (ggml_add, ggml_build_forward_expand, ggml_fill, ggml_get
                         ggml_new_tensor_1d, ggml_new_tensor_2d, ggml_new_tensor_3d, ggml_reshape_2d,
                         ggml_reshape_3d, ggml_rms_norm, ggml_rope_ext, ggml_rope_multi, ggml_scale,
                         ggml_set_input, ggml_set_output, ggml_set_rows, ggml_tanh)
+from .conv import build_dflash2_conv
 
 
 LLM_ARCH = "dflash"
@@ -192,7 +193,6 @@ class GraphBase(GraphContext):
             self.cb(noise_norm, "noise_norm", il)
             attn_dynamic = None
             if layer.dflash_attn_conv_proj is not None:
-                from .dflash2 import build_dflash2_conv
                 attn_dynamic = self.build_lora_mm(layer.dflash_attn_conv_proj, noise_norm)
                 noise_norm = build_dflash2_conv(self, noise_norm, attn_dynamic, layer.dflash_attn_conv_base, 0)
                 self.cb(noise_norm, "attn_conv_in", il)

@@ -16,7 +16,7 @@ import math
 import numpy as np
 
 from ..errors import GGUFModelError
-from ..graph import GraphContext, GraphParams, mul_mat_hadamard, rope_params
+from ..graph import GraphContext, GraphParams, mul_mat_hadamard
 from ..ops import ggml as G
 from ..ops.ggml import (ggml_add, ggml_argmax, ggml_build_forward_expand, ggml_cast, ggml_concat, ggml_cont,
                         ggml_cont_1d, ggml_cont_2d, ggml_fill, ggml_get_rows, ggml_mul, ggml_mul_mat,
@@ -521,11 +521,6 @@ class GraphDSV41(_GraphBackbone):
         # the confidence head reads the collapsed state before the output norm
         self.res.t_embd = cur
         self.build_output(cur, inp_tokens)
-
-
-def _yarn_attn_factor(hp) -> float:
-    """llama_context's yarn_attn_factor for this draft (graph.rope_params, which every graph uses)."""
-    return rope_params(hp).attn_factor
 
 
 class GraphMistralLarge4(_GraphBackbone):

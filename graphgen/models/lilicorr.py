@@ -26,7 +26,7 @@ from ..ops.ggml import (ggml_add, ggml_arange, ggml_argsort, ggml_build_forward_
                         ggml_soft_max, ggml_soft_max_ext, ggml_step, ggml_sub, ggml_top_k, ggml_transpose,
                         ggml_view_3d, ggml_view_4d)
 from .dflash import GraphBase, get_tok_embd
-from .dflash2 import load_tensors_dflash2_conv, n_seqs_unq
+from .conv import load_tensors_dflash2_conv, n_seqs_unq
 
 
 # --- loader ------------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from .. import cache
 from ..errors import GraphgenError
-from ..reference.libload import lib_file
+from ..libload import lib_file
 
 ENV_GGML_DIR = "GRAPHGEN_GGML_DIR"
 BINDINGS_PACKAGE = "ggml-python"
@@ -82,7 +82,7 @@ def choose(lib_dir: str | os.PathLike | None) -> None:
 
 def _selected() -> tuple[Path, str, Path | None]:
     """(library folder, where the choice came from, glibc shim to preload or None)."""
-    from ..reference.libload import ReferenceUnavailable, custom_llama_dir, glibc_shim, prepare_libraries
+    from ..libload import ReferenceUnavailable, custom_llama_dir, glibc_shim, prepare_libraries
     try:
         # a copy of the reference's libraries elsewhere needs the same shim; others ignore it
         shim = glibc_shim()

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..scenario import load_scenario
 from .compute_timer import ComputeTimer
-from .libload import load_llama
+from ..libload import load_llama
 from .runner import GGML_TYPE_IDS, _model_meta
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import ctypes
 
-from .libload import build_c_library
+from ..libload import build_c_library
 
 TIMER_SOURCE = r"""
 #define _GNU_SOURCE

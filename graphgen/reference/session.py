@@ -16,7 +16,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
 
 from ..errors import BatchError
 from ..runtime.model import load

@@ -15,8 +15,6 @@ is the top logit and its p is the softmax over the 10 best logits; graphgen read
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import logging
 import random
 from dataclasses import dataclass, field
@@ -24,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import GraphgenError
+from ..ops.cmath import expf
 from .mt19937 import MT19937, uniform_real
 
 log = logging.getLogger("graphgen.drafters")
@@ -47,19 +46,6 @@ class SpecTypeError(GraphgenError, RuntimeError):
 
 # -- float32 helpers, as the C++ computes them ------------------------------------------------
 
-def _load_expf():
-    name = ctypes.util.find_library("m")
-    try:
-        libm = ctypes.CDLL(name or "libm.so.6")
-        f = libm.expf
-        f.restype = ctypes.c_float
-        f.argtypes = [ctypes.c_float]
-        return lambda x: np.float32(f(float(x)))
-    except (OSError, AttributeError):  # no C library: numpy's float32 exp
-        return lambda x: np.exp(np.float32(x))
-
-
-expf = _load_expf()
 F32 = np.float32
 
 

@@ -40,11 +40,6 @@ class UBatch:
         return self.embd is not None
 
 
-def is_masked_swa(n_swa: int, p0: int, p1: int) -> bool:
-    """Standard sliding window: key p0 is out of the window of query p1."""
-    return n_swa > 0 and p1 - p0 >= n_swa
-
-
 class KVCache:
     def __init__(self, hparams, layer_ids, kv_size: int, type_k: int, type_v: int, v_trans: bool,
                  n_swa: int = 0, backend=None, k_only: bool = False, n_seq_max: int = 1):

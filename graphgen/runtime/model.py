@@ -23,6 +23,7 @@ from ..errors import GGUFModelError
 from ..models import arch, dflash2, dspark, lilicorr
 from ..models.arch import (BACKBONE_BASE, BACKBONE_DSV4, BACKBONE_DSV41, BACKBONE_MISTRAL_LARGE4, VARIANT_DFLASH,
                            VARIANT_DFLASH2, VARIANT_DSPARK, VARIANT_LILICORR)
+from ..models.conv import load_tensors_dflash2_conv
 from ..models.dflash import LLM_ARCH as ARCH
 from ..ops import ggml as G
 from ..validate import check_memory, check_tensor_data, check_tensor_types
@@ -807,7 +808,7 @@ class Model:
         if self.backbone == BACKBONE_BASE and self.variant in (VARIANT_DFLASH, VARIANT_DSPARK):
             # b11739 creates the conv tensors in its base layer loop whenever the conv keys are set,
             # for every head (the seed moved them to the DFlash2 and LiliCorr loaders)
-            conv = dflash2.load_tensors_dflash2_conv(hp)
+            conv = load_tensors_dflash2_conv(hp)
             want = {**want, **conv}
             required = list(required) + list(conv)
         for name in required:

@@ -17,7 +17,7 @@ import struct
 import subprocess
 from pathlib import Path
 
-from .. import cache
+from . import cache
 
 ENV_LLAMA_DIR = "GRAPHGEN_LLAMA_DIR"
 REFERENCE_PACKAGE = "llama-cpp-py-sync"
