@@ -1,25 +1,33 @@
 #!/usr/bin/env python3
 """Mutation check: plant one plausible one-line bug at a time and see whether the tests notice.
 
-Each mutation names a file, a line of code that must occur exactly once in it, the line that
-replaces it, and the tests that should catch the change. The tree is copied (the files git
-tracks, plus untracked ones it does not ignore) into a temporary folder; each mutation is applied
-there, the tests run against that copy (PYTHONPATH points at it, so the editable install of the
-real tree is not used), and the file is restored. A mutation is
+Each mutation names where it goes: a function or method by its qualified name
+(`KVCache.seq_rm`, `GraphBase.build_layers`, a nested `outer.inner`), found by parsing every
+module of graphgen/ (`path.py:name` when a name is not unique; a bare `path.py` for module-level
+code), then a piece of code that must occur exactly once there, matched whatever the spaces and
+line breaks around its tokens, the code that replaces it, and the tests that should catch the
+change. A mutation thus follows its function when the function moves to another file, or the
+file is reformatted. The tree is copied (the files git tracks, plus untracked ones it does not
+ignore) into a temporary folder; each mutation is applied there, the tests run against that copy
+(PYTHONPATH points at it, so the editable install of the real tree is not used), and the file is
+restored. A mutation is
 
   caught    the tests failed (pytest exit 1),
   SURVIVED  they passed: the tests do not see this bug,
-  ERROR     its line is not in the file, or pytest could not run (exit 2-5): fix the list.
+  ERROR     its place or its code is not found, or pytest could not run (exit 2-5): fix the list.
 
     python tools/mutate.py              # every mutation; exit 1 if any survived or errored
-    python tools/mutate.py --list       # names and targets
+    python tools/mutate.py --list       # names and places
+    python tools/mutate.py --check      # every place and code found (no tests run)
     python tools/mutate.py -k sinkhorn  # those whose name contains the word (-k again: or another)
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -34,10 +42,78 @@ ROOT = Path(__file__).resolve().parent.parent
 @dataclass(frozen=True)
 class Mutation:
     name: str
-    path: str
+    where: str   # a function's qualified name, "file.py:qualified name", or "file.py" (module level)
     old: str
     new: str
     tests: tuple[str, ...]
+
+
+def _defs(source: str) -> list[tuple[str, int, int]]:
+    """(qualified name, first line, last line) of every function and method of a module."""
+    out = []
+
+    def walk(node, prefix):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                name = prefix + child.name
+                if not isinstance(child, ast.ClassDef):
+                    out.append((name, child.lineno, child.end_lineno))
+                walk(child, name + ".")
+            else:
+                walk(child, prefix)
+    walk(ast.parse(source), "")
+    return out
+
+
+def _loose(code: str) -> re.Pattern:
+    """`code` as a pattern that any spacing and line breaking of its tokens also matches: words
+    stay apart, anything else may gain or lose spaces and line breaks around it."""
+    toks = re.findall(r"\w+|\S", code)
+    out = [re.escape(toks[0])] if toks else []
+    for prev, tok in zip(toks, toks[1:]):
+        word = (prev[-1].isalnum() or prev[-1] == "_") and (tok[0].isalnum() or tok[0] == "_")
+        out.append(r"\s+" if word else r"\s*")
+        out.append(re.escape(tok))
+    return re.compile("".join(out))
+
+
+_DEFS: dict[str, list] = {}
+
+
+def _defs_of(text: str) -> list[tuple[str, int, int]]:
+    if text not in _DEFS:
+        _DEFS[text] = _defs(text)
+    return _DEFS[text]
+
+
+def locate(tree: Path, m: Mutation) -> tuple[Path, int, int]:
+    """The file and character span the mutation replaces; ValueError saying why when it cannot."""
+    if ":" in m.where or m.where.endswith(".py"):
+        rel, _, name = m.where.partition(":")
+        files = [tree / rel]
+    else:
+        rel, name = None, m.where
+        files = sorted((tree / "graphgen").rglob("*.py"))
+    spans = []
+    for f in files:
+        text = f.read_text()
+        if not name:
+            spans.append((f, text, 0, len(text)))
+            continue
+        starts = [0] + [i + 1 for i, c in enumerate(text) if c == "\n"]
+        if name.rsplit(".", 1)[-1] not in text:
+            continue  # a function this file does not hold: no need to parse it
+        for q, a, b in _defs_of(text):
+            if q == name:
+                spans.append((f, text, starts[a - 1], starts[b] if b < len(starts) else len(text)))
+    if len(spans) != 1:
+        raise ValueError(f"{m.where}: {'no' if not spans else len(spans)} such function" + ("" if not spans else
+                         f"s ({', '.join(str(s[0].relative_to(tree)) for s in spans)}); name the file"))
+    f, text, a, b = spans[0]
+    hits = list(_loose(m.old).finditer(text, a, b))
+    if len(hits) != 1:
+        raise ValueError(f"the code occurs {len(hits)} times in {m.where} ({f.relative_to(tree)})")
+    return f, hits[0].start(), hits[0].end()
 
 
 PARITY = ("tests/test_parity.py",)
@@ -58,258 +134,258 @@ AUTHORS = ("tests/test_authors.py",)
 
 MUTATIONS = [
     # --- the base backbone (graph_base) ---
-    Mutation("kq_scale_sqrt_dropped", "graphgen/models/dflash.py",
+    Mutation("kq_scale_sqrt_dropped", "GraphBase.build_layers",
              "1.0 / math.sqrt(float(self.n_embd_head))", "1.0 / float(self.n_embd_head)", PARITY),
-    Mutation("embedding_scale_ignored", "graphgen/models/dflash.py",
+    Mutation("embedding_scale_ignored", "GraphBase.build_layers",
              "inpL = ggml_scale(ctx, inpL, hp.f_embedding_scale)", "inpL = inpL", RANDOM),
-    Mutation("value_scale_inverted", "graphgen/models/dflash.py",
+    Mutation("value_scale_inverted", "GraphBase.build_layers",
              "cur = ggml_scale(ctx, cur, hp.f_attn_value_scale)",
              "cur = ggml_scale(ctx, cur, 1.0 / hp.f_attn_value_scale)", RANDOM + PARITY),
-    Mutation("logit_scale_ignored", "graphgen/models/dflash.py",
+    Mutation("logit_scale_ignored", "GraphBase.build_logits",
              "cur = ggml_scale(ctx, cur, hp.f_logit_scale)", "cur = cur", HEADS),
-    Mutation("softcap_not_restored", "graphgen/models/dflash.py",
+    Mutation("softcap_not_restored", "GraphBase.build_logits",
              "cur = ggml_scale(ctx, cur, hp.f_final_logit_softcapping)", "cur = cur", HEADS),
-    Mutation("rms_eps_dropped", "graphgen/graph.py",
+    Mutation("rms_eps_dropped", "GraphContext.build_norm",
              "cur = ggml_rms_norm(self.ctx0, cur, self.hparams.f_norm_rms_eps)",
              "cur = ggml_rms_norm(self.ctx0, cur, 0.0)", PARITY),
-    Mutation("sinks_ignored_fa_off", "graphgen/graph.py",
+    Mutation("sinks_ignored_fa_off", "GraphContext.build_attn_mha",
              "            ggml_soft_max_add_sinks(kq, sinks)\n", "", PARITY + RANDOM),
-    Mutation("weight_scale_ignored", "graphgen/graph.py",
+    Mutation("weight_scale_ignored", "GraphContext.build_lora_mm",
              "            res = ggml_mul(self.ctx0, res, w_s)", "            res = res", RANDOM),
-    Mutation("causal_flag_ignored", "graphgen/graph.py",
+    Mutation("causal_flag_ignored", "GraphContext._build_attn_inp_kq_mask.values",
              "return slot.cache.kq_mask_values(p.ubatch, slot.n_kv, p.causal_attn, npdt)",
              "return slot.cache.kq_mask_values(p.ubatch, slot.n_kv, False, npdt)", RANDOM),
-    Mutation("bonus_anchor_slot_biased", "graphgen/models/dspark.py",
+    Mutation("bonus_anchor_slot_biased", "build_dspark_markov_head",
              "cat = ggml_cont(ctx0, ggml_view_2d(ctx0, base, n_vocab, n_blocks, base_stride, 0))",
              "cat = ggml_scale(ctx0, ggml_cont(ctx0, ggml_view_2d(ctx0, base, n_vocab, n_blocks, base_stride, 0)), 2.0)",
              PARITY + HEADS),
     # --- seen by the draft authors' own models ---
-    Mutation("authors_kq_scale_sqrt_dropped", "graphgen/models/dflash.py",
+    Mutation("authors_kq_scale_sqrt_dropped", "GraphBase.build_layers",
              "1.0 / math.sqrt(float(self.n_embd_head))", "1.0 / float(self.n_embd_head)", AUTHORS),
-    Mutation("authors_markov_chain_reads_base_logits", "graphgen/models/dspark.py",
+    Mutation("authors_markov_chain_reads_base_logits", "build_dspark_markov_head",
              "prev = ggml_argmax(ctx0, col)", "prev = ggml_argmax(ctx0, base_i)", AUTHORS),
-    Mutation("authors_conv_taps_one_short", "graphgen/models/dflash2.py",
+    Mutation("authors_conv_taps_one_short", "build_dflash2_conv",
              "n_taps = min(kernel_size, block_size)", "n_taps = min(kernel_size, block_size) - 1", AUTHORS),
-    Mutation("authors_band_ignored", "graphgen/authors/compare.py",
+    Mutation("authors_band_ignored", "_compare_into",
              'status = "ok" if rel < res.band_of(tn.name) else "out of band"', 'status = "ok"', AUTHORS),
-    Mutation("authors_lattice_walk_first_candidate", "graphgen/authors/compare.py",
+    Mutation("authors_lattice_walk_first_candidate", "lattice_path",
              "pred = int(np.argmax(scores))", "pred = 0", AUTHORS),
-    Mutation("authors_nan_positions_compared", "graphgen/authors/compare.py",
+    Mutation("authors_nan_positions_compared", "graphgen/authors/compare.py:compare_values",
              "keep = ~np.isnan(a)", "keep = np.ones(a.shape, dtype=bool)", AUTHORS),
     # --- rope ---
-    Mutation("rope_attn_factor_ignored", "graphgen/graph.py",
+    Mutation("rope_attn_factor_ignored", "rope_params",
              "attn = f32(attn * f32(hp.rope_attn_factor))", "attn = f32(attn)", ROPE),
-    Mutation("rope_yarn_ext_factor_off", "graphgen/graph.py",
+    Mutation("rope_yarn_ext_factor_off", "rope_params",
              "ext_factor=1.0 if yarn else 0.0, attn_factor=float(attn),",
              "ext_factor=0.0, attn_factor=float(attn),", ROPE),
-    Mutation("rope_orig_ctx_ignored", "graphgen/graph.py",
+    Mutation("rope_orig_ctx_ignored", "rope_params",
              "n_ctx_orig = hp.n_ctx_orig_yarn if hp.n_ctx_orig_yarn != 0 else hp.n_ctx_train",
              "n_ctx_orig = hp.n_ctx_train", ROPE),
-    Mutation("rope_none_keeps_freq_scale", "graphgen/graph.py",
+    Mutation("rope_none_keeps_freq_scale", "rope_params",
              'freq_scale = f32(1.0) if hp.rope_scaling_type == "none" else f32(hp.rope_freq_scale)',
              "freq_scale = f32(hp.rope_freq_scale)", ROPE),
-    Mutation("rope_freqs_ignored", "graphgen/runtime/model.py",
+    Mutation("rope_freqs_ignored", "Layer.__init__",
              "self.rope_freqs = tensors.get(ROPE_FREQS)", "self.rope_freqs = None", ROPE),
     # --- graph outputs and the dump ---
-    Mutation("outputs_not_marked", "graphgen/graph.py",
+    Mutation("outputs_not_marked", "GraphResult.set_outputs",
              "                G.ggml_set_output(t)", "                pass",
              ("tests/test_yardstick.py", "tests/test_reference_random_heads.py::test_lilicorr_context_row_is_the_injected_feature")),
-    Mutation("digest_ignored_in_diff", "graphgen/diff.py",
+    Mutation("digest_ignored_in_diff", "diff_dumps",
              "same = r.digest == o.digest", "same = True", ("tests/test_yardstick.py",)),
-    Mutation("not_compared_dropped", "graphgen/diff.py",
+    Mutation("not_compared_dropped", "diff_dumps",
              'not_compared.append((i, j, r.name, f"no values or digest in {why}"))', "pass",
              ("tests/test_yardstick.py",)),
     # --- KV cache and masks ---
-    Mutation("mask_causal_off_by_one", "graphgen/runtime/kvcache.py",
+    Mutation("mask_causal_off_by_one", "KVCache.kq_mask_values",
              "seen = (pc <= qc) if causal else", "seen = (pc < qc) if causal else", RANDOM + KVCACHE),
-    Mutation("mask_swa_window_widened", "graphgen/runtime/kvcache.py",
+    Mutation("mask_swa_window_widened", "KVCache.kq_mask_values",
              "seen &= (qc - pc) < self.n_swa", "seen &= (qc - pc) <= self.n_swa", PARITY + RANDOM + KVCACHE),
-    Mutation("mask_edge_cells_short", "graphgen/runtime/kvcache.py",
+    Mutation("mask_edge_cells_short", "KVCache.kq_mask_values",
              "edge = base & (((pos > lo_lo) & (pos <= lo_hi)) | ((pos > hi_lo) & (pos <= hi_hi)))",
              "edge = base & (((pos > lo_lo) & (pos <= lo_hi)) | ((pos > hi_lo) & (pos < hi_hi)))", KVCACHE + RANDOM),
     # --- host-side bookkeeping (kept incrementally, journaled, checked on a fast path) ---
-    Mutation("kv_used_max_not_advanced", "graphgen/runtime/kvcache.py",
+    Mutation("kv_used_max_not_advanced", "KVCache.apply_ubatch",
              "st[1] = max(st[1], int(idx.max()) + 1)", "st[1] = max(st[1], int(idx.min()) + 1)", KVCACHE),
-    Mutation("kv_seq_pos_max_stale", "graphgen/runtime/kvcache.py",
+    Mutation("kv_seq_pos_max_stale", "KVCache.apply_ubatch",
              "st[2][s0] = max(st[2][s0], int(pos.max()))", "st[2][s0] = max(st[2][s0], int(pos.min()))", KVCACHE),
-    Mutation("kv_seq_rm_keeps_last_cell", "graphgen/runtime/kvcache.py",
+    Mutation("kv_seq_rm_keeps_last_cell", "KVCache.seq_rm",
              "if nz.size and int(nz[-1]) + 1 == st[1]:", "if nz.size and int(nz[-1]) == st[1]:", KVCACHE),
-    Mutation("kv_runs_used_max_not_advanced", "graphgen/runtime/kvcache.py",
+    Mutation("kv_runs_used_max_not_advanced", "KVCache._apply_runs",
              "st[1] = max(int(st[1]), int(idx.max()) + 1)", "st[1] = max(int(st[1]), int(idx.min()) + 1)", KVCACHE),
-    Mutation("kv_runs_pos_max_past_the_run", "graphgen/runtime/kvcache.py",
+    Mutation("kv_runs_pos_max_past_the_run", "KVCache._apply_runs",
              "st[2][s] = max(int(st[2][s]), p0 + n - 1)", "st[2][s] = max(int(st[2][s]), p0 + n)", KVCACHE),
-    Mutation("kv_restore_empty_keeps_owner", "graphgen/runtime/kvcache.py",
+    Mutation("kv_restore_empty_keeps_owner", "KVCache.restore",
              "                self.seq_mask[:, entry[1]] = False", "                pass", KVCACHE),
-    Mutation("kv_restore_skips_mask", "graphgen/runtime/kvcache.py",
+    Mutation("kv_restore_skips_mask", "KVCache.restore",
              "self.seq_mask[:mask.shape[0], idx] = mask", "pass", KVCACHE),
-    Mutation("quick_blocks_vocab_unchecked", "graphgen/validate.py",
+    Mutation("quick_blocks_vocab_unchecked", "quick_blocks",
              "if not all(type(x) is int for x in t) or min(t) < 0 or max(t) >= n_vocab:",
              "if not all(type(x) is int for x in t) or min(t) < 0:", ("tests/test_refusals.py", "tests/test_errors.py")),
-    Mutation("runs_gap_accepted", "graphgen/validate.py",
+    Mutation("runs_gap_accepted", "runs_follow_cache",
              "elif x >= 0 and p0 != x + 1:", "elif x >= 0 and p0 <= x:", ("tests/test_refusals.py",)),
-    Mutation("results_not_settled", "graphgen/runtime/session.py",
+    Mutation("results_not_settled", "Session._compute",
              "            if other.results and other.sched == slot.sched:", "            if False:", SESSION),
-    Mutation("moved_graph_not_unplaced", "graphgen/runtime/session.py",
+    Mutation("moved_graph_not_unplaced", "Session._allocate",
              "                    self._unplace(other.graph)", "                    pass", SESSION),
     # --- whole sessions against b11739: removals at their edges, cells found again ---
-    Mutation("kv_rm_range_end_included", "graphgen/runtime/kvcache.py",
+    Mutation("kv_rm_range_end_included", "KVCache.seq_rm",
              "in_range = (self.pos >= 0) & (self.pos >= p0) & (self.pos < p1)",
              "in_range = (self.pos >= 0) & (self.pos >= p0) & (self.pos <= p1)", SESSIONS),
-    Mutation("kv_rm_p1_zero_open", "graphgen/runtime/kvcache.py",
+    Mutation("kv_rm_p1_zero_open", "KVCache.seq_rm",
              "p1 = np.iinfo(np.int64).max if p1 < 0 else p1", "p1 = np.iinfo(np.int64).max if p1 <= 0 else p1",
              SESSIONS),
-    Mutation("kv_rm_all_sequences_as_last", "graphgen/runtime/kvcache.py",
+    Mutation("kv_rm_all_sequences_as_last", "KVCache.seq_rm",
              "        if seq < 0:\n            hit = in_range", "        if seq < -1:\n            hit = in_range", SESSIONS),
-    Mutation("kv_rm_head_kept", "graphgen/runtime/kvcache.py",
+    Mutation("kv_rm_head_kept", "KVCache.seq_rm",
              "            self.head = int(nz[0])", "            pass", SESSIONS),
-    Mutation("kv_slot_search_restart_early", "graphgen/runtime/kvcache.py",
+    Mutation("kv_slot_search_restart_early", "KVCache.find_slot",
              "if head > self.used() + 2 * n:", "if head > self.used() + n:", SESSIONS),
-    Mutation("kv_swa_cell_reused_a_step_late", "graphgen/runtime/kvcache.py",
+    Mutation("kv_swa_cell_reused_a_step_late", "KVCache.find_slot",
              "can_use |= single & ((pmax[owner] + 1 - self.pos) >= self.n_swa)",
              "can_use |= single & ((pmax[owner] + 1 - self.pos) > self.n_swa)", SESSIONS),
-    Mutation("batch_not_capped_at_n_ctx", "graphgen/runtime/session.py",
+    Mutation("batch_not_capped_at_n_ctx", "Session.__init__",
              "self.n_batch = min(n_ctx, n_ubatch) if hp.ctx_causal else n_ubatch", "self.n_batch = n_ubatch",
              SESSIONS),
-    Mutation("unplace_misses_leaves", "graphgen/runtime/session.py",
+    Mutation("unplace_misses_leaves", "_graph_tensors",
              "        todo += [s for s in c.src if s]", "        todo += []", ("tests/test_compute_buffer.py",)),
     # --- the drivers: per-request state, blocks below the trained size ---
-    Mutation("dflash2_generator_not_restarted_per_request", "graphgen/runtime/drafters.py",
+    Mutation("dflash2_generator_not_restarted_per_request", "DFlash2Drafter.begin",
              "            self.rng_seed[seq] = -1", "            pass", DRAFTERS),
-    Mutation("dflash2_one_generator_for_all_sequences", "graphgen/runtime/drafters.py",
+    Mutation("dflash2_one_generator_for_all_sequences", "DFlash2Drafter.read_draft",
              "u = uniform_real(self.rng[seq], 0.0, 1.0)", "u = uniform_real(self.rng[0], 0.0, 1.0)", DRAFTERS),
-    Mutation("dspark_anchor_block_one_longer", "graphgen/runtime/drafters.py",
+    Mutation("dspark_anchor_block_one_longer", "DSparkDrafter.block_tokens",
              "return self.params.n_max + (0 if self.sample_from_anchor else 1)", "return self.params.n_max + 1",
              DRAFTERS),
-    Mutation("lilicorr_block_follows_n_max", "graphgen/runtime/drafters.py",
+    Mutation("lilicorr_block_follows_n_max", "LiliCorrDrafter.block_tokens",
              "return self.block_size  # the scorer", "return self.params.n_max + 1  # the scorer", DRAFTERS),
-    Mutation("lilicorr_reads_one_row_short", "graphgen/runtime/drafters.py",
+    Mutation("lilicorr_reads_one_row_short", "LiliCorrDrafter.read_draft",
              "for i in range(1, p.n_max + 1):", "for i in range(1, p.n_max):", DRAFTERS),
     # --- graph-diff's promises, op_params, statistics, xdiff's failures ---
-    Mutation("diff_integer_threshold_loosened", "graphgen/diff.py",
+    Mutation("diff_integer_threshold_loosened", "_thresholds.threshold",
              "        if typ in EXACT_TYPES:\n            return 0.0", "        if typ in EXACT_TYPES:\n            return fallback",
              DIFF),
-    Mutation("diff_settings_ignored", "graphgen/diff.py",
+    Mutation("diff_settings_ignored", "diff_dumps",
              "settings_differ = _settings_differ(ref, ours)", "settings_differ = []", DIFF),
     Mutation("opparams_view_offset_sign_extended", "graphgen/opparams.py",
              "(p[0] & 0xFFFFFFFF) | ((p[1] & 0xFFFFFFFF) << 32)", "p[0] | ((p[1] & 0xFFFFFFFF) << 32)",
              ("tests/test_opparams.py",)),
-    Mutation("xdiff_not_compared_ignored", "graphgen/xdiff.py",
+    Mutation("xdiff_not_compared_ignored", "compare_dirs",
              "res.ok &= not structural and first_bad is None and not unseen and bool(r.numeric)",
              "res.ok &= not structural and first_bad is None", DIFF),
-    Mutation("xdiff_integer_nodes_loose", "graphgen/xdiff.py",
+    Mutation("xdiff_integer_nodes_loose", "compare_dirs",
              "exact = op in EXACT_OPS or node.type in EXACT_TYPES", "exact = op in EXACT_OPS", DIFF),
-    Mutation("stats_sumsq_is_the_sum", "graphgen/record.py",
+    Mutation("stats_sumsq_is_the_sum", "summarize",
              '"sumsq": float(np.dot(finite, finite))', '"sumsq": float(finite.sum())', ("tests/test_dump.py",)),
-    Mutation("rope_base_default_wrong", "graphgen/runtime/model.py",
+    Mutation("rope_base_default_wrong", "read_hparams",
              'hp.rope_freq_base = m.get(k("rope.freq_base"), 10000.0, kind="float")',
              'hp.rope_freq_base = m.get(k("rope.freq_base"), 1000000.0, kind="float")', ROPE),
-    Mutation("mask_block_uniform_last_row", "graphgen/runtime/kvcache.py",
+    Mutation("mask_block_uniform_last_row", "KVCache.kq_mask_values",
              "full[rows] = full[rows[0]]", "full[rows] = full[rows[-1]]", SEED_ONLY),
     # --- DeepSeek-V4 backbone ---
-    Mutation("sinkhorn_eps_x5", "graphgen/models/deepseek4.py",
+    Mutation("sinkhorn_eps_x5", "build_hc_mixes",
              "comb = ggml_dsv4_hc_comb(ctx, mixes, hc_scale, hc_base, hp.dsv4_hc_eps, hp.dsv4_hc_sinkhorn_iters)",
              "comb = ggml_dsv4_hc_comb(ctx, mixes, hc_scale, hc_base, hp.dsv4_hc_eps * 5, hp.dsv4_hc_sinkhorn_iters)",
              DSV4),
-    Mutation("hc_post_scale_2_dropped", "graphgen/models/deepseek4.py",
+    Mutation("hc_post_scale_2_dropped", "build_hc_mixes",
              "post = ggml_scale(ctx, post, 2.0)", "post = ggml_scale(ctx, post, 1.0)", DSV4),
-    Mutation("moe_weights_clamp_bound", "graphgen/graph.py",
+    Mutation("moe_weights_clamp_bound", "GraphContext.build_moe_ffn",
              "weights_sum = G.ggml_clamp(ctx, weights_sum, 6.103515625e-5, float(\"inf\"))",
              "weights_sum = G.ggml_clamp(ctx, weights_sum, 6.103515625e-2, float(\"inf\"))", DSV4),
-    Mutation("swiglu_clamp_limit_halved", "graphgen/graph.py",
+    Mutation("swiglu_clamp_limit_halved", "GraphContext.build_moe_ffn",
              "cur = G.ggml_swiglu_clamp(ctx, cur, up, limit)", "cur = G.ggml_swiglu_clamp(ctx, cur, up, limit / 2)",
              DSV4),
-    Mutation("dsv4_rope_offset_zero", "graphgen/models/deepseek4.py",
+    Mutation("dsv4_rope_offset_zero", "dsv4_rope",
              "return ggml_rope_set_offset(t, hp.n_embd_head_k - n_rot)", "return ggml_rope_set_offset(t, 0)", DSV4),
     # --- the heads ---
-    Mutation("markov_bias_subtracted", "graphgen/models/dspark.py",
+    Mutation("markov_bias_subtracted", "build_dspark_markov_head",
              "col = ggml_add(ctx0, base_i, bias)", "col = ggml_sub(ctx0, base_i, bias)", PARITY + HEADS),
-    Mutation("rnn_state_gate_flipped", "graphgen/models/dspark.py",
+    Mutation("rnn_state_gate_flipped", "build_dspark_markov_head",
              "state = ggml_add(ctx0, cand, ggml_mul(ctx0, gate, ggml_sub(ctx0, state, cand)))",
              "state = ggml_add(ctx0, state, ggml_mul(ctx0, gate, ggml_sub(ctx0, cand, state)))", SEED_ONLY),
-    Mutation("ml4_rnn_head_fed_pre_norm", "graphgen/models/dspark.py",
+    Mutation("ml4_rnn_head_fed_pre_norm", "GraphMistralLarge4._block",
              "build_dspark_markov_head(self, model, inp_tokens, cur)",
              "build_dspark_markov_head(self, model, inp_tokens, inpL)", SEED_ONLY),
-    Mutation("ml4_softcap_wrong", "graphgen/models/dspark.py",
+    Mutation("ml4_softcap_wrong", "GraphMistralLarge4._block",
              "logits = ggml_scale(ctx, logits, 1.0 / cap)", "logits = ggml_scale(ctx, logits, 2.0 / cap)",
              SEED_ONLY),
-    Mutation("lilicorr_vector_eps_dropped", "graphgen/models/lilicorr.py",
+    Mutation("lilicorr_vector_eps_dropped", "build_lilicorr_scores",
              "anchor_out = ggml_l2_norm(ctx0, anchor_out, hparams.lilicorr_vector_eps)",
              "anchor_out = ggml_l2_norm(ctx0, anchor_out, 0.0)", PARITY + HEADS),
-    Mutation("dflash2_conv_base_dropped", "graphgen/models/dflash2.py",
+    Mutation("dflash2_conv_base_dropped", "build_dflash2_conv",
              "weight_all = ggml_add(ctx0, coeff_all, base_side)", "weight_all = coeff_all", PARITY + HEADS),
     # --- the seed-only graphs against the seed reference (tests/seedref) ---
-    Mutation("seedref_rnn_hidden_of_the_anchor", "graphgen/models/dspark.py",
+    Mutation("seedref_rnn_hidden_of_the_anchor", "build_dspark_markov_head",
              "block_drafts * G.nb(hidden, 1), i * G.nb(hidden, 1))", "block_drafts * G.nb(hidden, 1), 0)",
              SEEDREF),
-    Mutation("seedref_rnn_markov_from_cand_chunk", "graphgen/models/dspark.py",
+    Mutation("seedref_rnn_markov_from_cand_chunk", "build_dspark_markov_head",
              "markov = ggml_tanh(ctx0, chunk(2))", "markov = ggml_tanh(ctx0, chunk(1))", SEEDREF),
-    Mutation("seedref_ml4_softcap_tanh_dropped", "graphgen/models/dspark.py",
+    Mutation("seedref_ml4_softcap_tanh_dropped", "GraphMistralLarge4._block",
              "            logits = ggml_tanh(ctx, logits)", "            logits = logits", SEEDREF),
-    Mutation("seedref_ml4_mask_embd_ignored", "graphgen/models/dspark.py",
+    Mutation("seedref_ml4_mask_embd_ignored", "GraphMistralLarge4.build_inp_noise",
              "if block_drafts > 0 and n_tokens % n_blocks == 0 and block_drafts <= hp.block_size:",
              "if False:", SEEDREF),
-    Mutation("seedref_dsv41_block_uniform_off", "graphgen/models/dspark.py",
+    Mutation("seedref_dsv41_block_uniform_off", "GraphDSV41.__init__",
              "inpL = self.build_hc_init(inp_tokens)\n        # every query of a block attends like its anchor does "
              "(block-uniform mask)\n        self.inp_attn.block_uniform = True",
              "inpL = self.build_hc_init(inp_tokens)\n        self.inp_attn.block_uniform = False", SEEDREF),
-    Mutation("seedref_ml4_block_uniform_off", "graphgen/models/dspark.py",
+    Mutation("seedref_ml4_block_uniform_off", "GraphMistralLarge4._block",
              "inpL = self.build_inp_noise(inp_tokens)\n        # every query of a block attends like its anchor does "
              "(block-uniform mask)\n        self.inp_attn.block_uniform = True",
              "inpL = self.build_inp_noise(inp_tokens)\n        self.inp_attn.block_uniform = False", SEEDREF),
-    Mutation("seedref_dsv41_ffn_premix_not_lagged", "graphgen/models/dspark.py",
+    Mutation("seedref_dsv41_ffn_premix_not_lagged", "GraphDSV41.__init__",
              "cur = build_hc_pre_weighted(self, inpL, attn_mix.pre, il)",
              "cur = build_hc_pre_weighted(self, inpL, ffn_mix.pre, il)", SEEDREF),
-    Mutation("seedref_dsv41_next_stage_premix", "graphgen/models/dspark.py",
+    Mutation("seedref_dsv41_next_stage_premix", "GraphDSV41.__init__",
              "pre_prev = ffn_mix.pre", "pre_prev = attn_mix.pre", SEEDREF),
-    Mutation("seedref_dsv41_q_rms_norm_kept", "graphgen/models/dspark.py",
+    Mutation("seedref_dsv41_q_rms_norm_kept", "GraphDSV41.__init__",
              "q_norm=False, name_qr=False)", "q_norm=True, name_qr=False)", SEEDREF),
-    Mutation("seedref_dsv4_derope_dropped", "graphgen/models/deepseek4.py",
+    Mutation("seedref_dsv4_derope_dropped", "build_attention",
              "out = dsv4_rope(g, out, inp_pos, back=True)", "out = out", SEEDREF),
-    Mutation("seedref_dsv4_wo_a_groups_not_interleaved", "graphgen/models/deepseek4.py",
+    Mutation("seedref_dsv4_wo_a_groups_not_interleaved", "build_attention",
              "oa = ggml_permute(ctx, oa, 0, 2, 1, 3)", "oa = oa", SEEDREF),
-    Mutation("seedref_ml4_kq_scale_of_the_latent_key", "graphgen/models/dspark.py",
+    Mutation("seedref_ml4_kq_scale_of_the_latent_key", "GraphMistralLarge4._block",
              "kq_scale = 1.0 / math.sqrt(float(k_mla))", "kq_scale = 1.0 / math.sqrt(float(hp.n_embd_head_k))",
              SEEDREF),
-    Mutation("seedref_ml4_q_pe_not_roped", "graphgen/models/dspark.py",
+    Mutation("seedref_ml4_q_pe_not_roped", "GraphMistralLarge4._block",
              "q_pe = self.rope(q_pe)", "q_pe = q_pe", SEEDREF),
-    Mutation("seedref_markov_chain_on_unbiased_logits", "graphgen/models/dspark.py",
+    Mutation("seedref_markov_chain_on_unbiased_logits", "build_dspark_markov_head",
              "prev = ggml_argmax(ctx0, col)", "prev = ggml_argmax(ctx0, base_i)", SEEDREF),
-    Mutation("seedref_markov_bias_subtracted", "graphgen/models/dspark.py",
+    Mutation("seedref_markov_bias_subtracted", "build_dspark_markov_head",
              "col = ggml_add(ctx0, base_i, bias)", "col = ggml_sub(ctx0, base_i, bias)", SEEDREF),
-    Mutation("seedref_ml4_rnn_fed_pre_norm", "graphgen/models/dspark.py",
+    Mutation("seedref_ml4_rnn_fed_pre_norm", "GraphMistralLarge4._block",
              "build_dspark_markov_head(self, model, inp_tokens, cur)",
              "build_dspark_markov_head(self, model, inp_tokens, inpL)", SEEDREF),
-    Mutation("seedref_dsv4_kq_scale_of_the_nope_dims", "graphgen/models/deepseek4.py",
+    Mutation("seedref_dsv4_kq_scale_of_the_nope_dims", "build_attention",
              "1.0 / math.sqrt(float(n_embd_head)), il)", "1.0 / math.sqrt(float(n_embd_head - hp.n_rot)), il)",
              SEEDREF),
-    Mutation("seedref_dsv41_window_not_widened", "graphgen/models/dspark.py",
+    Mutation("seedref_dsv41_window_not_widened", "load_hparams_dsv4",
              "        n_swa += 1\n", "        n_swa += 0\n", SEEDREF),
-    Mutation("seedref_ml4_window_not_widened", "graphgen/models/dspark.py",
+    Mutation("seedref_ml4_window_not_widened", "load_hparams_mistral_large4",
              "hp.set_swa_uniform(n_swa + 1)", "hp.set_swa_uniform(n_swa)", SEEDREF),
     # --- drafting drivers ---
-    Mutation("drafter_p_min_inclusive", "graphgen/runtime/drafters.py",
+    Mutation("drafter_p_min_inclusive", "DFlashDrafter.read_draft",
              "if probs[0] < F32(p.p_min):", "if probs[0] <= F32(p.p_min):", ("tests/test_drafters.py",)),
-    Mutation("drafter_n_min_off_by_one", "graphgen/runtime/drafters.py",
+    Mutation("drafter_n_min_off_by_one", "DFlashDrafter.read_draft",
              "break\n            dp.result.append(int(ids[0]))\n        if len(dp.result) < p.n_min:",
              "break\n            dp.result.append(int(ids[0]))\n        if len(dp.result) <= p.n_min:",
              ("tests/test_drafters.py",)),
-    Mutation("drafter_n_max_not_clamped", "graphgen/runtime/drafters.py",
+    Mutation("drafter_n_max_not_clamped", "DFlashDrafter.init",
              "p.n_max = min(p.n_max, n_draft_max)", "p.n_max = p.n_max", ("tests/test_drafters.py",)),
     # --- graph-diff and xdiff: the yardsticks ---
-    Mutation("diff_ignores_nan_positions", "graphgen/diff.py",
+    Mutation("diff_ignores_nan_positions", "graphgen/diff.py:compare_values",
              "bad = (nan_a != nan_b) | (inf_a != inf_b) | (inf_a & inf_b & (np.signbit(a) != np.signbit(b)))",
              "bad = (inf_a != inf_b) | (inf_a & inf_b & (np.signbit(a) != np.signbit(b)))", DIFF),
     Mutation("diff_f32_threshold_loose", "graphgen/diff.py",
              'DEFAULT_NMSE = {"f32": 1e-7, "f16": 1e-7, "bf16": 1e-7, "i32": 0, "i64": 0}',
              'DEFAULT_NMSE = {"f32": 1e-1, "f16": 1e-7, "bf16": 1e-7, "i32": 0, "i64": 0}', DIFF),
-    Mutation("rule_forgives_everything", "graphgen/diff.py",
+    Mutation("rule_forgives_everything", "diff_dumps",
              "fields = rule.unexplained(_compare_run(i0, i1, j0, j1, rsrc, osrc, pair_map), R[i], O[j])",
              "fields = {}", DIFF),
-    Mutation("dump_max_data_zero", "graphgen/engine.py",
+    Mutation("dump_max_data_zero", "run_scenario",
              "rec = NodeRecorder(G.op_desc, G.type_name, max_data, G.read_tensor_bytes) if out is not None else None",
              "rec = NodeRecorder(G.op_desc, G.type_name, 0, G.read_tensor_bytes) if out is not None else None",
              PARITY + ("tests/test_yardstick.py",)),
-    Mutation("xdiff_value_check_disabled", "graphgen/xdiff.py",
+    Mutation("xdiff_value_check_disabled", "compare_dirs",
              "bad = (reason is not None) or nmse > thr", "bad = reason is not None",
              ("tests/test_backends.py",)),
 ]
@@ -326,11 +402,12 @@ def _copy_tree(dst: Path) -> None:
 
 
 def run_one(m: Mutation, tree: Path, timeout: float) -> tuple[str, float, str]:
-    target = tree / m.path
+    try:
+        target, a, b = locate(tree, m)
+    except ValueError as e:
+        return "ERROR", 0.0, str(e)
     text = target.read_text()
-    if text.count(m.old) != 1:
-        return "ERROR", 0.0, f"the line occurs {text.count(m.old)} times in {m.path}"
-    target.write_text(text.replace(m.old, m.new))
+    target.write_text(text[:a] + m.new + text[b:])
     env = dict(os.environ, PYTHONPATH=str(tree) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     start = time.time()
     try:
@@ -356,6 +433,8 @@ def main(argv=None) -> int:
     ap.add_argument("-k", metavar="WORD", action="append",
                     help="only mutations whose name contains WORD (repeat it for several words)")
     ap.add_argument("--list", action="store_true", help="list the mutations and exit")
+    ap.add_argument("--check", action="store_true",
+                    help="find every mutation's place and code in the tree, run no test (after a refactor)")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per mutation (default 900)")
     args = ap.parse_args(argv)
     chosen = [m for m in MUTATIONS if not args.k or any(w in m.name for w in args.k)]
@@ -364,8 +443,22 @@ def main(argv=None) -> int:
         return 2
     if args.list:
         for m in chosen:
-            print(f"{m.name:32s} {m.path:32s} {' '.join(m.tests)}")
+            print(f"{m.name:32s} {m.where:32s} {' '.join(m.tests)}")
         return 0
+    if args.check:
+        bad = 0
+        for m in chosen:
+            try:
+                f, a, b = locate(ROOT, m)
+            except ValueError as e:
+                bad += 1
+                print(f"ERROR    {m.name}: {e}")
+                continue
+            if f.read_text()[a:b] == m.new:
+                bad += 1
+                print(f"ERROR    {m.name}: the mutation changes nothing")
+        print(f"{len(chosen) - bad}/{len(chosen)} mutations found their place")
+        return 1 if bad else 0
     with tempfile.TemporaryDirectory(prefix="graphgen-mutate-") as tmp:
         tree = Path(tmp)
         _copy_tree(tree)
@@ -379,7 +472,7 @@ def main(argv=None) -> int:
     print(f"\nmutation score: {caught}/{len(results)} caught")
     for m, v in results:
         if v != "caught":
-            print(f"  {v}: {m.name} ({m.path})")
+            print(f"  {v}: {m.name} ({m.where})")
     return 0 if caught == len(results) else 1
 
 
