@@ -25,7 +25,6 @@ from pathlib import Path
 
 import numpy as np
 
-from .graph import GraphParams, MemSlot
 from .models.arch import build_arch_graph
 from .runtime.session import Session
 from .scenario import Scenario, parse_scenario
@@ -190,8 +189,7 @@ class _LlamaWorker:
 
 def _replay(sess: Session, sc: Scenario, feats: dict) -> tuple[list[float], list[float], list[dict]]:
     """Wall time, compute time and the phases of graphgen's overhead, per step."""
-    for c in sess.caches.values():
-        c.clear()
+    sess.clear()
     times, computes, phases = [], [], []
     for st in sc.steps:
         if st.kind == "seq_rm":
@@ -213,36 +211,23 @@ def _replay(sess: Session, sc: Scenario, feats: dict) -> tuple[list[float], list
 def _fresh_build_ms(sess: Session, sc: Scenario, feats: dict, reps: int = 5) -> dict:
     """Time to build each step's graph from nothing (no allocation, no compute)."""
     out = {}
-    for c in sess.caches.values():
-        c.clear()
+    sess.clear()
     labels = iter(_labels(sc))
     for st in sc.steps:
         if st.kind == "seq_rm":
             sess.seq_rm(st.seq, st.pos0, st.p1)
             continue
-        if st.kind == "inject":
-            ub = sess.make_inject(feats[st.index], st.pos0, st.seq)
-        elif st.kind == "encoder":
+        if st.kind in ("inject", "encoder"):
             ub = sess.make_inject(feats[st.index], st.pos0, st.seq)
         else:
             ub = sess.make_block([(b.seq, b.tokens, b.pos0) for b in st.blocks])
-        mem = {}
-        snaps = {k: c.snapshot() for k, c in sess.caches.items()}
-        if st.kind != "encoder":
-            for k, c in sess.caches.items():
-                idxs = c.find_slot(ub)
-                c.apply_ubatch(idxs, ub)
-                mem[k] = MemSlot(c, idxs, c.get_n_kv())
         best = float("inf")
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            g = build_arch_graph(GraphParams(model=sess.model, ubatch=ub, mem=mem, flash_attn=sess.flash_attn,
-                                             causal_attn=sess.hparams.causal_attn, max_nodes=sess.max_nodes,
-                                             graph_type="encoder" if st.kind == "encoder" else "decoder"))
-            best = min(best, time.perf_counter() - t0)
-            g.free()
-        for k, c in sess.caches.items():
-            c.restore(snaps[k])
+        with sess.trial_params(ub, "encoder" if st.kind == "encoder" else "decoder") as params:
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                g = build_arch_graph(params)
+                best = min(best, time.perf_counter() - t0)
+                g.free()
         # keep the cache as the step leaves it, for the steps after
         if st.kind == "inject":
             sess.inject(feats[st.index], st.pos0, st.seq)

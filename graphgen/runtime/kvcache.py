@@ -104,6 +104,11 @@ class KVCache:
         G.ggml_backend_buffer_clear(self._buf, 0)
 
     @property
+    def buffer(self):
+        """The backend buffer holding the cache's tensors (None before allocation)."""
+        return self._buf
+
+    @property
     def nbytes(self) -> int:
         return int(G.ggml_backend_buffer_get_size(self._buf)) if self._buf else 0
 

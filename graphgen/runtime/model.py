@@ -916,6 +916,11 @@ class Model:
                 setattr(layer, attr, t.get(name.format(bid=hp.n_layer + i, i=i)) if use else None)
 
     @property
+    def buffer(self):
+        """The backend buffer holding the weights (None before upload)."""
+        return self._buf
+
+    @property
     def weight_bytes(self) -> int:
         return sum(int(t.n_bytes) for t in self._reader.tensors)
 

@@ -7,6 +7,7 @@ outputs. A batch that fails leaves the cache as it was.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import threading
 import time
@@ -282,6 +283,32 @@ class Session:
         self.timings = {}
         self._t_lap = time.perf_counter()
 
+    def clear(self) -> None:
+        """Empty the KV cache (llama_memory_clear): every sequence, every cell."""
+        with self._lock:
+            for c in self.caches.values():
+                c.clear()
+
+    @contextlib.contextmanager
+    def trial_params(self, ub: UBatch, graph_type: str = "decoder"):
+        """The GraphParams a batch would be built with, its cells taken in the cache only while
+        the block runs: what building a graph alone (no compute) needs, as a benchmark times it."""
+        with self._lock:
+            snaps = {k: c.snapshot() for k, c in self.caches.items()}
+            try:
+                mem = {}
+                if graph_type != "encoder":
+                    for k, c in self.caches.items():
+                        idxs = c.find_slot(ub)
+                        c.apply_ubatch(idxs, ub)
+                        mem[k] = MemSlot(c, idxs, c.get_n_kv())
+                yield GraphParams(model=self.model, ubatch=ub, mem=mem, flash_attn=self.flash_attn,
+                                  causal_attn=self.hparams.causal_attn, max_nodes=self.max_nodes,
+                                  graph_type=graph_type)
+            finally:
+                for k, c in self.caches.items():
+                    c.restore(snaps[k])
+
     def decode(self, ub: UBatch, recorder=None, _started: bool = False) -> Result:
         if not _started:
             self._start()
@@ -329,7 +356,7 @@ class Session:
     def _unplace(self, g) -> None:
         """Forget where the scheduler put g's tensors (its buffer moved), so that the next
         allocation places them afresh; weights and KV cache tensors stay where they are."""
-        keep = {self.model._buf} | {c._buf for c in self.caches.values()}
+        keep = {self.model.buffer} | {c.buffer for c in self.caches.values()}
         # every tensor the allocator placed: nodes, inputs, and leaves that are neither (a shape
         # a fill starts from): one left behind keeps a pointer to the freed buffer, which the
         # scheduler reads when it next assigns the graph's backends
