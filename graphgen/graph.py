@@ -253,13 +253,12 @@ class GraphContext:
         G.set_name(t, name)
         npdt = np.float16 if self.flash_attn else np.float32
 
-        def values(p):
+        def into(p, out=None):
             slot = p.mem[key]
-            return slot.cache.kq_mask_values(p.ubatch, slot.n_kv, p.causal_attn, npdt)
+            return slot.cache.kq_mask_values(p.ubatch, slot.n_kv, p.causal_attn, npdt, out=out)
 
-        def into(p, out):
-            slot = p.mem[key]
-            slot.cache.kq_mask_values(p.ubatch, slot.n_kv, p.causal_attn, npdt, out=out)
+        def values(p):
+            return into(p)
         # the largest input: on a host backend it is written in place, not built and copied
         values.into = into
         self.add_input(t, values)
