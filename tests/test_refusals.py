@@ -174,7 +174,7 @@ def test_every_key_graphgen_reads_has_a_type():
     from pathlib import Path
 
     import graphgen
-    from graphgen.runtime.model import key_spec
+    from graphgen.models.loader import key_spec
     root = Path(graphgen.__file__).parent
     keys = set()
     for f in [root / "runtime" / "model.py", *(root / "models").glob("*.py")]:

@@ -22,9 +22,9 @@ from ..ops.ggml import (ggml_add, ggml_build_forward_expand, ggml_fill, ggml_get
                         ggml_reshape_3d, ggml_rms_norm, ggml_rope_ext, ggml_rope_multi, ggml_scale,
                         ggml_set_input, ggml_set_output, ggml_set_rows, ggml_tanh)
 from .conv import build_dflash2_conv
+from .loader import ARCH as LLM_ARCH
 
 
-LLM_ARCH = "dflash"
 
 
 def kv(name: str) -> str:

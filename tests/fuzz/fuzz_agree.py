@@ -194,7 +194,7 @@ def batch_pair(case: dict, work: Path, cache: Path) -> tuple[Verdict, Verdict]:
 
 # every key llama.cpp reads, on a draft where it is read: (base draft, key)
 def _key_type_pairs() -> list:
-    from graphgen.runtime.model import KEY_TYPES, OTHER_KEY_TYPES
+    from graphgen.models.loader import KEY_TYPES, OTHER_KEY_TYPES
     seed_only = {"hyper_connection.single_pass", "attention.kv_lora_rank", "attention.key_length_mla",
                  "attention.value_length_mla", "rope.scaling.yarn_log_multiplier", "sample_from_anchor"}
     dsv4 = {"attention.q_lora_rank", "expert_feed_forward_length", "expert_shared_count", "expert_weights_scale",
