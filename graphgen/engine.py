@@ -27,6 +27,24 @@ def engine_header(model_name: str, model_path=None, scenario: Scenario | None = 
             **provenance(model_path, scenario, scenario_path)}
 
 
+def block_states(sess, scenario: Scenario, step, context_rows: dict):
+    """The per-token state rows of a block step, for a head whose blocks carry the context
+    features of the row before them (LiliCorr): each block's row from its injected context
+    (`embd_state` "context") or drawn from the scenario's generator ("random"). A block without
+    its row leaves the whole batch without states, as llama.cpp refuses a batch where only some
+    tokens carry one. None for the other heads."""
+    if not sess.model.head.context_rows:
+        return None
+    rows = []
+    for b in step.blocks:
+        if b.embd_state == "random":
+            rows.append(scenario.random_state(step, len(b.tokens), sess.hparams.n_embd))
+        else:
+            row = context_rows.get((b.seq, b.pos0 - 1))
+            rows.append(None if row is None else np.tile(row, (len(b.tokens), 1)))
+    return None if any(r is None for r in rows) else np.concatenate(rows)
+
+
 def run_scenario(model_path, scenario: Scenario, out=None, max_data: int = 262144, progress=None,
                  backend: str = "cpu", scenario_path=None):
     """Run every step; write dumps into `out` when given. Returns [(step, Result, dump path)].
@@ -58,16 +76,7 @@ def run_scenario(model_path, scenario: Scenario, out=None, max_data: int = 26214
                     for i in range(step.n_tokens):
                         context_rows[(step.seq, step.pos0 + i)] = r.h_nextn[i]
             else:
-                state = None
-                if sess.model.variant == "lilicorr":
-                    rows = []
-                    for b in step.blocks:
-                        if b.embd_state == "random":
-                            rows.append(scenario.random_state(step, len(b.tokens), hp.n_embd))
-                        else:
-                            row = context_rows.get((b.seq, b.pos0 - 1))
-                            rows.append(None if row is None else np.tile(row, (len(b.tokens), 1)))
-                    state = None if any(r_ is None for r_ in rows) else np.concatenate(rows)
+                state = block_states(sess, scenario, step, context_rows)
                 r = sess.block_multi([(b.seq, b.tokens, b.pos0) for b in step.blocks], recorder=rec,
                                      embd_state=state)
             path = None

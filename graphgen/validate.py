@@ -222,12 +222,26 @@ def check_features(x, width: int) -> np.ndarray:
     return np.ascontiguousarray(a)
 
 
-# the heads whose graph reshapes a block batch to [tokens per block, n_blocks] and asserts that
-# the batch divides evenly (LiliCorr falls back to the plain DFlash graph instead)
-EQUAL_BLOCK_HEADS = ("dflash2", "dspark")
+def _rules(rules):
+    """A head's BlockRules (graphgen.models.head), or none for a head that asks nothing."""
+    return rules if rules is not None else _NO_RULES
 
 
-def quick_blocks(blocks, variant: str, n_vocab: int, block_size: int, n_ubatch: int, n_seq: int):
+class _NoRules:
+    head, equal_blocks, max_block = "dflash", False, 0
+
+
+_NO_RULES = _NoRules()
+
+
+def _blocks_fit(rules, n: int, n_blocks: int) -> bool:
+    """The head's rules hold for n tokens in n_blocks blocks."""
+    if not rules.equal_blocks or not n_blocks:
+        return True
+    return not n % n_blocks and not (rules.max_block > 0 and n // n_blocks > rules.max_block)
+
+
+def quick_blocks(blocks, rules, n_vocab: int, n_ubatch: int, n_seq: int):
     """(tokens, positions, sequence ids, runs) for a batch of plainly valid blocks of distinct
     sequences, checked in Python at the cost of a few comparisons per block; None for anything
     else, which block_arrays and check_batch then check one rule at a time (naming the problem).
@@ -252,8 +266,7 @@ def quick_blocks(blocks, variant: str, n_vocab: int, block_size: int, n_ubatch: 
         n += len(t)
     if n > n_ubatch:
         return None
-    if variant in EQUAL_BLOCK_HEADS and (n % len(runs) or (variant == "dflash2" and block_size > 0
-                                                             and n // len(runs) > block_size)):
+    if not _blocks_fit(_rules(rules), n, len(runs)):
         return None
     if len(runs) == 1:
         s, p0, k = runs[0]
@@ -303,30 +316,27 @@ def _block_arrays_fast(blocks, n_vocab: int):
             np.concatenate(seq) if len(seq) > 1 else seq[0])
 
 
-def _blocks_divide(seq: np.ndarray, variant: str, block_size: int) -> bool:
-    """The equal-blocks rules of block_arrays hold (or do not apply)."""
-    if variant not in EQUAL_BLOCK_HEADS or seq.size == 0:
+def _blocks_divide(seq: np.ndarray, rules) -> bool:
+    """The head's block rules hold for these sequence ids (or do not apply)."""
+    if not rules.equal_blocks or seq.size == 0:
         return True
     n_blocks = len(np.unique(seq)) if seq[0] != seq[-1] or not (seq == seq[0]).all() else 1
-    n = int(seq.size)
-    if n % n_blocks:
-        return False
-    return not (variant == "dflash2" and block_size > 0 and n // n_blocks > block_size)
+    return _blocks_fit(rules, int(seq.size), n_blocks)
 
 
-def block_arrays(blocks, variant: str, n_vocab: int,
-                 block_size: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def block_arrays(blocks, rules, n_vocab: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """[(seq, tokens, pos0), ...] -> int32 tokens, positions, sequence ids, checked before any cast.
 
     A sequence may come twice (llama.cpp accepts it when its positions stay continuous; the
-    positions are checked against the cache in check_seq_positions). The heads of
-    EQUAL_BLOCK_HEADS take one block per distinct sequence: the batch must divide into equal
-    blocks, and DFlash2's lattice, which keeps at most block_size rows per block, must cover
-    every token, since llama.cpp reads one lattice row per token and aborts otherwise."""
+    positions are checked against the cache in check_seq_positions). A head whose rules ask for
+    equal blocks (graphgen.models.head.BlockRules) takes one block per distinct sequence: the
+    batch must divide into equal blocks, and a lattice that keeps max_block rows per block (DFlash2)
+    must cover every token, since llama.cpp reads one lattice row per token and aborts otherwise."""
+    rules = _rules(rules)
     if not isinstance(blocks, (list, tuple)) or not blocks:
         raise BatchError("a block batch needs at least one (seq, tokens, pos0) entry")
     fast = _block_arrays_fast(blocks, n_vocab)
-    if fast is not None and _blocks_divide(fast[2], variant, block_size):
+    if fast is not None and _blocks_divide(fast[2], rules):
         return fast
     toks, pos, seq = [], [], []
     for k, b in enumerate(blocks):
@@ -344,14 +354,14 @@ def block_arrays(blocks, variant: str, n_vocab: int,
         pos += range(p0, p0 + len(t))
         seq += [s] * len(t)
     n, n_blocks = len(toks), len(set(seq))
-    if variant in EQUAL_BLOCK_HEADS and n_blocks and n % n_blocks:
+    if rules.equal_blocks and n_blocks and n % n_blocks:
         sizes = [seq.count(s) for s in sorted(set(seq))]
         raise BatchError(f"a block batch of {n} tokens over {n_blocks} sequences (tokens per sequence {sizes}) "
-                         f"does not divide into equal blocks, which the {variant} head needs "
+                         f"does not divide into equal blocks, which the {rules.head} head needs "
                          "(llama.cpp asserts n_tokens % n_seqs == 0)")
-    if variant == "dflash2" and block_size > 0 and n_blocks and n // n_blocks > block_size:
-        raise BatchError(f"blocks of {n // n_blocks} tokens are longer than the trained block size {block_size} "
-                         "(key 'dflash.block_size'): the DFlash2 lattice has block_size rows per block and "
+    if rules.equal_blocks and rules.max_block > 0 and n_blocks and n // n_blocks > rules.max_block:
+        raise BatchError(f"blocks of {n // n_blocks} tokens are longer than the trained block size {rules.max_block} "
+                         f"(key 'dflash.block_size'): the {rules.head} lattice has block_size rows per block and "
                          "llama.cpp aborts reading one row per token")
     return (np.asarray(toks, dtype=np.int32), np.asarray(pos, dtype=np.int32), np.asarray(seq, dtype=np.int32))
 

@@ -9,23 +9,33 @@ This module imports every model file and none of them imports it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..errors import GGUFModelError
 from ..graph import GraphContext, GraphParams
 from ..ops.ggml import ggml_build_forward_expand
 from . import dflash, dflash2, dspark, lilicorr
+from .conv import load_tensors_dflash2_conv
+from .head import Head
 
 VARIANT_DFLASH, VARIANT_DFLASH2, VARIANT_DSPARK, VARIANT_LILICORR = "dflash", "dflash2", "dspark", "lilicorr"
 BACKBONE_BASE, BACKBONE_DSV4, BACKBONE_DSV41, BACKBONE_MISTRAL_LARGE4 = "base", "dsv4", "dsv41", "mistral-large4"
 
 
+# every head, in the order the seed tests their markers; the plain DFlash head, which has none, last
+HEADS = {h.name: h for h in (dspark.HEAD, dflash2.HEAD, lilicorr.HEAD, dflash.HEAD)}
+
+
+def detect_head(tensor_names, keys) -> Head:
+    """llama_model_dflash_variant: the first head whose marker tensor or key the GGUF holds."""
+    return next((h for h in HEADS.values() if h.detects(tensor_names, keys)), dflash.HEAD)
+
+
 def load_hparams(m, hp, variant: str, backbone: str, path) -> None:
     """The head's keys and checks, then the backbone's; `m` reads the GGUF's metadata."""
-    if variant == VARIANT_DFLASH2:
-        dflash2.load_hparams_dflash2(hp, path)
-    elif variant == VARIANT_DSPARK:
-        dspark.load_hparams_dspark(hp, path)
-    elif variant == VARIANT_LILICORR:
-        lilicorr.load_hparams_lilicorr(m, hp, path)
+    head = HEADS[variant]
+    if head.load_hparams is not None:
+        head.load_hparams(m, hp, path)
     # the conv keys are read for every head: their groups must tile the hidden size
     if hp.conv_group_size > 0 and hp.n_embd % hp.conv_group_size:
         raise GGUFModelError(f"{path}: DFlash hidden size must be divisible by conv_group_size "
@@ -40,6 +50,14 @@ def load_hparams(m, hp, variant: str, backbone: str, path) -> None:
         raise GGUFModelError(f"{path}: the {backbone} backbone runs the DFlash or DSpark head, not {variant}")
 
 
+@dataclass(frozen=True)
+class TensorInfo:
+    """What the tensors themselves say before their shapes can be checked: the Markov head's rank
+    (from markov_w1) and the draft vocabulary (from d2t)."""
+    dspark_rank: int
+    n_vocab_draft: int
+
+
 def load_tensors(hp, variant: str, backbone: str, dspark_rank: int, n_vocab_draft: int) -> tuple[dict, list]:
     """Every tensor a draft may hold with its shape (ggml order, None = any), and those it must hold."""
     parts = [dflash.load_tensors_common(hp, n_vocab_draft)]
@@ -49,12 +67,14 @@ def load_tensors(hp, variant: str, backbone: str, dspark_rank: int, n_vocab_draf
         parts.append(dspark.load_tensors_layers_mistral_large4(hp))
     else:
         parts.append(dflash.load_tensors_layers_base(hp))
-    if variant == VARIANT_DSPARK:
-        parts.append(dspark.load_tensors_dspark(hp, dspark_rank, n_vocab_draft))
-    elif variant == VARIANT_DFLASH2:
-        parts.append(dflash2.load_tensors_dflash2(hp))
-    elif variant == VARIANT_LILICORR:
-        parts.append(lilicorr.load_tensors_lilicorr(hp))
+    head = HEADS[variant]
+    if head.load_tensors is not None:
+        parts.append(head.load_tensors(hp, TensorInfo(dspark_rank, n_vocab_draft)))
+    if backbone == BACKBONE_BASE and not head.loads_conv:
+        # b11739 creates the conv tensors in its base layer loop whenever the conv keys are set,
+        # for every head (the seed moved them to the DFlash2 and LiliCorr loaders)
+        conv = load_tensors_dflash2_conv(hp)
+        parts.append((conv, list(conv)))
     shapes, required = {}, []
     for part_shapes, part_required in parts:
         shapes.update(part_shapes)
@@ -64,8 +84,6 @@ def load_tensors(hp, variant: str, backbone: str, dspark_rank: int, n_vocab_draf
 
 BACKBONE_GRAPHS = {BACKBONE_DSV4: dspark.GraphDSV4, BACKBONE_DSV41: dspark.GraphDSV41,
                    BACKBONE_MISTRAL_LARGE4: dspark.GraphMistralLarge4}
-HEAD_GRAPHS = {VARIANT_DFLASH: dflash.GraphDFlash, VARIANT_DFLASH2: dflash2.GraphDFlash2,
-               VARIANT_DSPARK: dspark.GraphDSpark, VARIANT_LILICORR: lilicorr.GraphLiliCorr}
 
 
 def build_arch_graph(params: GraphParams) -> GraphContext:
@@ -77,9 +95,9 @@ def build_arch_graph(params: GraphParams) -> GraphContext:
         if model.backbone not in BACKBONE_GRAPHS:
             raise NotImplementedError(f"the {model.backbone} backbone is not supported by this graphgen build")
         return BACKBONE_GRAPHS[model.backbone](params)
-    if model.variant not in HEAD_GRAPHS:
+    if model.variant not in HEADS:
         raise NotImplementedError(f"the {model.variant} head is not supported by this graphgen build")
-    return _expand_outputs(HEAD_GRAPHS[model.variant](params))
+    return _expand_outputs(HEADS[model.variant].graph(params))
 
 
 def _expand_outputs(g: GraphContext) -> GraphContext:

@@ -22,9 +22,8 @@ from ..ops.ggml import (ggml_add, ggml_build_forward_expand, ggml_fill, ggml_get
                         ggml_reshape_3d, ggml_rms_norm, ggml_rope_ext, ggml_rope_multi, ggml_scale,
                         ggml_set_input, ggml_set_output, ggml_set_rows, ggml_tanh)
 from .conv import build_dflash2_conv
+from .head import Head
 from .loader import ARCH as LLM_ARCH
-
-
 
 
 def kv(name: str) -> str:
@@ -310,3 +309,6 @@ class GraphEncoder(GraphContext):
         self.res.t_h_nextn = cur
         ggml_build_forward_expand(self.gf, cur)
 
+
+# the plain head: what a draft is when no other head's marker is there
+HEAD = Head("dflash", "draft-dflash", GraphDFlash)

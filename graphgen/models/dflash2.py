@@ -17,6 +17,7 @@ from ..ops.ggml import (ggml_add, ggml_build_forward_expand, ggml_cast, ggml_con
                         ggml_reshape_4d, ggml_top_k, ggml_view_2d, ggml_view_3d)
 from .conv import load_tensors_dflash2_conv, n_seqs_unq
 from .dflash import GraphBase, kv
+from .head import Head
 
 
 # head tensors: Model attribute -> GGUF name
@@ -155,3 +156,10 @@ class GraphDFlash2(GraphBase):
         self.build_logits(cur)
 
         build_dflash2_selector(self, self.model, inp_tokens)
+
+
+HEAD = Head("dflash2", "draft-dflash2", GraphDFlash2, marker_tensor="selector_hidden.weight",
+            load_hparams=lambda m, hp, path: load_hparams_dflash2(hp, path),
+            load_tensors=lambda hp, info: load_tensors_dflash2(hp), tensors=DFLASH2_TENSORS, loads_conv=True,
+            # the selector reshapes the batch into blocks and keeps block_size lattice rows per block
+            equal_blocks=True, lattice_per_row=True)

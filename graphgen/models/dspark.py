@@ -25,6 +25,7 @@ from ..ops.ggml import (ggml_add, ggml_argmax, ggml_build_forward_expand, ggml_c
                         ggml_set_input, ggml_set_rows, ggml_sigmoid, ggml_sub, ggml_tanh, ggml_view_2d,
                         ggml_view_3d)
 from .dflash import GraphBase, build_inject_inp, get_lm_head, get_tok_embd, kv
+from .head import Head
 
 
 
@@ -669,3 +670,9 @@ class GraphMistralLarge4(_GraphBackbone):
             build_dspark_markov_head(self, model, inp_tokens, cur)
         else:
             ggml_build_forward_expand(self.gf, logits)
+
+
+HEAD = Head("dspark", "draft-dspark", GraphDSpark, marker_tensor="markov_w1.weight",
+            load_hparams=lambda m, hp, path: load_hparams_dspark(hp, path),
+            load_tensors=lambda hp, info: load_tensors_dspark(hp, info.dspark_rank, info.n_vocab_draft),
+            tensors=DSPARK_TENSORS, equal_blocks=True)  # the Markov head walks [block, n_blocks]

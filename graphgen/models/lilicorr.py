@@ -25,8 +25,9 @@ from ..ops.ggml import (ggml_add, ggml_arange, ggml_argsort, ggml_build_forward_
                         ggml_reshape_4d, ggml_rms_norm, ggml_scale, ggml_scale_bias, ggml_set_input, ggml_silu,
                         ggml_soft_max, ggml_soft_max_ext, ggml_step, ggml_sub, ggml_top_k, ggml_transpose,
                         ggml_view_3d, ggml_view_4d)
-from .dflash import GraphBase, get_tok_embd
 from .conv import load_tensors_dflash2_conv, n_seqs_unq
+from .dflash import GraphBase, get_tok_embd
+from .head import Head
 
 
 # --- loader ------------------------------------------------------------------------------------
@@ -361,3 +362,21 @@ class GraphLiliCorr(GraphBase):
             build_lilicorr_scores(self, self.model, get_tok_embd(self, self.model), inp_anchor)
         else:
             ggml_build_forward_expand(self.gf, cur)
+
+
+def bind_lilicorr(model, t: dict) -> None:
+    """The scorer's feature MLP and transformer layers (None on another head's draft)."""
+    hp = model.hparams
+    fb = hp.n_layer + hp.lilicorr_layers
+    for attr, name in LILICORR_FEATURE_TENSORS.items():
+        setattr(model, attr, t.get(name.format(fb=fb)))
+    for i, layer in enumerate(model.layers):
+        for attr, name in LILICORR_LAYER_TENSORS.items():
+            setattr(layer, attr, t.get(name.format(bid=hp.n_layer + i, i=i)) if i < hp.lilicorr_layers else None)
+
+
+HEAD = Head("lilicorr", "draft-lilicorr", GraphLiliCorr, marker_keys=("lilicorr.hidden_size",),
+            load_hparams=load_hparams_lilicorr, load_tensors=lambda hp, info: load_tensors_lilicorr(hp),
+            tensors=LILICORR_TENSORS, bind=bind_lilicorr, loads_conv=True,
+            # a block's scorer is conditioned on the context features of the row before it
+            context_rows=True)

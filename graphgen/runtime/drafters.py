@@ -31,9 +31,6 @@ log = logging.getLogger("graphgen.drafters")
 SPEC_TYPES = ("none", "draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark", "draft-dflash2",
               "draft-lilicorr", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
 DFLASH_FAMILY = ("draft-dflash", "draft-dspark", "draft-dflash2", "draft-lilicorr")
-# llama_model_dflash_variant -> the spec type of the draft's head
-VARIANT_SPEC_TYPE = {"dflash": "draft-dflash", "dflash2": "draft-dflash2", "dspark": "draft-dspark",
-                     "lilicorr": "draft-lilicorr"}
 
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF
 DFLASH2_SEED_MIX = 0x85EBCA6B
@@ -569,16 +566,9 @@ def types_from_gguf(path) -> list[str]:
         if n is not None and any(t.name == f"blk.{int(n) - 1}.nextn.eh_proj.weight" for t in reader.tensors):
             return ["draft-mtp"]
         return []
-    # the concrete type of the draft's head (the refactor's rule), read as the loader reads it
-    names = {t.name for t in reader.tensors}
-    if "markov_w1.weight" in names:
-        spec = "draft-dspark"
-    elif "selector_hidden.weight" in names:
-        spec = "draft-dflash2"
-    elif "lilicorr.hidden_size" in reader.fields or "dflash.lilicorr.hidden_size" in reader.fields:
-        spec = "draft-lilicorr"
-    else:
-        spec = "draft-dflash"
+    # the concrete type of the draft's head, detected as the loader detects it
+    from ..models.arch import detect_head
+    spec = detect_head({t.name for t in reader.tensors}, set(reader.fields)).spec_type
     log.info("auto-detected speculative type '%s' from the draft model metadata", spec)
     return [spec]
 
@@ -605,7 +595,8 @@ def check_types(types) -> str | None:
 
 def resolve_type(spec_type: str, variant: str | None) -> str:
     """The driver's type for a DFlash family spec type and the draft's head (llama_model_dflash_variant)."""
-    type_model = VARIANT_SPEC_TYPE.get(variant) if variant else None
+    from ..models.arch import HEADS
+    type_model = HEADS[variant].spec_type if variant in HEADS else None
     if type_model is None:
         raise SpecTypeError(f"--spec-type {spec_type} requires a DFlash draft model")
     # draft-dflash is the generic choice and takes any head; a head-specific type must name the

@@ -19,10 +19,8 @@ import numpy as np
 
 from .. import validate as V
 from ..errors import GGUFModelError
-from ..models import arch, dflash2, dspark, lilicorr
-from ..models.arch import (BACKBONE_BASE, BACKBONE_DSV4, BACKBONE_DSV41, BACKBONE_MISTRAL_LARGE4, VARIANT_DFLASH,
-                           VARIANT_DFLASH2, VARIANT_DSPARK, VARIANT_LILICORR)
-from ..models.conv import load_tensors_dflash2_conv
+from ..models import arch
+from ..models.arch import BACKBONE_BASE, BACKBONE_DSV4, BACKBONE_DSV41, BACKBONE_MISTRAL_LARGE4
 from ..models.loader import (ARCH, GGUFMeta, HParams, read_base_hparams, read_loader_keys, read_rope_scaling,
                              read_rope_sections, read_vocab)
 from ..ops import ggml as G
@@ -148,16 +146,8 @@ def read_hparams(reader, path) -> tuple[HParams, str, str]:
         raise GGUFModelError(f"{path}: key 'lilicorr.num_layers' = {n_lili_layers} without 'lilicorr.hidden_size': "
                              "llama.cpp loads the LiliCorr scorer tensors with a hidden size of 0")
 
-    # head: read from tensors, as the seed does
-    names = {t.name for t in reader.tensors}
-    if "markov_w1.weight" in names:
-        variant = VARIANT_DSPARK
-    elif "selector_hidden.weight" in names:
-        variant = VARIANT_DFLASH2
-    elif has_lilicorr:
-        variant = VARIANT_LILICORR
-    else:
-        variant = VARIANT_DFLASH
+    # head: read from tensors and keys, as the seed does
+    variant = arch.detect_head({t.name for t in reader.tensors}, set(reader.fields)).name
     # backbone: read from keys, as the seed does
     if hp.hc_mult > 0:
         single_pass = bool(m.get(k("hyper_connection.single_pass"), False))
@@ -215,6 +205,7 @@ class Model:
         except Exception as e:  # gguf-py raises ValueError/IndexError/struct.error on truncation
             raise GGUFModelError(f"{self.path}: malformed or truncated GGUF ({type(e).__name__}: {e})") from None
         self.hparams, self.variant, self.backbone = read_hparams(reader, self.path)
+        self.head = arch.HEADS[self.variant]
         self._reader = reader
         self._check_tensors(reader)
         self.backend = backend
@@ -242,12 +233,6 @@ class Model:
         if d2t is not None and int(d2t.tensor_type) != 27:
             raise GGUFModelError(f"{self.path}: tensor 'd2t' must be i64")
         want, required = arch.load_tensors(hp, self.variant, self.backbone, self._dspark_rank, self._n_vocab_draft)
-        if self.backbone == BACKBONE_BASE and self.variant in (VARIANT_DFLASH, VARIANT_DSPARK):
-            # b11739 creates the conv tensors in its base layer loop whenever the conv keys are set,
-            # for every head (the seed moved them to the DFlash2 and LiliCorr loaders)
-            conv = load_tensors_dflash2_conv(hp)
-            want = {**want, **conv}
-            required = list(required) + list(conv)
         for name in required:
             if name not in seen:
                 raise GGUFModelError(f"{self.path}: missing tensor '{name}'")
@@ -339,18 +324,13 @@ class Model:
         self.hc_head_scale = t.get("output_hc_scale.weight")
         self.dspark_mask_embd = t.get("mask_embd.weight")
         self.layers = [Layer(il, t) for il in range(self.hparams.n_layer)]
-        # the heads' tensors; those of another head stay None
-        hp, v = self.hparams, self.variant
-        for heads, variant in ((dspark.DSPARK_TENSORS, VARIANT_DSPARK), (dflash2.DFLASH2_TENSORS, VARIANT_DFLASH2),
-                               (lilicorr.LILICORR_TENSORS, VARIANT_LILICORR),
-                               (lilicorr.LILICORR_FEATURE_TENSORS, VARIANT_LILICORR)):
-            fb = hp.n_layer + hp.lilicorr_layers
-            for attr, name in heads.items():
-                setattr(self, attr, t.get(name.format(fb=fb)) if v == variant else None)
-        for i, layer in enumerate(self.layers):
-            for attr, name in lilicorr.LILICORR_LAYER_TENSORS.items():
-                use = v == VARIANT_LILICORR and i < hp.lilicorr_layers
-                setattr(layer, attr, t.get(name.format(bid=hp.n_layer + i, i=i)) if use else None)
+        # every head's tensors; those of another head than the draft's stay None
+        for head in arch.HEADS.values():
+            mine = t if head is self.head else {}
+            for attr, name in head.tensors.items():
+                setattr(self, attr, mine.get(name))
+            if head.bind is not None:
+                head.bind(self, mine)
 
     @property
     def buffer(self):

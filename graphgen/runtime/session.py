@@ -176,6 +176,7 @@ class Session:
         if self.model.backend is None:
             self.model.upload(self.backend)
         self.hparams = hp = self.model.hparams
+        self.block_rules = self.model.head.block_rules(hp)
         self.n_ctx, self.n_ubatch, self.n_seq = n_ctx, n_ubatch, n_seq
         # the most tokens a batch holds: a causal llama.cpp context caps its batch at the n_ctx
         # asked for (before padding), and a batch is one ubatch here
@@ -249,13 +250,11 @@ class Session:
 
     def make_block(self, blocks, embd_state=None) -> UBatch:
         """blocks: [(seq, tokens, pos0), ...] into one batch, in that order."""
-        quick = V.quick_blocks(blocks, self.model.variant, self.hparams.n_vocab, self.hparams.block_size,
-                               self.n_batch, self.n_seq)
+        quick = V.quick_blocks(blocks, self.block_rules, self.hparams.n_vocab, self.n_batch, self.n_seq)
         if quick is not None:
             tokens, pos_a, seq_a, runs = quick
         else:
-            tokens, pos_a, seq_a = V.block_arrays(blocks, self.model.variant, self.hparams.n_vocab,
-                                                  self.hparams.block_size)
+            tokens, pos_a, seq_a = V.block_arrays(blocks, self.block_rules, self.hparams.n_vocab)
             self._check_common(pos_a, seq_a)
             runs = None
         st = V.check_embd_state(embd_state, tokens.size, self.hparams.n_embd)

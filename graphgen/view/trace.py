@@ -160,17 +160,9 @@ class TraceRecorder:
 
 
 def _embd_state(sess, scenario, step, context_rows):
-    """LiliCorr's per-token state, chosen as graphgen.engine.run_scenario chooses it."""
-    if sess.model.variant != "lilicorr":
-        return None
-    rows = []
-    for b in step.blocks:
-        if b.embd_state == "random":
-            rows.append(scenario.random_state(step, len(b.tokens), sess.hparams.n_embd))
-        else:
-            row = context_rows.get((b.seq, b.pos0 - 1))
-            rows.append(None if row is None else np.tile(row, (len(b.tokens), 1)))
-    return None if any(r is None for r in rows) else np.concatenate(rows)
+    """The block's state rows, as graphgen.engine.run_scenario chooses them."""
+    from ..engine import block_states
+    return block_states(sess, scenario, step, context_rows)
 
 
 def run_trace(model, scenario, out: TextIO = sys.stdout, filter_patterns=None, abort_on_nan: bool = False,

@@ -8,9 +8,13 @@ import pytest
 
 import graphgen.validate as V
 from graphgen.errors import BatchError, GGUFModelError, KVCacheFullError
+from graphgen.models.head import BlockRules
 from graphgen.runtime.model import load
 from graphgen.runtime.session import Session
 from graphgen.synth import make_model
+
+
+DSPARK_RULES = BlockRules("dspark", equal_blocks=True)
 
 
 @pytest.fixture(scope="module")
@@ -93,14 +97,14 @@ def test_one_session_per_thread(tiny, tmp_path):
 
 def test_positions_past_int32_are_refused():
     with pytest.raises(BatchError, match="largest position"):
-        V.block_arrays([(0, [1, 2, 3], 2**31 - 2)], "dflash", 256)
+        V.block_arrays([(0, [1, 2, 3], 2**31 - 2)], None, 256)
     with pytest.raises(BatchError, match="negative position"):
         V.check_positions(-1, 3)
     with pytest.raises(BatchError, match="sequence id"):
-        V.block_arrays([(True, [1], 0)], "dflash", 256)
+        V.block_arrays([(True, [1], 0)], None, 256)
     with pytest.raises(BatchError, match="equal blocks"):
-        V.block_arrays([(0, [1, 2], 0), (1, [1], 0)], "dspark", 256)
-    toks, pos, seq = V.block_arrays([(0, [1, 2], 5), (1, [3, 4], 9)], "dspark", 256)
+        V.block_arrays([(0, [1, 2], 0), (1, [1], 0)], DSPARK_RULES, 256)
+    toks, pos, seq = V.block_arrays([(0, [1, 2], 5), (1, [3, 4], 9)], DSPARK_RULES, 256)
     assert pos.tolist() == [5, 6, 9, 10] and seq.tolist() == [0, 0, 1, 1] and toks.dtype == np.int32
 
 
