@@ -185,7 +185,7 @@ MUTATIONS = [
              'freq_scale = f32(1.0) if hp.rope_scaling_type == "none" else f32(hp.rope_freq_scale)',
              "freq_scale = f32(hp.rope_freq_scale)", ROPE),
     Mutation("rope_freqs_ignored", "Layer.__init__",
-             "self.rope_freqs = tensors.get(ROPE_FREQS)", "self.rope_freqs = None", ROPE),
+             "self.rope_freqs = tensors.get(arch.ROPE_FREQS.name)", "self.rope_freqs = None", ROPE),
     # --- graph outputs and the dump ---
     Mutation("outputs_not_marked", "GraphResult.set_outputs",
              "                G.ggml_set_output(t)", "                pass",

@@ -15,12 +15,19 @@ from ..errors import GGUFModelError
 from ..graph import GraphContext, GraphParams
 from ..ops.ggml import ggml_build_forward_expand
 from . import dflash, dflash2, dspark, lilicorr
-from .conv import load_tensors_dflash2_conv
+from .conv import CONV_LAYER_TENSORS, load_tensors_dflash2_conv
 from .head import Head
 
 VARIANT_DFLASH, VARIANT_DFLASH2, VARIANT_DSPARK, VARIANT_LILICORR = "dflash", "dflash2", "dspark", "lilicorr"
 BACKBONE_BASE, BACKBONE_DSV4, BACKBONE_DSV41, BACKBONE_MISTRAL_LARGE4 = "base", "dsv4", "dsv41", "mistral-large4"
 
+
+# the tensors outside the heads, as the loaders of every backbone declare them: a layer's
+# attributes are the union of theirs (each draft has the ones of its backbone, None elsewhere)
+MODEL_TENSORS = dflash.COMMON_TENSORS + dspark.DSV4_TENSORS + dspark.ML4_TENSORS
+LAYER_TENSORS = (dflash.LAYER_TENSORS + CONV_LAYER_TENSORS + dspark.DSV4_LAYER_TENSORS + [dspark.DSV4_WO_A]
+                 + dspark.ML4_LAYER_TENSORS)
+ROPE_FREQS = dflash.ROPE_FREQS
 
 # every head, in the order the seed tests their markers; the plain DFlash head, which has none, last
 HEADS = {h.name: h for h in (dspark.HEAD, dflash2.HEAD, lilicorr.HEAD, dflash.HEAD)}
@@ -60,16 +67,17 @@ class TensorInfo:
 
 def load_tensors(hp, variant: str, backbone: str, dspark_rank: int, n_vocab_draft: int) -> tuple[dict, list]:
     """Every tensor a draft may hold with its shape (ggml order, None = any), and those it must hold."""
-    parts = [dflash.load_tensors_common(hp, n_vocab_draft)]
+    info = TensorInfo(dspark_rank, n_vocab_draft)
+    parts = [dflash.load_tensors_common(hp, info)]
     if backbone in (BACKBONE_DSV4, BACKBONE_DSV41):
         parts.append(dspark.load_tensors_layers_dsv4(hp, with_hc_head=backbone == BACKBONE_DSV4))
     elif backbone == BACKBONE_MISTRAL_LARGE4:
         parts.append(dspark.load_tensors_layers_mistral_large4(hp))
     else:
-        parts.append(dflash.load_tensors_layers_base(hp))
+        parts.append(dflash.load_tensors_layers_base(hp, info))
     head = HEADS[variant]
     if head.load_tensors is not None:
-        parts.append(head.load_tensors(hp, TensorInfo(dspark_rank, n_vocab_draft)))
+        parts.append(head.load_tensors(hp, info))
     if backbone == BACKBONE_BASE and not head.loads_conv:
         # b11739 creates the conv tensors in its base layer loop whenever the conv keys are set,
         # for every head (the seed moved them to the DFlash2 and LiliCorr loaders)

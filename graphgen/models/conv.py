@@ -14,21 +14,28 @@ from ..ops import ggml as G
 from ..ops.ggml import (ggml_add, ggml_cont, ggml_cont_2d, ggml_is_contiguous, ggml_mul, ggml_pad_ext,
                         ggml_repeat_4d, ggml_reshape_2d, ggml_reshape_3d, ggml_reshape_4d, ggml_view_1d,
                         ggml_view_3d, ggml_view_4d)
+from .tensors import T, shapes_of
+
+
+def _projected(hp) -> int:
+    return 2 * hp.conv_kernel_size * (hp.n_embd // hp.conv_group_size)
+
+
+# per layer, for attention and FFN: base taps {n_embd, kernel, 2} and the tap projection
+CONV_LAYER_TENSORS = [
+    T(f"dflash_{part}_conv_base", f"blk.{{il}}.{part}_conv_base", lambda hp, x: (hp.n_embd, hp.conv_kernel_size, 2))
+    for part in ("attn", "ffn")
+] + [
+    T(f"dflash_{part}_conv_proj", f"blk.{{il}}.{part}_conv_proj.weight", lambda hp, x: (hp.n_embd, _projected(hp)))
+    for part in ("attn", "ffn")
+]
 
 
 def load_tensors_dflash2_conv(hp) -> dict:
-    """Per layer, for attention and FFN: base taps {n_embd, kernel, 2} and the tap projection.
-    Only when the conv keys are set; the names are required then."""
+    """The conv tensors, only when the conv keys are set; the names are required then."""
     if not (hp.conv_kernel_size > 0 and hp.conv_group_size > 0):
         return {}
-    e, kernel = hp.n_embd, hp.conv_kernel_size
-    projected = 2 * kernel * (e // hp.conv_group_size)
-    shapes = {}
-    for il in range(hp.n_layer):
-        for part in ("attn", "ffn"):
-            shapes[f"blk.{il}.{part}_conv_base"] = (e, kernel, 2)
-            shapes[f"blk.{il}.{part}_conv_proj.weight"] = (e, projected)
-    return shapes
+    return shapes_of(CONV_LAYER_TENSORS, hp)[0]
 
 
 def n_seqs_unq(ubatch) -> int:

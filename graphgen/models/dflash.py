@@ -24,6 +24,7 @@ from ..ops.ggml import (ggml_add, ggml_build_forward_expand, ggml_fill, ggml_get
 from .conv import build_dflash2_conv
 from .head import Head
 from .loader import ARCH as LLM_ARCH
+from .tensors import T, shapes_of
 
 
 def kv(name: str) -> str:
@@ -55,41 +56,54 @@ def load_hparams_base(m, hp, path) -> None:
     hp.swa_layers = [bool(p) for p in pattern]
 
 
-def load_tensors_common(hp, n_vocab_draft: int) -> tuple[dict, list]:
-    """Every draft's own tensors: the feature projection, norms, embeddings and lm head.
+# every draft's own tensors: the feature projection, norms, embeddings and lm head (b11739 takes
+# a draft without embeddings or lm head only with the target's context, which graphgen refuses
+# by name in the loader)
+COMMON_TENSORS = [
+    T("fc", "fc.weight", lambda hp, x: (hp.n_embd_inp_enc, hp.n_embd)),
+    T("output_norm_enc", "enc.output_norm.weight", lambda hp, x: (hp.n_embd,)),
+    T("output_norm", "output_norm.weight", lambda hp, x: (hp.n_embd,)),
+    T("tok_embd", "token_embd.weight", lambda hp, x: (hp.n_embd, hp.n_vocab or None), required=False),
+    T("output", "output.weight", lambda hp, x: (hp.n_embd, x.n_vocab_draft), required=False),
+    T("fc_s", "fc.scale", lambda hp, x: (1,), required=False),
+    T("output_s", "output.scale", lambda hp, x: (1,), required=False),
+]
 
-    Returns (shape per tensor name, ggml order with None for any size; required names)."""
-    e = hp.n_embd
-    shapes = {"fc.weight": (hp.n_embd_inp_enc, e), "enc.output_norm.weight": (e,), "output_norm.weight": (e,),
-              "token_embd.weight": (e, hp.n_vocab or None), "output.weight": (e, n_vocab_draft),
-              "fc.scale": (1,), "output.scale": (1,)}
-    return shapes, ["fc.weight", "enc.output_norm.weight", "output_norm.weight"]
+# load_tensors_layers_base: the decoder layers of the base backbone (attn_v is optional: without
+# it V is the normed K, shared K/V); the *.scale tensors are the loader's per-layer pass
+LAYER_TENSORS = [
+    T("attn_norm", "blk.{il}.attn_norm.weight", lambda hp, x: (hp.n_embd,)),
+    T("wq", "blk.{il}.attn_q.weight", lambda hp, x: (hp.n_embd, hp.n_embd_head_k * hp.n_head)),
+    T("wk", "blk.{il}.attn_k.weight", lambda hp, x: (hp.n_embd, hp.n_embd_k_gqa)),
+    T("wv", "blk.{il}.attn_v.weight", lambda hp, x: (hp.n_embd, hp.n_embd_v_gqa), required=False),
+    T("wo", "blk.{il}.attn_output.weight", lambda hp, x: (hp.n_embd_head_k * hp.n_head, hp.n_embd)),
+    T("attn_q_norm", "blk.{il}.attn_q_norm.weight", lambda hp, x: (hp.n_embd_head_k,)),
+    T("attn_k_norm", "blk.{il}.attn_k_norm.weight", lambda hp, x: (hp.n_embd_head_k,)),
+    T("attn_post_norm", "blk.{il}.post_attention_norm.weight", lambda hp, x: (hp.n_embd,), required=False),
+    T("ffn_post_norm", "blk.{il}.post_ffw_norm.weight", lambda hp, x: (hp.n_embd,), required=False),
+    T("out_scale", "blk.{il}.layer_output_scale.weight", lambda hp, x: (1,), required=False),
+    T("attn_sinks", "blk.{il}.attn_sinks.weight", lambda hp, x: (hp.n_head,), required=False),
+    T("ffn_norm", "blk.{il}.ffn_norm.weight", lambda hp, x: (hp.n_embd,)),
+    T("ffn_gate", "blk.{il}.ffn_gate.weight", lambda hp, x: (hp.n_embd, hp.n_ff)),
+    T("ffn_down", "blk.{il}.ffn_down.weight", lambda hp, x: (hp.n_ff, hp.n_embd)),
+    T("ffn_up", "blk.{il}.ffn_up.weight", lambda hp, x: (hp.n_embd, hp.n_ff)),
+] + [T(f"{attr}_s", f"blk.{{il}}.{name}.scale", lambda hp, x: (1,), required=False)
+     for attr, name in (("wq", "attn_q"), ("wk", "attn_k"), ("wv", "attn_v"), ("wo", "attn_output"),
+                        ("ffn_gate", "ffn_gate"), ("ffn_down", "ffn_down"), ("ffn_up", "ffn_up"))]
+
+# rope_freqs has no layer index: layer 0 creates it, the others share it (TENSOR_DUPLICATED)
+ROPE_FREQS = T("rope_freqs", "rope_freqs.weight", lambda hp, x: (hp.n_embd_head_k // 2,), required=False)
 
 
-def load_tensors_layers_base(hp) -> tuple[dict, list]:
+def load_tensors_common(hp, info) -> tuple[dict, list]:
+    """Every draft's own tensors. Returns (shape per tensor name, ggml order with None for any
+    size; required names)."""
+    return shapes_of(COMMON_TENSORS, hp, info)
+
+
+def load_tensors_layers_base(hp, info) -> tuple[dict, list]:
     """load_tensors_layers_base: the decoder layers of the base backbone."""
-    e, hk = hp.n_embd, hp.n_embd_head_k
-    shapes, required = {}, []
-    for il in range(hp.n_layer):
-        b = f"blk.{il}."
-        shapes.update({
-            b + "attn_norm.weight": (e,), b + "attn_q.weight": (e, hk * hp.n_head),
-            b + "attn_k.weight": (e, hp.n_embd_k_gqa), b + "attn_v.weight": (e, hp.n_embd_v_gqa),
-            b + "attn_output.weight": (hk * hp.n_head, e), b + "attn_q_norm.weight": (hk,),
-            b + "attn_k_norm.weight": (hk,), b + "post_attention_norm.weight": (e,),
-            b + "post_ffw_norm.weight": (e,), b + "layer_output_scale.weight": (1,),
-            b + "attn_sinks.weight": (hp.n_head,),
-            b + "ffn_norm.weight": (e,), b + "ffn_gate.weight": (e, hp.n_ff),
-            b + "ffn_down.weight": (hp.n_ff, e), b + "ffn_up.weight": (e, hp.n_ff),
-        })
-        for t in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_down", "ffn_up"):
-            shapes[b + t + ".scale"] = (1,)
-        # attn_v is optional: without it V is the normed K (shared K/V)
-        required += [f"{b}{t}.weight" for t in ("attn_norm", "attn_q", "attn_k", "attn_output", "attn_q_norm",
-                                                "attn_k_norm", "ffn_norm", "ffn_gate", "ffn_down", "ffn_up")]
-    # rope_freqs has no layer index: layer 0 creates it, the others share it (TENSOR_DUPLICATED)
-    shapes["rope_freqs.weight"] = (hk // 2,)
-    return shapes, required
+    return shapes_of(LAYER_TENSORS + [ROPE_FREQS], hp, info)
 
 
 def build_inp_target_features(g: GraphContext, n_embd_inp: int):

@@ -18,13 +18,15 @@ from ..ops.ggml import (ggml_add, ggml_build_forward_expand, ggml_cast, ggml_con
 from .conv import load_tensors_dflash2_conv, n_seqs_unq
 from .dflash import GraphBase, kv
 from .head import Head
+from .tensors import T, shapes_of
 
 
-# head tensors: Model attribute -> GGUF name
-DFLASH2_TENSORS = {
-    "dflash_selector_prev": "selector_predecessor.weight", "dflash_selector_next": "selector_successor.weight",
-    "dflash_selector_hidden": "selector_hidden.weight",
-}
+# the selector's token tables and hidden projection
+DFLASH2_TENSORS = [
+    T("dflash_selector_prev", "selector_predecessor.weight", lambda hp, x: (hp.selector_rank, hp.n_vocab or None)),
+    T("dflash_selector_next", "selector_successor.weight", lambda hp, x: (hp.selector_rank, hp.n_vocab or None)),
+    T("dflash_selector_hidden", "selector_hidden.weight", lambda hp, x: (hp.n_embd, hp.selector_rank)),
+]
 
 
 def load_hparams_dflash2(hp, path) -> None:
@@ -42,13 +44,10 @@ def load_hparams_dflash2(hp, path) -> None:
 
 
 def load_tensors_dflash2(hp) -> tuple[dict, list]:
-    """The selector's token tables and hidden projection, then the conv tensors."""
-    rank, n_vocab = hp.selector_rank, hp.n_vocab or None
-    shapes = {"selector_predecessor.weight": (rank, n_vocab), "selector_successor.weight": (rank, n_vocab),
-              "selector_hidden.weight": (hp.n_embd, rank)}
+    """The selector's tensors, then the conv tensors."""
+    shapes, required = shapes_of(DFLASH2_TENSORS, hp)
     conv = load_tensors_dflash2_conv(hp)
-    shapes.update(conv)
-    return shapes, list(DFLASH2_TENSORS.values()) + list(conv)
+    return {**shapes, **conv}, required + list(conv)
 
 
 def build_dflash2_selector(g, model, tokens):

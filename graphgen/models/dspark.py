@@ -26,18 +26,24 @@ from ..ops.ggml import (ggml_add, ggml_argmax, ggml_build_forward_expand, ggml_c
                         ggml_view_3d)
 from .dflash import GraphBase, build_inject_inp, get_lm_head, get_tok_embd, kv
 from .head import Head
+from .tensors import T, shapes_of
 
 
 
 # --- loader ------------------------------------------------------------------------------------
 
 # head tensors: Model attribute -> GGUF name
-DSPARK_TENSORS = {
-    "dspark_markov_w1": "markov_w1.weight", "dspark_markov_w2": "markov_w2.weight",
-    "dspark_markov_w2_s": "markov_w2.scale", "dspark_conf_proj": "conf_proj.weight",
-    "dspark_conf_proj_b": "conf_proj.bias", "dspark_joint_proj": "joint_proj.weight",
-    "dspark_joint_proj_b": "joint_proj.bias",
-}
+# the Markov head (rank from markov_w1), the optional confidence head and the seed's RNN joint head
+DSPARK_TENSORS = [
+    T("dspark_markov_w1", "markov_w1.weight", lambda hp, x: (x.dspark_rank, hp.n_vocab or None)),
+    T("dspark_markov_w2", "markov_w2.weight", lambda hp, x: (x.dspark_rank, x.n_vocab_draft or None)),
+    T("dspark_markov_w2_s", "markov_w2.scale", lambda hp, x: (1,), required=False),
+    T("dspark_conf_proj", "conf_proj.weight", lambda hp, x: (hp.n_embd + x.dspark_rank, 1), required=False),
+    T("dspark_conf_proj_b", "conf_proj.bias", lambda hp, x: (1,), required=False),
+    T("dspark_joint_proj", "joint_proj.weight", lambda hp, x: (hp.n_embd + 2 * x.dspark_rank, 3 * x.dspark_rank),
+      required=False),
+    T("dspark_joint_proj_b", "joint_proj.bias", lambda hp, x: (3 * x.dspark_rank,), required=False),
+]
 
 
 def load_hparams_dspark(hp, path) -> None:
@@ -126,63 +132,78 @@ def load_hparams_mistral_large4(m, hp, path) -> None:
     hp.set_swa_uniform(n_swa + 1)
 
 
-def load_tensors_dspark(hp, rank: int, n_vocab_draft: int) -> tuple[dict, list]:
-    """load_tensors_dspark: the Markov head (rank from markov_w1), the optional confidence head and
-    the seed's RNN joint head."""
-    e, n_vocab = hp.n_embd, hp.n_vocab or None
-    shapes = {"markov_w1.weight": (rank, n_vocab), "markov_w2.weight": (rank, n_vocab_draft or None),
-              "markov_w2.scale": (1,), "conf_proj.weight": (e + rank, 1), "conf_proj.bias": (1,),
-              "joint_proj.weight": (e + 2 * rank, 3 * rank), "joint_proj.bias": (3 * rank,)}
-    return shapes, ["markov_w1.weight", "markov_w2.weight"]
+def load_tensors_dspark(hp, info) -> tuple[dict, list]:
+    """load_tensors_dspark: the Markov head, the optional confidence head and the RNN joint head."""
+    return shapes_of(DSPARK_TENSORS, hp, info)
+
+
+def _hc(hp):
+    return hp.hc_mult * hp.n_embd, (2 + hp.hc_mult) * hp.hc_mult
+
+
+# DSV4 collapses the streams with its own hc_head weights (DSV4.1 with the last pre-mix)
+DSV4_TENSORS = [
+    T("hc_head_fn", "output_hc_fn.weight", lambda hp, x: (_hc(hp)[0], hp.hc_mult)),
+    T("hc_head_base", "output_hc_base.weight", lambda hp, x: (hp.hc_mult,)),
+    T("hc_head_scale", "output_hc_scale.weight", lambda hp, x: (1,)),
+]
+# DeepSeek-V4 stages: low-rank Q, one shared K=V row, grouped low-rank output (attn_output_a, a
+# reshapable tensor the loader checks apart), hyper-connection mixes, sqrt-softplus MoE with
+# shared experts
+DSV4_LAYER_TENSORS = [
+    T("attn_norm", "blk.{il}.attn_norm.weight", lambda hp, x: (hp.n_embd,)),
+    T("attn_sinks", "blk.{il}.attn_sinks.weight", lambda hp, x: (hp.n_head,)),
+    T("wq_a", "blk.{il}.attn_q_a.weight", lambda hp, x: (hp.n_embd, hp.n_lora_q)),
+    T("attn_q_a_norm", "blk.{il}.attn_q_a_norm.weight", lambda hp, x: (hp.n_lora_q,)),
+    T("wq_b", "blk.{il}.attn_q_b.weight", lambda hp, x: (hp.n_lora_q, hp.n_head * hp.n_embd_head_k)),
+    T("wkv", "blk.{il}.attn_kv.weight", lambda hp, x: (hp.n_embd, hp.n_embd_head_k)),
+    T("attn_kv_norm", "blk.{il}.attn_kv_a_norm.weight", lambda hp, x: (hp.n_embd_head_k,)),
+    T("wo_b", "blk.{il}.attn_output_b.weight", lambda hp, x: (hp.dsv4_o_group_count * hp.dsv4_o_lora_rank, hp.n_embd)),
+    T("hc_attn_fn", "blk.{il}.hc_attn_fn.weight", lambda hp, x: _hc(hp)),
+    T("hc_attn_base", "blk.{il}.hc_attn_base.weight", lambda hp, x: (_hc(hp)[1],)),
+    T("hc_attn_scale", "blk.{il}.hc_attn_scale.weight", lambda hp, x: (3,)),
+    T("hc_ffn_fn", "blk.{il}.hc_ffn_fn.weight", lambda hp, x: _hc(hp)),
+    T("hc_ffn_base", "blk.{il}.hc_ffn_base.weight", lambda hp, x: (_hc(hp)[1],)),
+    T("hc_ffn_scale", "blk.{il}.hc_ffn_scale.weight", lambda hp, x: (3,)),
+    T("ffn_gate_inp", "blk.{il}.ffn_gate_inp.weight", lambda hp, x: (hp.n_embd, hp.n_expert)),
+    T("ffn_exp_probs_b", "blk.{il}.exp_probs_b.bias", lambda hp, x: (hp.n_expert,)),
+    T("ffn_norm", "blk.{il}.ffn_norm.weight", lambda hp, x: (hp.n_embd,)),
+    T("ffn_gate_exps", "blk.{il}.ffn_gate_exps.weight", lambda hp, x: (hp.n_embd, hp.n_ff_exp, hp.n_expert)),
+    T("ffn_down_exps", "blk.{il}.ffn_down_exps.weight", lambda hp, x: (hp.n_ff_exp, hp.n_embd, hp.n_expert)),
+    T("ffn_up_exps", "blk.{il}.ffn_up_exps.weight", lambda hp, x: (hp.n_embd, hp.n_ff_exp, hp.n_expert)),
+    T("ffn_gate_shexp", "blk.{il}.ffn_gate_shexp.weight", lambda hp, x: (hp.n_embd, hp.n_ff_exp * hp.n_expert_shared)),
+    T("ffn_down_shexp", "blk.{il}.ffn_down_shexp.weight", lambda hp, x: (hp.n_ff_exp * hp.n_expert_shared, hp.n_embd)),
+    T("ffn_up_shexp", "blk.{il}.ffn_up_shexp.weight", lambda hp, x: (hp.n_embd, hp.n_ff_exp * hp.n_expert_shared)),
+]
+DSV4_WO_A = T("wo_a", "blk.{il}.attn_output_a.weight", lambda hp, x: (None,))
 
 
 def load_tensors_layers_dsv4(hp, with_hc_head: bool) -> tuple[dict, list]:
-    """load_tensors_layers_dsv4: DeepSeek-V4 stages (low-rank Q, one shared K=V row, grouped
-    low-rank output, hyper-connection mixes, sqrt-softplus MoE with shared experts); DSV4 also
-    collapses the streams with its own hc_head weights, DSV4.1 with the last pre-mix."""
-    e, hd, H = hp.n_embd, hp.n_embd_head_k, hp.n_head
-    hc = hp.hc_mult
-    hc_dim, mix = hc * e, (2 + hc) * hc
-    G_, R = hp.dsv4_o_group_count, hp.dsv4_o_lora_rank
-    ff, nx, sh = hp.n_ff_exp, hp.n_expert, hp.n_expert_shared
-    shapes = {}
-    if with_hc_head:
-        shapes.update({"output_hc_fn.weight": (hc_dim, hc), "output_hc_base.weight": (hc,),
-                       "output_hc_scale.weight": (1,)})
-    for il in range(hp.n_layer):
-        b = f"blk.{il}."
-        shapes.update({
-            b + "attn_norm.weight": (e,), b + "attn_sinks.weight": (H,),
-            b + "attn_q_a.weight": (e, hp.n_lora_q), b + "attn_q_a_norm.weight": (hp.n_lora_q,),
-            b + "attn_q_b.weight": (hp.n_lora_q, H * hd), b + "attn_kv.weight": (e, hd),
-            b + "attn_kv_a_norm.weight": (hd,), b + "attn_output_b.weight": (G_ * R, e),
-            b + "hc_attn_fn.weight": (hc_dim, mix), b + "hc_attn_base.weight": (mix,),
-            b + "hc_attn_scale.weight": (3,), b + "hc_ffn_fn.weight": (hc_dim, mix),
-            b + "hc_ffn_base.weight": (mix,), b + "hc_ffn_scale.weight": (3,),
-            b + "ffn_gate_inp.weight": (e, nx), b + "exp_probs_b.bias": (nx,), b + "ffn_norm.weight": (e,),
-            b + "ffn_gate_exps.weight": (e, ff, nx), b + "ffn_down_exps.weight": (ff, e, nx),
-            b + "ffn_up_exps.weight": (e, ff, nx), b + "ffn_gate_shexp.weight": (e, ff * sh),
-            b + "ffn_down_shexp.weight": (ff * sh, e), b + "ffn_up_shexp.weight": (e, ff * sh),
-        })
-    return shapes, [n for n in shapes if not n.endswith(".scale")]
+    """load_tensors_layers_dsv4; hc_head only without single-pass mHC, i.e. not on DSV4.1."""
+    return shapes_of(DSV4_LAYER_TENSORS + (DSV4_TENSORS if with_hc_head else []), hp)
+
+
+# Mistral Large 4: dense MLA stages and the block's mask embeddings
+ML4_TENSORS = [T("dspark_mask_embd", "mask_embd.weight", lambda hp, x: (hp.n_embd, max(hp.block_size - 1, 1)))]
+ML4_LAYER_TENSORS = [
+    T("attn_norm", "blk.{il}.attn_norm.weight", lambda hp, x: (hp.n_embd,)),
+    T("wq", "blk.{il}.attn_q.weight", lambda hp, x: (hp.n_embd, hp.n_head * hp.n_embd_head_k_mla)),
+    T("wkv_a_mqa", "blk.{il}.attn_kv_a_mqa.weight", lambda hp, x: (hp.n_embd, hp.n_lora_kv + hp.n_rot)),
+    T("attn_kv_a_norm", "blk.{il}.attn_kv_a_norm.weight", lambda hp, x: (hp.n_lora_kv,)),
+    T("wk_b", "blk.{il}.attn_k_b.weight", lambda hp, x: (hp.n_embd_head_k_mla - hp.n_rot, hp.n_lora_kv, hp.n_head)),
+    T("wv_b", "blk.{il}.attn_v_b.weight", lambda hp, x: (hp.n_lora_kv, hp.n_embd_head_v_mla, hp.n_head)),
+    T("wo", "blk.{il}.attn_output.weight", lambda hp, x: (hp.n_head * hp.n_embd_head_v_mla, hp.n_embd)),
+    T("wo_s", "blk.{il}.attn_output.scale", lambda hp, x: (1,), required=False),
+    T("ffn_norm", "blk.{il}.ffn_norm.weight", lambda hp, x: (hp.n_embd,)),
+    T("ffn_gate", "blk.{il}.ffn_gate.weight", lambda hp, x: (hp.n_embd, hp.n_ff)),
+    T("ffn_down", "blk.{il}.ffn_down.weight", lambda hp, x: (hp.n_ff, hp.n_embd)),
+    T("ffn_up", "blk.{il}.ffn_up.weight", lambda hp, x: (hp.n_embd, hp.n_ff)),
+]
 
 
 def load_tensors_layers_mistral_large4(hp) -> tuple[dict, list]:
     """load_tensors_layers_mistral_large4: dense MLA stages and the block's mask embeddings."""
-    e, H = hp.n_embd, hp.n_head
-    r, k_mla, v_mla = hp.n_lora_kv, hp.n_embd_head_k_mla, hp.n_embd_head_v_mla
-    shapes = {"mask_embd.weight": (e, max(hp.block_size - 1, 1))}
-    for il in range(hp.n_layer):
-        b = f"blk.{il}."
-        shapes.update({
-            b + "attn_norm.weight": (e,), b + "attn_q.weight": (e, H * k_mla),
-            b + "attn_kv_a_mqa.weight": (e, r + hp.n_rot), b + "attn_kv_a_norm.weight": (r,),
-            b + "attn_k_b.weight": (k_mla - hp.n_rot, r, H), b + "attn_v_b.weight": (r, v_mla, H),
-            b + "attn_output.weight": (H * v_mla, e), b + "attn_output.scale": (1,),
-            b + "ffn_norm.weight": (e,), b + "ffn_gate.weight": (e, hp.n_ff),
-            b + "ffn_down.weight": (hp.n_ff, e), b + "ffn_up.weight": (e, hp.n_ff),
-        })
-    return shapes, [n for n in shapes if not n.endswith(".scale")]
+    return shapes_of(ML4_LAYER_TENSORS + ML4_TENSORS, hp)
 
 
 def build_dspark_markov_head(g, model, tokens, hidden=None):
@@ -674,5 +695,4 @@ class GraphMistralLarge4(_GraphBackbone):
 
 HEAD = Head("dspark", "draft-dspark", GraphDSpark, marker_tensor="markov_w1.weight",
             load_hparams=lambda m, hp, path: load_hparams_dspark(hp, path),
-            load_tensors=lambda hp, info: load_tensors_dspark(hp, info.dspark_rank, info.n_vocab_draft),
-            tensors=DSPARK_TENSORS, equal_blocks=True)  # the Markov head walks [block, n_blocks]
+            load_tensors=load_tensors_dspark, tensors=DSPARK_TENSORS, equal_blocks=True)  # the Markov head walks [block, n_blocks]

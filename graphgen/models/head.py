@@ -30,7 +30,7 @@ class Head:
     marker_keys: tuple = ()
     load_hparams: Callable | None = None   # (m, hp, path): its keys and checks
     load_tensors: Callable | None = None   # (hp, info) -> ({name: shape}, [required names])
-    tensors: dict = field(default_factory=dict)   # Model attribute -> GGUF name
+    tensors: list = field(default_factory=list)   # its own tensors' declarations (models/tensors.T)
     bind: Callable | None = None           # (model, tensors or {}): attributes beyond `tensors`
     loads_conv: bool = False    # its loader creates the DFlash2 conv tensors (else the base layers do)
     equal_blocks: bool = False

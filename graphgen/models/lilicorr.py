@@ -28,48 +28,71 @@ from ..ops.ggml import (ggml_add, ggml_arange, ggml_argsort, ggml_build_forward_
 from .conv import load_tensors_dflash2_conv, n_seqs_unq
 from .dflash import GraphBase, get_tok_embd
 from .head import Head
+from .tensors import T, bind, shapes_of
 
 
 # --- loader ------------------------------------------------------------------------------------
 
-# head tensors: Model attribute -> GGUF name
-LILICORR_TENSORS = {
-    "lilicorr_token_proj": "lilicorr.token_proj.weight", "lilicorr_token_proj_b": "lilicorr.token_proj.bias",
-    "lilicorr_token_proj_s": "lilicorr.token_proj.scale",
-    "lilicorr_pass_hidden_proj": "lilicorr.pass_hidden_proj.weight",
-    "lilicorr_pass_hidden_proj_b": "lilicorr.pass_hidden_proj.bias",
-    "lilicorr_pass_hidden_proj_s": "lilicorr.pass_hidden_proj.scale",
-    "lilicorr_slot_embedding": "lilicorr.slot_embedding.weight",
-    "lilicorr_rank_embedding": "lilicorr.rank_embedding.weight",
-    "lilicorr_attention_bias": "lilicorr.attention_bias.bias",
-    "lilicorr_context_proj": "lilicorr.context_proj.weight", "lilicorr_context_proj_b": "lilicorr.context_proj.bias",
-    "lilicorr_context_proj_s": "lilicorr.context_proj.scale",
-    "lilicorr_output_norm": "lilicorr.output_norm.weight", "lilicorr_anchor_norm": "lilicorr.anchor_norm.weight",
-    "lilicorr_factor_input_proj": "lilicorr.factor_input_proj.weight",
-    "lilicorr_factor_input_proj_b": "lilicorr.factor_input_proj.bias",
-    "lilicorr_out_head": "lilicorr.out_head.weight", "lilicorr_out_head_b": "lilicorr.out_head.bias",
-    "lilicorr_in_head": "lilicorr.in_head.weight", "lilicorr_in_head_b": "lilicorr.in_head.bias",
-    "lilicorr_anchor_out_head": "lilicorr.anchor_out_head.weight",
-    "lilicorr_anchor_out_head_b": "lilicorr.anchor_out_head.bias",
-}
-# per head layer i (block id n_layer + i); the in-projection is named by i itself
-LILICORR_LAYER_TENSORS = {
-    "lilicorr_attn_norm": "blk.{bid}.attn_norm.weight", "lilicorr_mlp_norm": "blk.{bid}.ffn_norm.weight",
-    "lilicorr_attn_in_proj": "lilicorr.layers.{i}.attn.in_proj.weight",
-    "lilicorr_attn_in_proj_b": "lilicorr.layers.{i}.attn.in_proj.bias",
-    "lilicorr_attn_out_proj": "blk.{bid}.attn_output.weight", "lilicorr_attn_out_proj_b": "blk.{bid}.attn_output.bias",
-    "lilicorr_attn_out_proj_s": "blk.{bid}.attn_output.scale",
-    "lilicorr_mlp_0": "blk.{bid}.ffn_up.weight", "lilicorr_mlp_0_b": "blk.{bid}.ffn_up.bias",
-    "lilicorr_mlp_0_s": "blk.{bid}.ffn_up.scale",
-    "lilicorr_mlp_2": "blk.{bid}.ffn_down.weight", "lilicorr_mlp_2_b": "blk.{bid}.ffn_down.bias",
-    "lilicorr_mlp_2_s": "blk.{bid}.ffn_down.scale",
-}
-# the 5 per-candidate scalar features sit on block id n_layer + num_layers
-LILICORR_FEATURE_TENSORS = {
-    "lilicorr_feature_norm": "blk.{fb}.ffn_norm.weight", "lilicorr_feature_norm_b": "blk.{fb}.ffn_norm.bias",
-    "lilicorr_feature_mlp_1": "blk.{fb}.ffn_up.weight", "lilicorr_feature_mlp_1_b": "blk.{fb}.ffn_up.bias",
-    "lilicorr_feature_mlp_3": "blk.{fb}.ffn_down.weight", "lilicorr_feature_mlp_3_b": "blk.{fb}.ffn_down.bias",
-}
+def _hidden(hp):
+    return hp.lilicorr_hidden_size
+
+
+def _slots(hp):
+    return hp.block_size - 1
+
+
+# the scorer's projections, embeddings and heads (a scorer as wide as the draft may do without
+# the token projection)
+LILICORR_TENSORS = [
+    T("lilicorr_token_proj", "lilicorr.token_proj.weight", lambda hp, x: (hp.n_embd, _hidden(hp)),
+      required=lambda hp: _hidden(hp) != hp.n_embd),
+    T("lilicorr_token_proj_b", "lilicorr.token_proj.bias", lambda hp, x: (_hidden(hp),),
+      required=lambda hp: _hidden(hp) != hp.n_embd),
+    T("lilicorr_token_proj_s", "lilicorr.token_proj.scale", lambda hp, x: (1,), required=False),
+    T("lilicorr_pass_hidden_proj", "lilicorr.pass_hidden_proj.weight", lambda hp, x: (hp.n_embd, _hidden(hp))),
+    T("lilicorr_pass_hidden_proj_b", "lilicorr.pass_hidden_proj.bias", lambda hp, x: (_hidden(hp),)),
+    T("lilicorr_pass_hidden_proj_s", "lilicorr.pass_hidden_proj.scale", lambda hp, x: (1,), required=False),
+    T("lilicorr_slot_embedding", "lilicorr.slot_embedding.weight", lambda hp, x: (_hidden(hp), _slots(hp))),
+    T("lilicorr_rank_embedding", "lilicorr.rank_embedding.weight",
+      lambda hp, x: (_hidden(hp), hp.lilicorr_candidate_topk)),
+    T("lilicorr_attention_bias", "lilicorr.attention_bias.bias",
+      lambda hp, x: (_slots(hp) * hp.lilicorr_candidate_topk, _slots(hp) * hp.lilicorr_candidate_topk,
+                     hp.lilicorr_num_heads)),
+    T("lilicorr_context_proj", "lilicorr.context_proj.weight", lambda hp, x: (hp.n_embd, _hidden(hp))),
+    T("lilicorr_context_proj_b", "lilicorr.context_proj.bias", lambda hp, x: (_hidden(hp),)),
+    T("lilicorr_context_proj_s", "lilicorr.context_proj.scale", lambda hp, x: (1,), required=False),
+    T("lilicorr_output_norm", "lilicorr.output_norm.weight", lambda hp, x: (_hidden(hp),)),
+    T("lilicorr_anchor_norm", "lilicorr.anchor_norm.weight", lambda hp, x: (_hidden(hp),)),
+    T("lilicorr_factor_input_proj", "lilicorr.factor_input_proj.weight", lambda hp, x: (3 * _hidden(hp), _hidden(hp))),
+    T("lilicorr_factor_input_proj_b", "lilicorr.factor_input_proj.bias", lambda hp, x: (_hidden(hp),)),
+] + [t for head in ("out_head", "in_head", "anchor_out_head") for t in (
+    T(f"lilicorr_{head}", f"lilicorr.{head}.weight", lambda hp, x: (_hidden(hp), hp.lilicorr_factor_dim)),
+    T(f"lilicorr_{head}_b", f"lilicorr.{head}.bias", lambda hp, x: (hp.lilicorr_factor_dim,)))]
+# per scorer layer i, on block id n_layer + i; the in-projection is named by i itself
+LILICORR_LAYER_TENSORS = [
+    T("lilicorr_attn_norm", "blk.{bid}.attn_norm.weight", lambda hp, x: (_hidden(hp),)),
+    T("lilicorr_mlp_norm", "blk.{bid}.ffn_norm.weight", lambda hp, x: (_hidden(hp),)),
+    T("lilicorr_attn_in_proj", "lilicorr.layers.{i}.attn.in_proj.weight", lambda hp, x: (_hidden(hp), 3 * _hidden(hp))),
+    T("lilicorr_attn_in_proj_b", "lilicorr.layers.{i}.attn.in_proj.bias", lambda hp, x: (3 * _hidden(hp),)),
+    T("lilicorr_attn_out_proj", "blk.{bid}.attn_output.weight", lambda hp, x: (_hidden(hp), _hidden(hp))),
+    T("lilicorr_attn_out_proj_b", "blk.{bid}.attn_output.bias", lambda hp, x: (_hidden(hp),)),
+    T("lilicorr_attn_out_proj_s", "blk.{bid}.attn_output.scale", lambda hp, x: (1,), required=False),
+    T("lilicorr_mlp_0", "blk.{bid}.ffn_up.weight", lambda hp, x: (_hidden(hp), hp.lilicorr_mlp_hidden_size)),
+    T("lilicorr_mlp_0_b", "blk.{bid}.ffn_up.bias", lambda hp, x: (hp.lilicorr_mlp_hidden_size,)),
+    T("lilicorr_mlp_0_s", "blk.{bid}.ffn_up.scale", lambda hp, x: (1,), required=False),
+    T("lilicorr_mlp_2", "blk.{bid}.ffn_down.weight", lambda hp, x: (hp.lilicorr_mlp_hidden_size, _hidden(hp))),
+    T("lilicorr_mlp_2_b", "blk.{bid}.ffn_down.bias", lambda hp, x: (_hidden(hp),)),
+    T("lilicorr_mlp_2_s", "blk.{bid}.ffn_down.scale", lambda hp, x: (1,), required=False),
+]
+# the 5 per-candidate scalar features, on the block id after the scorer's layers
+LILICORR_FEATURE_TENSORS = [
+    T("lilicorr_feature_norm", "blk.{fb}.ffn_norm.weight", lambda hp, x: (5,)),
+    T("lilicorr_feature_norm_b", "blk.{fb}.ffn_norm.bias", lambda hp, x: (5,)),
+    T("lilicorr_feature_mlp_1", "blk.{fb}.ffn_up.weight", lambda hp, x: (5, _hidden(hp))),
+    T("lilicorr_feature_mlp_1_b", "blk.{fb}.ffn_up.bias", lambda hp, x: (_hidden(hp),)),
+    T("lilicorr_feature_mlp_3", "blk.{fb}.ffn_down.weight", lambda hp, x: (_hidden(hp), _hidden(hp))),
+    T("lilicorr_feature_mlp_3_b", "blk.{fb}.ffn_down.bias", lambda hp, x: (_hidden(hp),)),
+]
 
 
 def load_hparams_lilicorr(m, hp, path) -> None:
@@ -100,50 +123,14 @@ def load_hparams_lilicorr(m, hp, path) -> None:
 def load_tensors_lilicorr(hp) -> tuple[dict, list]:
     """load_tensors_lilicorr: the scorer's projections, embeddings and heads, its transformer
     layers (block ids n_layer..), the feature MLP (the block id after them), and the conv tensors."""
-    e = hp.n_embd
-    hidden, top_k, heads = hp.lilicorr_hidden_size, hp.lilicorr_candidate_topk, hp.lilicorr_num_heads
-    factor, mlp = hp.lilicorr_factor_dim, hp.lilicorr_mlp_hidden_size
-    slots = hp.block_size - 1
     fb = hp.n_layer + hp.lilicorr_layers
-    shapes = {
-        "lilicorr.token_proj.weight": (e, hidden), "lilicorr.token_proj.bias": (hidden,),
-        "lilicorr.token_proj.scale": (1,),
-        "lilicorr.pass_hidden_proj.weight": (e, hidden), "lilicorr.pass_hidden_proj.bias": (hidden,),
-        "lilicorr.pass_hidden_proj.scale": (1,),
-        f"blk.{fb}.ffn_norm.weight": (5,), f"blk.{fb}.ffn_norm.bias": (5,),
-        f"blk.{fb}.ffn_up.weight": (5, hidden), f"blk.{fb}.ffn_up.bias": (hidden,),
-        f"blk.{fb}.ffn_down.weight": (hidden, hidden), f"blk.{fb}.ffn_down.bias": (hidden,),
-        "lilicorr.slot_embedding.weight": (hidden, slots), "lilicorr.rank_embedding.weight": (hidden, top_k),
-        "lilicorr.attention_bias.bias": (slots * top_k, slots * top_k, heads),
-        "lilicorr.context_proj.weight": (e, hidden), "lilicorr.context_proj.bias": (hidden,),
-        "lilicorr.context_proj.scale": (1,),
-        "lilicorr.output_norm.weight": (hidden,), "lilicorr.anchor_norm.weight": (hidden,),
-        "lilicorr.factor_input_proj.weight": (3 * hidden, hidden),
-        "lilicorr.factor_input_proj.bias": (hidden,),
-    }
-    for head in ("out_head", "in_head", "anchor_out_head"):
-        shapes[f"lilicorr.{head}.weight"] = (hidden, factor)
-        shapes[f"lilicorr.{head}.bias"] = (factor,)
-    for i in range(hp.lilicorr_layers):
-        bid = hp.n_layer + i
-        shapes.update({
-            f"blk.{bid}.attn_norm.weight": (hidden,), f"blk.{bid}.ffn_norm.weight": (hidden,),
-            f"lilicorr.layers.{i}.attn.in_proj.weight": (hidden, 3 * hidden),
-            f"lilicorr.layers.{i}.attn.in_proj.bias": (3 * hidden,),
-            f"blk.{bid}.attn_output.weight": (hidden, hidden), f"blk.{bid}.attn_output.bias": (hidden,),
-            f"blk.{bid}.attn_output.scale": (1,),
-            f"blk.{bid}.ffn_up.weight": (hidden, mlp), f"blk.{bid}.ffn_up.bias": (mlp,),
-            f"blk.{bid}.ffn_up.scale": (1,),
-            f"blk.{bid}.ffn_down.weight": (mlp, hidden), f"blk.{bid}.ffn_down.bias": (hidden,),
-            f"blk.{bid}.ffn_down.scale": (1,),
-        })
-    # a scorer as wide as the draft may do without the token projection
-    optional = {"lilicorr.token_proj.weight", "lilicorr.token_proj.bias"} if hidden == e else set()
-    required = [n for n in LILICORR_TENSORS.values() if not n.endswith(".scale") and n not in optional]
-    required += [n.format(fb=fb) for n in LILICORR_FEATURE_TENSORS.values()]
-    for i in range(hp.lilicorr_layers):
-        required += [n.format(bid=hp.n_layer + i, i=i) for n in LILICORR_LAYER_TENSORS.values()
-                     if not n.endswith(".scale")]
+    shapes, required = shapes_of(LILICORR_TENSORS, hp)
+    parts = [shapes_of(LILICORR_FEATURE_TENSORS, hp, layers=[], fb=fb)]
+    parts += [shapes_of(LILICORR_LAYER_TENSORS, hp, layers=[], bid=hp.n_layer + i, i=i)
+              for i in range(hp.lilicorr_layers)]
+    for part_shapes, part_required in parts:
+        shapes.update(part_shapes)
+        required += part_required
     conv = load_tensors_dflash2_conv(hp)
     shapes.update(conv)
     return shapes, required + list(conv)
@@ -367,12 +354,9 @@ class GraphLiliCorr(GraphBase):
 def bind_lilicorr(model, t: dict) -> None:
     """The scorer's feature MLP and transformer layers (None on another head's draft)."""
     hp = model.hparams
-    fb = hp.n_layer + hp.lilicorr_layers
-    for attr, name in LILICORR_FEATURE_TENSORS.items():
-        setattr(model, attr, t.get(name.format(fb=fb)))
+    bind(model, LILICORR_FEATURE_TENSORS, t, fb=hp.n_layer + hp.lilicorr_layers)
     for i, layer in enumerate(model.layers):
-        for attr, name in LILICORR_LAYER_TENSORS.items():
-            setattr(layer, attr, t.get(name.format(bid=hp.n_layer + i, i=i)) if i < hp.lilicorr_layers else None)
+        bind(layer, LILICORR_LAYER_TENSORS, t if i < hp.lilicorr_layers else {}, bid=hp.n_layer + i, i=i)
 
 
 HEAD = Head("lilicorr", "draft-lilicorr", GraphLiliCorr, marker_keys=("lilicorr.hidden_size",),

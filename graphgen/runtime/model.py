@@ -21,6 +21,7 @@ from .. import validate as V
 from ..errors import GGUFModelError
 from ..models import arch
 from ..models.arch import BACKBONE_BASE, BACKBONE_DSV4, BACKBONE_DSV41, BACKBONE_MISTRAL_LARGE4
+from ..models.tensors import bind
 from ..models.loader import (ARCH, GGUFMeta, HParams, read_base_hparams, read_loader_keys, read_rope_scaling,
                              read_rope_sections, read_vocab)
 from ..ops import ggml as G
@@ -30,46 +31,16 @@ from ..validate import check_memory, check_tensor_data, check_tensor_types
 SUPPORTED_WEIGHT_TYPES = {0: "f32", 1: "f16", 8: "q8_0", 30: "bf16", 26: "i32", 27: "i64"}
 
 
-ROPE_FREQS = "rope_freqs.weight"
-
-
 class Layer:
-    """The per-layer tensors, under upstream's llama_layer field names (None when absent)."""
-
-    FIELDS = {
-        "attn_norm": "attn_norm.weight", "wq": "attn_q.weight", "wk": "attn_k.weight",
-        "wv": "attn_v.weight", "wo": "attn_output.weight", "wq_s": "attn_q.scale",
-        "wk_s": "attn_k.scale", "wv_s": "attn_v.scale", "wo_s": "attn_output.scale",
-        "attn_q_norm": "attn_q_norm.weight", "attn_k_norm": "attn_k_norm.weight",
-        "attn_post_norm": "post_attention_norm.weight", "ffn_post_norm": "post_ffw_norm.weight",
-        "out_scale": "layer_output_scale.weight",
-        "attn_sinks": "attn_sinks.weight", "ffn_norm": "ffn_norm.weight",
-        "ffn_gate": "ffn_gate.weight", "ffn_down": "ffn_down.weight", "ffn_up": "ffn_up.weight",
-        "ffn_gate_s": "ffn_gate.scale", "ffn_down_s": "ffn_down.scale", "ffn_up_s": "ffn_up.scale",
-        "dflash_attn_conv_base": "attn_conv_base", "dflash_attn_conv_proj": "attn_conv_proj.weight",
-        "dflash_ffn_conv_base": "ffn_conv_base", "dflash_ffn_conv_proj": "ffn_conv_proj.weight",
-        # DeepSeek-V4 stages (load_tensors_layers_dsv4)
-        "wq_a": "attn_q_a.weight", "attn_q_a_norm": "attn_q_a_norm.weight", "wq_b": "attn_q_b.weight",
-        "wkv": "attn_kv.weight", "attn_kv_norm": "attn_kv_a_norm.weight", "wo_a": "attn_output_a.weight",
-        "wo_b": "attn_output_b.weight", "hc_attn_fn": "hc_attn_fn.weight", "hc_attn_base": "hc_attn_base.weight",
-        "hc_attn_scale": "hc_attn_scale.weight", "hc_ffn_fn": "hc_ffn_fn.weight",
-        "hc_ffn_base": "hc_ffn_base.weight", "hc_ffn_scale": "hc_ffn_scale.weight",
-        "ffn_gate_inp": "ffn_gate_inp.weight", "ffn_exp_probs_b": "exp_probs_b.bias",
-        "ffn_gate_exps": "ffn_gate_exps.weight", "ffn_down_exps": "ffn_down_exps.weight",
-        "ffn_up_exps": "ffn_up_exps.weight", "ffn_gate_shexp": "ffn_gate_shexp.weight",
-        "ffn_down_shexp": "ffn_down_shexp.weight", "ffn_up_shexp": "ffn_up_shexp.weight",
-        # Mistral Large 4 MLA stages (load_tensors_layers_mistral_large4)
-        "wkv_a_mqa": "attn_kv_a_mqa.weight", "attn_kv_a_norm": "attn_kv_a_norm.weight",
-        "wk_b": "attn_k_b.weight", "wv_b": "attn_v_b.weight",
-    }
+    """A layer's tensors under upstream's llama_layer field names (None when absent), bound from
+    the declarations of every backbone's loader (models/arch.LAYER_TENSORS)."""
 
     def __init__(self, il: int, tensors: dict):
         self.il = il
-        for attr, suffix in self.FIELDS.items():
-            setattr(self, attr, tensors.get(f"blk.{il}.{suffix}"))
+        bind(self, arch.LAYER_TENSORS, tensors, il=il)
         # the rope frequency factors are one tensor without a layer index; upstream's loader
         # creates it for layer 0 and shares it with the other layers (TENSOR_DUPLICATED)
-        self.rope_freqs = tensors.get(ROPE_FREQS)
+        self.rope_freqs = tensors.get(arch.ROPE_FREQS.name)
 
 
 def read_hparams(reader, path) -> tuple[HParams, str, str]:
@@ -311,24 +282,13 @@ class Model:
         self._ctx, self._buf = ctx, buf
         self.backend = backend
         t = self.tensors
-        self.tok_embd = t.get("token_embd.weight")
-        self.output = t.get("output.weight")
-        self.output_s = t.get("output.scale")
-        self.fc = t.get("fc.weight")
-        self.fc_s = t.get("fc.scale")
-        self.output_norm_enc = t.get("enc.output_norm.weight")
-        self.output_norm = t.get("output_norm.weight")
+        bind(self, arch.MODEL_TENSORS, t)
         self.d2t = t.get("d2t")
-        self.hc_head_fn = t.get("output_hc_fn.weight")
-        self.hc_head_base = t.get("output_hc_base.weight")
-        self.hc_head_scale = t.get("output_hc_scale.weight")
-        self.dspark_mask_embd = t.get("mask_embd.weight")
         self.layers = [Layer(il, t) for il in range(self.hparams.n_layer)]
         # every head's tensors; those of another head than the draft's stay None
         for head in arch.HEADS.values():
             mine = t if head is self.head else {}
-            for attr, name in head.tensors.items():
-                setattr(self, attr, mine.get(name))
+            bind(self, head.tensors, mine)
             if head.bind is not None:
                 head.bind(self, mine)
 
