@@ -25,9 +25,7 @@ def run_both_engines(tmp_path, variant, backbone, kw, sc):
     import json
 
     from graphgen.diff import diff_paths
-    from graphgen.engine import run_scenario
     from graphgen.reference.runner import run_reference
-    from graphgen.scenario import parse_scenario
     from graphgen.synth import make_model
 
     model = tmp_path / "draft.gguf"
@@ -35,5 +33,25 @@ def run_both_engines(tmp_path, variant, backbone, kw, sc):
     scen = tmp_path / "scenario.json"
     scen.write_text(json.dumps(sc))
     run_reference(model, scen, tmp_path / "ref")  # a failure here is a failed test, not a skip
-    run_scenario(model, parse_scenario(sc), tmp_path / "ours")
+    run_ours(model, sc, tmp_path / "ours")
     return diff_paths(tmp_path / "ref", tmp_path / "ours")
+
+
+_WORKER = None
+
+
+def run_ours(model, sc: dict, out, max_data: int = 262144) -> None:
+    """graphgen's side of a live case, run in a worker process (tests/workers.py): a ggml abort on
+    a drawn configuration fails that case, not the whole test run. A refusal fails it too: these
+    drafts and scenarios are ones b11739 runs."""
+    global _WORKER
+    if _WORKER is None:
+        import atexit
+        import tempfile
+        from pathlib import Path
+
+        from workers import Isolated
+        _WORKER = Isolated(Path(tempfile.mkdtemp(prefix="graphgen-parity-")) / "graphgen.err")
+        atexit.register(_WORKER.close)
+    res = _WORKER.call("sessions:run_ours", model=str(model), doc=sc, out=str(out), max_data=max_data)
+    assert res["ok"], f"graphgen refused step {res['step']}: {res['error']}"

@@ -186,15 +186,15 @@ def random_session(variant: str, seed: int) -> tuple[tuple, dict]:
 
 # -- the two engines ----------------------------------------------------------------------------
 
-def run_ours(model: str, doc: dict, out: str) -> dict:
-    """graphgen's side, in the worker: every graph dumped (digests; values of the outputs), and
-    the step it stopped at when it refused one."""
+def run_ours(model: str, doc: dict, out: str, max_data: int = 0) -> dict:
+    """graphgen's side, in the worker: every graph dumped (digests, and the values of nodes up to
+    max_data elements and of the outputs), and the step it stopped at when it refused one."""
     from graphgen.engine import run_scenario
     from graphgen.errors import GraphgenError
     from graphgen.scenario import parse_scenario
     seen: list[int] = []
     try:
-        run_scenario(model, parse_scenario(doc), out, max_data=0, progress=lambda s: seen.append(s.index))
+        run_scenario(model, parse_scenario(doc), out, max_data=max_data, progress=lambda s: seen.append(s.index))
     except GraphgenError as e:
         return {"ok": False, "step": seen[-1] if seen else None, "error": f"{type(e).__name__}: {e}"}
     return {"ok": True, "step": None, "error": ""}

@@ -11,11 +11,9 @@ import pytest
 
 from graphgen.diff import diff_paths
 from graphgen.dump import load_dump
-from graphgen.engine import run_scenario
-from graphgen.scenario import parse_scenario
 from graphgen.synth import make_model
 from kv_draw import draw_kv_types
-from parity_check import assert_parity
+from parity_check import assert_parity, run_ours
 
 pytestmark = [pytest.mark.reference]
 
@@ -63,7 +61,7 @@ def _compare(kw, sc, tmp_path):
     scen = tmp_path / "scenario.json"
     scen.write_text(json.dumps(sc))
     run_reference(model, scen, tmp_path / "ref")  # b11739 runs every configuration drawn here
-    run_scenario(model, parse_scenario(sc), tmp_path / "ours")
+    run_ours(model, sc, tmp_path / "ours")
     results = diff_paths(tmp_path / "ref", tmp_path / "ours")
     assert len(results) == sum(1 for s in sc["steps"] if "seq_rm" not in s)
     assert_parity(results, f"dsv4 {kw} {sc}")

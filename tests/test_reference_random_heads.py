@@ -11,7 +11,7 @@ from graphgen.engine import run_scenario
 from graphgen.scenario import parse_scenario
 from graphgen.synth import make_model
 from kv_draw import draw_kv_types
-from parity_check import assert_parity
+from parity_check import assert_parity, run_ours
 
 pytestmark = [pytest.mark.reference]
 
@@ -81,7 +81,7 @@ def test_random_head_matches_llama_cpp(variant, seed, tmp_path):
     scen = tmp_path / "scenario.json"
     scen.write_text(json.dumps(sc))
     run_reference(model, scen, tmp_path / "ref")  # a failure here is a failed test, not a skip
-    run_scenario(model, parse_scenario(sc), tmp_path / "ours")
+    run_ours(model, sc, tmp_path / "ours")
     results = diff_paths(tmp_path / "ref", tmp_path / "ours")
     assert len(results) == len(sc["steps"])
     assert_parity(results, f"{variant} {kw} {sc}")

@@ -15,11 +15,9 @@ import numpy as np
 import pytest
 
 from graphgen.diff import diff_paths
-from graphgen.engine import run_scenario
 from graphgen.errors import GGUFModelError
-from graphgen.scenario import parse_scenario
 from graphgen.synth import make_model
-from parity_check import assert_parity
+from parity_check import assert_parity, run_ours
 
 pytestmark = [pytest.mark.reference]
 
@@ -62,7 +60,7 @@ def run_both(tmp_path, kw, sc, variant="dflash"):
     scen = tmp_path / "scenario.json"
     scen.write_text(json.dumps(sc))
     run_reference(model, scen, tmp_path / "ref")  # these drafts are valid: a failure is a failure
-    run_scenario(model, parse_scenario(sc), tmp_path / "ours")
+    run_ours(model, sc, tmp_path / "ours")
     results = diff_paths(tmp_path / "ref", tmp_path / "ours")
     assert len(results) == sum(1 for s in sc["steps"] if "seq_rm" not in s)
     assert_parity(results, f"config {kw} {sc}")
@@ -188,7 +186,7 @@ def test_scalar_sections_accepted(tmp_path):
     scen = tmp_path / "scenario.json"
     scen.write_text(json.dumps(sc))
     run_reference(model, scen, tmp_path / "ref")
-    run_scenario(model, parse_scenario(sc), tmp_path / "ours")
+    run_ours(model, sc, tmp_path / "ours")
     assert_parity(diff_paths(tmp_path / "ref", tmp_path / "ours"), "scalar sections")
     assert all(p["sections"] == [3, 3, 3, 3] for _, _, p in rope_nodes(tmp_path / "ref"))
 
@@ -282,7 +280,7 @@ def test_rope_base_missing_from_the_gguf(tmp_path, variant, backbone):
     scen = tmp_path / "scenario.json"
     scen.write_text(json.dumps(sc))
     run_reference(model, scen, tmp_path / "ref")
-    run_scenario(model, parse_scenario(sc), tmp_path / "ours")
+    run_ours(model, sc, tmp_path / "ours")
     results = diff_paths(tmp_path / "ref", tmp_path / "ours")
     assert len(results) == 4
     assert_parity(results, variant)
