@@ -17,9 +17,16 @@ from ..ops.ggml import ggml_build_forward_expand
 from . import dflash, dflash2, dspark, lilicorr
 from .conv import CONV_LAYER_TENSORS, load_tensors_dflash2_conv
 from .head import Head
+from .loader import BaseHParams
 
 VARIANT_DFLASH, VARIANT_DFLASH2, VARIANT_DSPARK, VARIANT_LILICORR = "dflash", "dflash2", "dspark", "lilicorr"
 BACKBONE_BASE, BACKBONE_DSV4, BACKBONE_DSV41, BACKBONE_MISTRAL_LARGE4 = "base", "dsv4", "dsv41", "mistral-large4"
+
+
+@dataclass
+class HParams(BaseHParams, dflash2.DFlash2HParams, lilicorr.LiliCorrHParams, dspark.BackboneHParams):
+    """Every field a draft's graphs read: the base fields and those each head and backbone
+    declares beside its loader."""
 
 
 # the tensors outside the heads, as the loaders of every backbone declare them: a layer's

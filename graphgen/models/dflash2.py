@@ -8,6 +8,8 @@ in conv.py: the base layers run it too, and LiliCorr loads its tensors.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..errors import GGUFModelError
 from ..graph import GraphParams
 from ..ops import ggml as G
@@ -27,6 +29,13 @@ DFLASH2_TENSORS = [
     T("dflash_selector_next", "selector_successor.weight", lambda hp, x: (hp.selector_rank, hp.n_vocab or None)),
     T("dflash_selector_hidden", "selector_hidden.weight", lambda hp, x: (hp.n_embd, hp.selector_rank)),
 ]
+
+
+@dataclass
+class DFlash2HParams:
+    """The candidate selector's rank and top-k (dflash.selector_* keys, read for every draft)."""
+    selector_rank: int = 0
+    selector_top_k: int = 0
 
 
 def load_hparams_dflash2(hp, path) -> None:

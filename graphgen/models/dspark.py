@@ -11,6 +11,8 @@ and load_tensors_layers_mistral_large4.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import math
 
 import numpy as np
@@ -44,6 +46,29 @@ DSPARK_TENSORS = [
       required=False),
     T("dspark_joint_proj_b", "joint_proj.bias", lambda hp, x: (3 * x.dspark_rank,), required=False),
 ]
+
+
+@dataclass
+class BackboneHParams:
+    """The DSpark backbones' fields (seed: load_hparams_dsv4, load_hparams_mistral_large4)."""
+    n_lora_q: int = 0
+    n_expert: int = 0
+    n_expert_used: int = 0
+    n_ff_exp: int = 0
+    n_expert_shared: int = 0
+    expert_weights_scale: float = 0.0
+    expert_weights_norm: bool = False
+    expert_gating_func: int = 0
+    swiglu_clamp_exp: list = field(default_factory=list)
+    swiglu_clamp_shexp: list = field(default_factory=list)
+    dsv4_o_group_count: int = 0
+    dsv4_o_lora_rank: int = 0
+    dsv4_hc_sinkhorn_iters: int = 0
+    dsv4_hc_eps: float = 0.0
+    dsv4_compress_ratios: list = field(default_factory=list)
+    dsv4_hc_single_pass: bool = False
+    n_embd_head_k_mla: int = 0
+    n_embd_head_v_mla: int = 0
 
 
 def load_hparams_dspark(hp, path) -> None:

@@ -11,6 +11,8 @@ prefix) and load_tensors_lilicorr, which also takes the DFlash2 conv tensors whe
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import math
 
 import numpy as np
@@ -93,6 +95,19 @@ LILICORR_FEATURE_TENSORS = [
     T("lilicorr_feature_mlp_3", "blk.{fb}.ffn_down.weight", lambda hp, x: (_hidden(hp), _hidden(hp))),
     T("lilicorr_feature_mlp_3_b", "blk.{fb}.ffn_down.bias", lambda hp, x: (_hidden(hp),)),
 ]
+
+
+@dataclass
+class LiliCorrHParams:
+    """The scorer's dimensions (lilicorr.* keys)."""
+    lilicorr_hidden_size: int = 0
+    lilicorr_candidate_topk: int = 0
+    lilicorr_num_heads: int = 0
+    lilicorr_layers: int = 0
+    lilicorr_vector_eps: float = 0.0
+    lilicorr_logit_scale: float = 0.0
+    lilicorr_factor_dim: int = 0
+    lilicorr_mlp_hidden_size: int = 0
 
 
 def load_hparams_lilicorr(m, hp, path) -> None:

@@ -18,7 +18,10 @@ ARCH = "dflash"
 
 
 @dataclass
-class HParams:
+class BaseHParams:
+    """The fields every draft's graphs read; each head and backbone adds its own beside its loader
+    (models/dflash2.py, dspark.py, lilicorr.py), and models/arch.py composes them into HParams."""
+
     n_embd: int = 0
     n_layer: int = 0
     n_ff: int = 0
@@ -52,40 +55,10 @@ class HParams:
     block_size: int = 0
     conv_kernel_size: int = 0
     conv_group_size: int = 0
-    selector_rank: int = 0
-    selector_top_k: int = 0
     mask_token_id: int = -1
     sample_from_anchor: bool = True
-    lilicorr_hidden_size: int = 0
-    lilicorr_candidate_topk: int = 0
-    lilicorr_num_heads: int = 0
-    lilicorr_layers: int = 0
-    lilicorr_vector_eps: float = 0.0
-    lilicorr_logit_scale: float = 0.0
-    lilicorr_factor_dim: int = 0
-    lilicorr_mlp_hidden_size: int = 0
-    lilicorr: dict = field(default_factory=dict)
     hc_mult: int = 0
     n_lora_kv: int = 0
-    # the DSpark backbones (seed: load_hparams_dsv4, load_hparams_mistral_large4)
-    n_lora_q: int = 0
-    n_expert: int = 0
-    n_expert_used: int = 0
-    n_ff_exp: int = 0
-    n_expert_shared: int = 0
-    expert_weights_scale: float = 0.0
-    expert_weights_norm: bool = False
-    expert_gating_func: int = 0
-    swiglu_clamp_exp: list = field(default_factory=list)
-    swiglu_clamp_shexp: list = field(default_factory=list)
-    dsv4_o_group_count: int = 0
-    dsv4_o_lora_rank: int = 0
-    dsv4_hc_sinkhorn_iters: int = 0
-    dsv4_hc_eps: float = 0.0
-    dsv4_compress_ratios: list = field(default_factory=list)
-    dsv4_hc_single_pass: bool = False
-    n_embd_head_k_mla: int = 0
-    n_embd_head_v_mla: int = 0
     rope_yarn_log_mul: float = 0.0
     n_ctx_orig_yarn: int = 0
     # llama_hparams' defaults: no key of a DFlash draft sets them
@@ -453,7 +426,7 @@ def read_loader_keys(m: GGUFMeta, path) -> None:
                              "graphgen does not read (llama.cpp looks for the other splits by file name)")
 
 
-def read_base_hparams(m: GGUFMeta, hp: HParams, path) -> None:
+def read_base_hparams(m: GGUFMeta, hp: BaseHParams, path) -> None:
     """llama_model_base::load_hparams: the keys llama.cpp reads for every architecture, in its
     order, with the checks it asserts (an assertion ends its process: graphgen refuses instead)."""
     k = lambda s: f"{ARCH}.{s}"  # noqa: E731
@@ -524,7 +497,7 @@ def read_base_hparams(m: GGUFMeta, hp: HParams, path) -> None:
                              f"of '{k('attention.head_count_kv')}' = {hp.n_head_kv}")
 
 
-def read_vocab(m: GGUFMeta, hp: HParams, path) -> None:
+def read_vocab(m: GGUFMeta, hp: BaseHParams, path) -> None:
     """llama_vocab::load, as far as a draft's graph depends on it: the tokenizer model must be one
     llama.cpp knows, the tokens a string array (their count is the vocabulary), the scores and
     token types arrays at least as long, no token twice (llama.cpp asserts it); the special token

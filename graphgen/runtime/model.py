@@ -22,7 +22,8 @@ from ..errors import GGUFModelError
 from ..models import arch
 from ..models.arch import BACKBONE_BASE, BACKBONE_DSV4, BACKBONE_DSV41, BACKBONE_MISTRAL_LARGE4
 from ..models.tensors import bind
-from ..models.loader import (ARCH, GGUFMeta, HParams, read_base_hparams, read_loader_keys, read_rope_scaling,
+from ..models.arch import HParams
+from ..models.loader import (ARCH, GGUFMeta, read_base_hparams, read_loader_keys, read_rope_scaling,
                              read_rope_sections, read_vocab)
 from ..ops import ggml as G
 from ..validate import check_memory, check_tensor_data, check_tensor_types
