@@ -8,6 +8,8 @@ graph-diff compares two dumps node for node.
 Reading is strict: a malformed field raises DumpError with a one-line message naming the file and
 the field, because a silently misread dump would turn the diff into nonsense. Unknown keys are
 ignored so that /1 can gain optional fields without breaking readers.
+
+One format, one module: its writer, its reader and the validation of every field.
 """
 
 from __future__ import annotations

@@ -5,6 +5,9 @@ build_attn with its KV cache and masks) live here once, so model files hold no c
 helper issues the same ggml calls in the same order as upstream's, because node order is
 ggml's depth-first visit from each ggml_build_forward_expand and auto names (`node_<i>`,
 ` (reshaped)`) come from that order.
+
+Long because it follows llama-graph.cpp's llm_graph_context: the inputs, the attention with its
+masks and caches, the FFN and MoE builders every model file calls.
 """
 
 from __future__ import annotations

@@ -10,6 +10,9 @@ seed-only tensor, DSpark's RNN `joint_proj` (option joint), is rejected that way
 
 Shapes are given here in ggml order (ne0 first), as in the loader's create_tensor calls; numpy
 stores them reversed. The same seed always gives the same bytes.
+
+Long because it writes every head's and backbone's keys and tensors in one creation order: that
+order fixes the random stream, hence the bytes of every committed draft.
 """
 
 from __future__ import annotations

@@ -1,6 +1,9 @@
 """Checks that run before ggml calls that can assert: a GGML_ASSERT kills the interpreter, so
 shapes, types and index ranges are checked here, in Python, and refused with graphgen's
 documented exceptions (GGUFModelError, BatchError) naming the key, tensor, shape or field.
+
+Long because every check that must run before a ggml call that could assert is here, in one place,
+so none is missed.
 """
 
 from __future__ import annotations

@@ -20,6 +20,9 @@ way the authors' code carries a drafting session:
 Values are written as `graphgen-dump/1` with `source.engine = "torch"`, node names from
 `tensormap.TENSOR_MAP`, in llama.cpp's layout (numpy order ne3..ne0). A value the authors have no
 counterpart for (the pad confidence of a bonus-anchor slot) is NaN and left out of comparisons.
+
+Long because it runs two authors' code bases (z-lab, speculators) through one interface, hooks
+included, and the scenario runner over both.
 """
 
 from __future__ import annotations

@@ -7,6 +7,9 @@ backbones, with the DeepSeek-V4 machinery of deepseek4.py.
 The loaders of the head and of both backbone families sit here as in the seed:
 load_hparams_dsv4, load_hparams_mistral_large4, load_tensors_dspark, load_tensors_layers_dsv4
 and load_tensors_layers_mistral_large4.
+
+Long because the seed's dspark.cpp holds the DSpark head and the DeepSeek-V4, V4.1 and Mistral
+Large 4 backbones it runs on, and this file follows it.
 """
 
 from __future__ import annotations

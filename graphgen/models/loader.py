@@ -3,6 +3,8 @@ a draft's graphs read, with llama.cpp's defaults), the key types b11739 reads ea
 (`GGUFMeta`), and the keys every architecture has (`read_base_hparams`, rope scaling and
 sections, the vocab). Each head's and backbone's own keys are read beside its graph
 (models/dflash2.py, dspark.py, lilicorr.py), through `models/arch.py`.
+
+Long because of the key table: every key b11739 reads, with the C++ type it is read into.
 """
 
 from __future__ import annotations

@@ -3,6 +3,9 @@
 This module runs in a child process (`python -m graphgen.reference.runner`): a GGML_ASSERT
 in llama.cpp aborts the whole process, and the parent then reports "no reference" instead of
 dying with it. The parent side is `run_reference()`.
+
+Long because the child process and its parent share the log capture, the error text and the context
+class across the three ways the child serves (one case, --serve, --session).
 """
 
 from __future__ import annotations

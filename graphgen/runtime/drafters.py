@@ -11,6 +11,10 @@ common_speculative_init.
 Upstream reads a draft's candidates through common_sampler (top-k 10, then dist): the greedy token
 is the top logit and its p is the softmax over the 10 best logits; graphgen reads them the same way
 (`top10`), in float32 with the C library's expf.
+
+Long because it follows one seed file whole (common/speculative.cpp's DFlash family: the base
+driver, the three that derive from it, the spec-type rules), plus the simulated loop that runs
+them, so that it reads beside the seed.
 """
 
 from __future__ import annotations

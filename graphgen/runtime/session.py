@@ -3,6 +3,10 @@
 Per batch: validate it (ggml asserts would kill the interpreter), take KV slots, build the
 graph for the batch's shapes, let the scheduler allocate it, set the inputs, compute, read the
 outputs. A batch that fails leaves the cache as it was.
+
+Long because the compute path of a batch is one piece: the KV cache's cells, the scheduler, the
+shared compute buffer and its placement invariants, inputs and outputs; the invariants and the code
+relying on them stay together.
 """
 
 from __future__ import annotations
