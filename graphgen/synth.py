@@ -17,11 +17,14 @@ order fixes the random stream, hence the bytes of every committed draft.
 
 from __future__ import annotations
 
-import re
 import logging
+import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
+
+from .models import dflash as _dflash
 
 ARCH = "dflash"
 VARIANTS = ("dflash", "dflash2", "dspark", "lilicorr")
@@ -144,6 +147,28 @@ class _Draft:
 
     def bias(self, name: str, n: int) -> None:
         self.normal(name, (n,), 0.02)
+
+    # the same, for a tensor the loader declares (models/tensors.T): its name and shape come from
+    # the declaration, `dims` standing in for the hparams its shape reads
+    def normal_t(self, decl, dims, il=None, std: float = 0.1, mean: float = 0.0) -> None:
+        self.normal(_named(decl, il), decl.shape(dims, dims), std, mean)
+
+    def norm_t(self, decl, dims, il=None) -> None:
+        self.normal_t(decl, dims, il, 0.1, mean=1.0)
+
+    def linear_t(self, decl, scale_decl, dims, il=None) -> None:
+        n_in, n_out = decl.shape(dims, dims)
+        self.normal(_named(decl, il), (n_in, n_out), 1.0 / np.sqrt(n_in))
+        if scale_decl is not None and self.weight_scales:
+            self.normal_t(scale_decl, dims, il, 0.1, mean=1.0)
+
+
+def _named(decl, il) -> str:
+    return decl.name.format(il=il) if il is not None else decl.name
+
+
+_BASE = {t.attr: t for t in _dflash.LAYER_TENSORS}
+_COMMON = {t.attr: t for t in _dflash.COMMON_TENSORS}
 
 
 def _kv(name: str) -> str:
@@ -302,7 +327,9 @@ def _make_model(path, variant="dflash", backbone="base", *, n_embd=64, n_layer=2
     _tokenizer_keys(d, n_vocab)
 
     # --- tensors, in load_arch_tensors order
-    d.normal("token_embd.weight", (n_embd, n_vocab), 1.0)
+    dims = SimpleNamespace(n_embd=n_embd, n_vocab=n_vocab, n_vocab_draft=n_vocab_draft,
+                           n_embd_inp_enc=len(target_layers) * n_embd)
+    d.normal_t(_COMMON["tok_embd"], dims, std=1.0)
     if n_vocab_draft != n_vocab:
         # d2t maps draft rows to target token ids: the logits are scattered to these rows
         d.add("d2t", (n_vocab_draft,), np.int64,
@@ -313,11 +340,11 @@ def _make_model(path, variant="dflash", backbone="base", *, n_embd=64, n_layer=2
         _dflash2_tensors(d, opts, n_embd, n_vocab, n_layer)
     elif variant == "lilicorr":
         _lilicorr_tensors(d, opts, n_embd, n_layer, block_size)
-    d.linear("fc", len(target_layers) * n_embd, n_embd)
-    d.norm("enc.output_norm.weight", n_embd)  # encoder hidden_norm, after fc
-    d.norm("output_norm.weight", n_embd)      # decoder final norm
+    d.linear_t(_COMMON["fc"], _COMMON["fc_s"], dims)
+    d.norm_t(_COMMON["output_norm_enc"], dims)  # encoder hidden_norm, after fc
+    d.norm_t(_COMMON["output_norm"], dims)      # decoder final norm
     # output.scale is loaded only for an NVFP4 lm head, so an f32 draft carries none
-    d.linear("output", n_embd, n_vocab_draft, scale=False)
+    d.linear_t(_COMMON["output"], None, dims)
     _base_layers(d, opts, n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff)
 
     _write(Path(path), d)
@@ -400,31 +427,33 @@ def _tokenizer_keys(d: _Draft, n_vocab: int) -> None:
 
 
 def _base_layers(d: _Draft, opts: dict, n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff) -> None:
-    """load_tensors_layers_base; the *.scale tensors are the loader's generic per-layer pass."""
+    """load_tensors_layers_base, in its order, from its declarations (models/dflash.py)."""
+    B = _BASE
+    dims = SimpleNamespace(n_embd=n_embd, n_head=n_head, n_embd_head_k=head_dim, n_embd_k_gqa=head_dim * n_head_kv,
+                           n_embd_v_gqa=head_dim * n_head_kv, n_ff=n_ff)
     for il in range(n_layer):
-        blk = f"blk.{il}"
-        d.norm(f"{blk}.attn_norm.weight", n_embd)
-        d.linear(f"{blk}.attn_q", n_embd, head_dim * n_head)
-        d.linear(f"{blk}.attn_k", n_embd, head_dim * n_head_kv)
+        d.norm_t(B["attn_norm"], dims, il)
+        d.linear_t(B["wq"], B["wq_s"], dims, il)
+        d.linear_t(B["wk"], B["wk_s"], dims, il)
         if not opts["shared_kv"]:  # without attn_v, V is the RMS-normed K
-            d.linear(f"{blk}.attn_v", n_embd, head_dim * n_head_kv)
-        d.linear(f"{blk}.attn_output", head_dim * n_head, n_embd)
-        d.norm(f"{blk}.attn_q_norm.weight", head_dim)
-        d.norm(f"{blk}.attn_k_norm.weight", head_dim)
+            d.linear_t(B["wv"], B["wv_s"], dims, il)
+        d.linear_t(B["wo"], B["wo_s"], dims, il)
+        d.norm_t(B["attn_q_norm"], dims, il)
+        d.norm_t(B["attn_k_norm"], dims, il)
         if opts["post_norms"]:
-            d.norm(f"{blk}.post_attention_norm.weight", n_embd)
-            d.norm(f"{blk}.post_ffw_norm.weight", n_embd)
+            d.norm_t(B["attn_post_norm"], dims, il)
+            d.norm_t(B["ffn_post_norm"], dims, il)
         if opts["out_scale"]:
-            d.normal(f"{blk}.layer_output_scale.weight", (1,), 0.1, mean=1.0)
+            d.normal_t(B["out_scale"], dims, il, 0.1, mean=1.0)
         if opts["rope_freqs"] and il == 0:
             # one tensor without a layer index; upstream duplicates it into every layer
-            d.normal("rope_freqs.weight", (head_dim // 2,), 0.1, mean=1.0)
+            d.normal_t(_dflash.ROPE_FREQS, dims, None, 0.1, mean=1.0)
         if opts["sinks"]:
-            d.normal(f"{blk}.attn_sinks.weight", (n_head,), 0.5)
-        d.norm(f"{blk}.ffn_norm.weight", n_embd)
-        d.linear(f"{blk}.ffn_gate", n_embd, n_ff)
-        d.linear(f"{blk}.ffn_down", n_ff, n_embd)
-        d.linear(f"{blk}.ffn_up", n_embd, n_ff)
+            d.normal_t(B["attn_sinks"], dims, il, 0.5)
+        d.norm_t(B["ffn_norm"], dims, il)
+        d.linear_t(B["ffn_gate"], B["ffn_gate_s"], dims, il)
+        d.linear_t(B["ffn_down"], B["ffn_down_s"], dims, il)
+        d.linear_t(B["ffn_up"], B["ffn_up_s"], dims, il)
 
 
 # --- DFlash2: local conv in the layers + candidate selector on the block
