@@ -24,7 +24,11 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from .models import conv as _conv
 from .models import dflash as _dflash
+from .models import dflash2 as _dflash2
+from .models import dspark as _dspark
+from .models import lilicorr as _lilicorr
 
 ARCH = "dflash"
 VARIANTS = ("dflash", "dflash2", "dspark", "lilicorr")
@@ -149,26 +153,30 @@ class _Draft:
         self.normal(name, (n,), 0.02)
 
     # the same, for a tensor the loader declares (models/tensors.T): its name and shape come from
-    # the declaration, `dims` standing in for the hparams its shape reads
-    def normal_t(self, decl, dims, il=None, std: float = 0.1, mean: float = 0.0) -> None:
-        self.normal(_named(decl, il), decl.shape(dims, dims), std, mean)
+    # the declaration, `dims` standing in for the hparams its shape reads and `at` filling the
+    # name's placeholders (il, or LiliCorr's bid, i, fb)
+    def normal_t(self, decl, dims, std: float = 0.1, mean: float = 0.0, **at) -> None:
+        self.normal(decl.name.format(**at), decl.shape(dims, dims), std, mean)
 
-    def norm_t(self, decl, dims, il=None) -> None:
-        self.normal_t(decl, dims, il, 0.1, mean=1.0)
+    def norm_t(self, decl, dims, **at) -> None:
+        self.normal_t(decl, dims, 0.1, 1.0, **at)
 
-    def linear_t(self, decl, scale_decl, dims, il=None) -> None:
+    def bias_t(self, decl, dims, **at) -> None:
+        self.normal_t(decl, dims, 0.02, **at)
+
+    def linear_t(self, decl, scale_decl, dims, **at) -> None:
         n_in, n_out = decl.shape(dims, dims)
-        self.normal(_named(decl, il), (n_in, n_out), 1.0 / np.sqrt(n_in))
+        self.normal(decl.name.format(**at), (n_in, n_out), 1.0 / np.sqrt(n_in))
         if scale_decl is not None and self.weight_scales:
-            self.normal_t(scale_decl, dims, il, 0.1, mean=1.0)
+            self.normal_t(scale_decl, dims, 0.1, 1.0, **at)
 
 
-def _named(decl, il) -> str:
-    return decl.name.format(il=il) if il is not None else decl.name
+def _by_attr(decls) -> dict:
+    return {t.attr: t for t in decls}
 
 
-_BASE = {t.attr: t for t in _dflash.LAYER_TENSORS}
-_COMMON = {t.attr: t for t in _dflash.COMMON_TENSORS}
+_BASE = _by_attr(_dflash.LAYER_TENSORS)
+_COMMON = _by_attr(_dflash.COMMON_TENSORS)
 
 
 def _kv(name: str) -> str:
@@ -329,7 +337,7 @@ def _make_model(path, variant="dflash", backbone="base", *, n_embd=64, n_layer=2
     # --- tensors, in load_arch_tensors order
     dims = SimpleNamespace(n_embd=n_embd, n_vocab=n_vocab, n_vocab_draft=n_vocab_draft,
                            n_embd_inp_enc=len(target_layers) * n_embd)
-    d.normal_t(_COMMON["tok_embd"], dims, std=1.0)
+    d.normal_t(_COMMON["tok_embd"], dims, 1.0)
     if n_vocab_draft != n_vocab:
         # d2t maps draft rows to target token ids: the logits are scattered to these rows
         d.add("d2t", (n_vocab_draft,), np.int64,
@@ -432,28 +440,28 @@ def _base_layers(d: _Draft, opts: dict, n_layer, n_embd, n_head, n_head_kv, head
     dims = SimpleNamespace(n_embd=n_embd, n_head=n_head, n_embd_head_k=head_dim, n_embd_k_gqa=head_dim * n_head_kv,
                            n_embd_v_gqa=head_dim * n_head_kv, n_ff=n_ff)
     for il in range(n_layer):
-        d.norm_t(B["attn_norm"], dims, il)
-        d.linear_t(B["wq"], B["wq_s"], dims, il)
-        d.linear_t(B["wk"], B["wk_s"], dims, il)
+        d.norm_t(B["attn_norm"], dims, il=il)
+        d.linear_t(B["wq"], B["wq_s"], dims, il=il)
+        d.linear_t(B["wk"], B["wk_s"], dims, il=il)
         if not opts["shared_kv"]:  # without attn_v, V is the RMS-normed K
-            d.linear_t(B["wv"], B["wv_s"], dims, il)
-        d.linear_t(B["wo"], B["wo_s"], dims, il)
-        d.norm_t(B["attn_q_norm"], dims, il)
-        d.norm_t(B["attn_k_norm"], dims, il)
+            d.linear_t(B["wv"], B["wv_s"], dims, il=il)
+        d.linear_t(B["wo"], B["wo_s"], dims, il=il)
+        d.norm_t(B["attn_q_norm"], dims, il=il)
+        d.norm_t(B["attn_k_norm"], dims, il=il)
         if opts["post_norms"]:
-            d.norm_t(B["attn_post_norm"], dims, il)
-            d.norm_t(B["ffn_post_norm"], dims, il)
+            d.norm_t(B["attn_post_norm"], dims, il=il)
+            d.norm_t(B["ffn_post_norm"], dims, il=il)
         if opts["out_scale"]:
-            d.normal_t(B["out_scale"], dims, il, 0.1, mean=1.0)
+            d.normal_t(B["out_scale"], dims, 0.1, 1.0, il=il)
         if opts["rope_freqs"] and il == 0:
             # one tensor without a layer index; upstream duplicates it into every layer
-            d.normal_t(_dflash.ROPE_FREQS, dims, None, 0.1, mean=1.0)
+            d.normal_t(_dflash.ROPE_FREQS, dims, 0.1, 1.0)
         if opts["sinks"]:
-            d.normal_t(B["attn_sinks"], dims, il, 0.5)
-        d.norm_t(B["ffn_norm"], dims, il)
-        d.linear_t(B["ffn_gate"], B["ffn_gate_s"], dims, il)
-        d.linear_t(B["ffn_down"], B["ffn_down_s"], dims, il)
-        d.linear_t(B["ffn_up"], B["ffn_up_s"], dims, il)
+            d.normal_t(B["attn_sinks"], dims, 0.5, il=il)
+        d.norm_t(B["ffn_norm"], dims, il=il)
+        d.linear_t(B["ffn_gate"], B["ffn_gate_s"], dims, il=il)
+        d.linear_t(B["ffn_down"], B["ffn_down_s"], dims, il=il)
+        d.linear_t(B["ffn_up"], B["ffn_up_s"], dims, il=il)
 
 
 # --- DFlash2: local conv in the layers + candidate selector on the block
@@ -478,23 +486,24 @@ def _conv_keys(d: _Draft, opts: dict, n_embd: int) -> None:
 
 
 def _dflash2_tensors(d: _Draft, opts: dict, n_embd: int, n_vocab: int, n_layer: int) -> None:
-    rank = opts["selector_rank"]
-    d.normal("selector_predecessor.weight", (rank, n_vocab), 1.0 / np.sqrt(rank))
-    d.normal("selector_successor.weight", (rank, n_vocab), 1.0 / np.sqrt(rank))
-    d.normal("selector_hidden.weight", (n_embd, rank), 1.0 / np.sqrt(n_embd))
+    S, rank = _by_attr(_dflash2.DFLASH2_TENSORS), opts["selector_rank"]
+    dims = SimpleNamespace(selector_rank=rank, n_vocab=n_vocab, n_embd=n_embd)
+    d.normal_t(S["dflash_selector_prev"], dims, 1.0 / np.sqrt(rank))
+    d.normal_t(S["dflash_selector_next"], dims, 1.0 / np.sqrt(rank))
+    d.normal_t(S["dflash_selector_hidden"], dims, 1.0 / np.sqrt(n_embd))
     _conv_tensors(d, opts, n_embd, n_layer)
 
 
 def _conv_tensors(d: _Draft, opts: dict, n_embd: int, n_layer: int) -> None:
     """load_tensors_dflash2_conv: per-layer base taps {n_embd, kernel, 2} plus a projection to
     2*kernel coefficients per channel group (side 0: attention input, side 1: FFN input)."""
-    kernel = opts["conv_kernel_size"]
-    projected = 2 * kernel * (n_embd // opts["conv_group_size"])
+    C, kernel = _by_attr(_conv.CONV_LAYER_TENSORS), opts["conv_kernel_size"]
+    dims = SimpleNamespace(n_embd=n_embd, conv_kernel_size=kernel, conv_group_size=opts["conv_group_size"])
     for il in range(n_layer):
         for part in ("attn", "ffn"):
             # the taps sum kernel terms: weights ~1/kernel keep the output O(1)
-            d.normal(f"blk.{il}.{part}_conv_base", (n_embd, kernel, 2), 0.5 / kernel)
-            d.normal(f"blk.{il}.{part}_conv_proj.weight", (n_embd, projected), 0.1 / np.sqrt(n_embd))
+            d.normal_t(C[f"dflash_{part}_conv_base"], dims, 0.5 / kernel, il=il)
+            d.normal_t(C[f"dflash_{part}_conv_proj"], dims, 0.1 / np.sqrt(n_embd), il=il)
 
 
 # --- DSpark: Markov head (+ confidence head, + RNN joint head in the seed)
@@ -508,16 +517,17 @@ def _dspark_keys(d: _Draft, opts: dict, conf: bool) -> None:
 
 
 def _dspark_tensors(d: _Draft, opts: dict, n_embd: int, n_vocab: int, n_vocab_draft: int, conf: bool) -> None:
-    rank = opts["markov_rank"]
+    D, rank = _by_attr(_dspark.DSPARK_TENSORS), opts["markov_rank"]
+    dims = SimpleNamespace(n_embd=n_embd, n_vocab=n_vocab, n_vocab_draft=n_vocab_draft, dspark_rank=rank)
     # w1 is a previous-token embedding over the full vocab, w2 projects it to draft-vocab bias
-    d.normal("markov_w1.weight", (rank, n_vocab), 1.0)
-    d.linear("markov_w2", rank, n_vocab_draft)
+    d.normal_t(D["dspark_markov_w1"], dims, 1.0)
+    d.linear_t(D["dspark_markov_w2"], D["dspark_markov_w2_s"], dims)
     if conf:
-        d.normal("conf_proj.weight", (n_embd + rank, 1), 1.0 / np.sqrt(n_embd + rank))
-        d.bias("conf_proj.bias", 1)
+        d.normal_t(D["dspark_conf_proj"], dims, 1.0 / np.sqrt(n_embd + rank))
+        d.bias_t(D["dspark_conf_proj_b"], dims)
     if opts["joint"]:  # seed only: b11739 does not load joint_proj
-        d.normal("joint_proj.weight", (n_embd + 2 * rank, 3 * rank), 1.0 / np.sqrt(n_embd + 2 * rank))
-        d.bias("joint_proj.bias", 3 * rank)
+        d.normal_t(D["dspark_joint_proj"], dims, 1.0 / np.sqrt(n_embd + 2 * rank))
+        d.bias_t(D["dspark_joint_proj_b"], dims)
 
 
 # --- LiliCorr: correlation scorer over the block's top-k candidates
@@ -553,47 +563,49 @@ def _lilicorr_keys(d: _Draft, opts: dict, n_embd: int, n_layer: int, block_size:
 
 
 def _lilicorr_tensors(d: _Draft, opts: dict, n_embd: int, n_layer: int, block_size: int) -> None:
-    hidden, mlp = opts["lilicorr_hidden"], opts["lilicorr_mlp"]
-    top_k, heads, factor = opts["lilicorr_top_k"], opts["lilicorr_heads"], opts["lilicorr_factor"]
-    slots = block_size - 1
-    feature_bid = n_layer + opts["lilicorr_layers"]  # head layers sit after the base stack
+    L, F, Y = (_by_attr(_lilicorr.LILICORR_TENSORS), _by_attr(_lilicorr.LILICORR_FEATURE_TENSORS),
+               _by_attr(_lilicorr.LILICORR_LAYER_TENSORS))
+    hidden = opts["lilicorr_hidden"]
+    dims = SimpleNamespace(n_embd=n_embd, block_size=block_size, lilicorr_hidden_size=hidden,
+                           lilicorr_candidate_topk=opts["lilicorr_top_k"], lilicorr_num_heads=opts["lilicorr_heads"],
+                           lilicorr_factor_dim=opts["lilicorr_factor"], lilicorr_mlp_hidden_size=opts["lilicorr_mlp"])
+    fb = n_layer + opts["lilicorr_layers"]  # head layers sit after the base stack
     if hidden != n_embd:
-        d.linear("lilicorr.token_proj", n_embd, hidden)
-        d.bias("lilicorr.token_proj.bias", hidden)
-    d.linear("lilicorr.pass_hidden_proj", n_embd, hidden)
-    d.bias("lilicorr.pass_hidden_proj.bias", hidden)
+        d.linear_t(L["lilicorr_token_proj"], L["lilicorr_token_proj_s"], dims)
+        d.bias_t(L["lilicorr_token_proj_b"], dims)
+    d.linear_t(L["lilicorr_pass_hidden_proj"], L["lilicorr_pass_hidden_proj_s"], dims)
+    d.bias_t(L["lilicorr_pass_hidden_proj_b"], dims)
     # the 5 per-candidate scalar features: norm, then a 2-layer MLP
-    d.norm(f"blk.{feature_bid}.ffn_norm.weight", 5)
-    d.bias(f"blk.{feature_bid}.ffn_norm.bias", 5)
-    d.linear(f"blk.{feature_bid}.ffn_up", 5, hidden, scale=False)
-    d.bias(f"blk.{feature_bid}.ffn_up.bias", hidden)
-    d.linear(f"blk.{feature_bid}.ffn_down", hidden, hidden, scale=False)
-    d.bias(f"blk.{feature_bid}.ffn_down.bias", hidden)
-    d.normal("lilicorr.slot_embedding.weight", (hidden, slots), 0.5)
-    d.normal("lilicorr.rank_embedding.weight", (hidden, top_k), 0.5)
-    d.normal("lilicorr.attention_bias.bias", (slots * top_k, slots * top_k, heads), 0.1)
-    d.linear("lilicorr.context_proj", n_embd, hidden)
-    d.bias("lilicorr.context_proj.bias", hidden)
+    d.norm_t(F["lilicorr_feature_norm"], dims, fb=fb)
+    d.bias_t(F["lilicorr_feature_norm_b"], dims, fb=fb)
+    d.linear_t(F["lilicorr_feature_mlp_1"], None, dims, fb=fb)
+    d.bias_t(F["lilicorr_feature_mlp_1_b"], dims, fb=fb)
+    d.linear_t(F["lilicorr_feature_mlp_3"], None, dims, fb=fb)
+    d.bias_t(F["lilicorr_feature_mlp_3_b"], dims, fb=fb)
+    d.normal_t(L["lilicorr_slot_embedding"], dims, 0.5)
+    d.normal_t(L["lilicorr_rank_embedding"], dims, 0.5)
+    d.normal_t(L["lilicorr_attention_bias"], dims, 0.1)
+    d.linear_t(L["lilicorr_context_proj"], L["lilicorr_context_proj_s"], dims)
+    d.bias_t(L["lilicorr_context_proj_b"], dims)
     for i in range(opts["lilicorr_layers"]):
-        bid = n_layer + i
-        d.norm(f"blk.{bid}.attn_norm.weight", hidden)
-        d.norm(f"blk.{bid}.ffn_norm.weight", hidden)
-        # the in-projection is named by head layer index i, not by block id
-        d.linear(f"lilicorr.layers.{i}.attn.in_proj", hidden, 3 * hidden, scale=False)
-        d.bias(f"lilicorr.layers.{i}.attn.in_proj.bias", 3 * hidden)
-        d.linear(f"blk.{bid}.attn_output", hidden, hidden)
-        d.bias(f"blk.{bid}.attn_output.bias", hidden)
-        d.linear(f"blk.{bid}.ffn_up", hidden, mlp)
-        d.bias(f"blk.{bid}.ffn_up.bias", mlp)
-        d.linear(f"blk.{bid}.ffn_down", mlp, hidden)
-        d.bias(f"blk.{bid}.ffn_down.bias", hidden)
-    d.norm("lilicorr.output_norm.weight", hidden)
-    d.norm("lilicorr.anchor_norm.weight", hidden)
-    d.linear("lilicorr.factor_input_proj", 3 * hidden, hidden, scale=False)
-    d.bias("lilicorr.factor_input_proj.bias", hidden)
+        at = {"bid": n_layer + i, "i": i}  # the in-projection is named by head layer i, the rest by block id
+        d.norm_t(Y["lilicorr_attn_norm"], dims, **at)
+        d.norm_t(Y["lilicorr_mlp_norm"], dims, **at)
+        d.linear_t(Y["lilicorr_attn_in_proj"], None, dims, **at)
+        d.bias_t(Y["lilicorr_attn_in_proj_b"], dims, **at)
+        d.linear_t(Y["lilicorr_attn_out_proj"], Y["lilicorr_attn_out_proj_s"], dims, **at)
+        d.bias_t(Y["lilicorr_attn_out_proj_b"], dims, **at)
+        d.linear_t(Y["lilicorr_mlp_0"], Y["lilicorr_mlp_0_s"], dims, **at)
+        d.bias_t(Y["lilicorr_mlp_0_b"], dims, **at)
+        d.linear_t(Y["lilicorr_mlp_2"], Y["lilicorr_mlp_2_s"], dims, **at)
+        d.bias_t(Y["lilicorr_mlp_2_b"], dims, **at)
+    d.norm_t(L["lilicorr_output_norm"], dims)
+    d.norm_t(L["lilicorr_anchor_norm"], dims)
+    d.linear_t(L["lilicorr_factor_input_proj"], None, dims)
+    d.bias_t(L["lilicorr_factor_input_proj_b"], dims)
     for head in ("out_head", "in_head", "anchor_out_head"):
-        d.linear(f"lilicorr.{head}", hidden, factor, scale=False)
-        d.bias(f"lilicorr.{head}.bias", factor)
+        d.linear_t(L[f"lilicorr_{head}"], None, dims)
+        d.bias_t(L[f"lilicorr_{head}_b"], dims)
     if opts["lilicorr_conv"]:
         _conv_tensors(d, opts, n_embd, n_layer)
 
