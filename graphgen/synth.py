@@ -139,21 +139,8 @@ class _Draft:
                 yield (mean + std * rng.standard_normal((n, row))).astype(np.float32)
         self.add(name, shape, np.float32, rows)
 
-    def linear(self, name: str, n_in: int, n_out: int, scale: bool = True) -> None:
-        """`name.weight` {n_in, n_out}; 1/sqrt(n_in) keeps activations O(1). With weight_scales,
-        also the optional `name.scale` {1} that build_lora_mm multiplies in, where upstream loads one."""
-        self.normal(f"{name}.weight", (n_in, n_out), 1.0 / np.sqrt(n_in))
-        if scale and self.weight_scales:
-            self.normal(f"{name}.scale", (1,), 0.1, mean=1.0)
-
-    def norm(self, name: str, n: int) -> None:
-        self.normal(name, (n,), 0.1, mean=1.0)
-
-    def bias(self, name: str, n: int) -> None:
-        self.normal(name, (n,), 0.02)
-
-    # the same, for a tensor the loader declares (models/tensors.T): its name and shape come from
-    # the declaration, `dims` standing in for the hparams its shape reads and `at` filling the
+    # a tensor the loader declares (models/tensors.T): its name and shape come from the
+    # declaration, `dims` standing in for the hparams its shape reads and `at` filling the
     # name's placeholders (il, or LiliCorr's bid, i, fb)
     def normal_t(self, decl, dims, std: float = 0.1, mean: float = 0.0, **at) -> None:
         self.normal(decl.name.format(**at), decl.shape(dims, dims), std, mean)
@@ -165,6 +152,8 @@ class _Draft:
         self.normal_t(decl, dims, 0.02, **at)
 
     def linear_t(self, decl, scale_decl, dims, **at) -> None:
+        """A matmul weight {n_in, n_out} (1/sqrt(n_in) keeps activations O(1)); with weight_scales
+        also its optional scale {1}, where upstream loads one (scale_decl; None where it does not)."""
         n_in, n_out = decl.shape(dims, dims)
         self.normal(decl.name.format(**at), (n_in, n_out), 1.0 / np.sqrt(n_in))
         if scale_decl is not None and self.weight_scales:
@@ -734,14 +723,16 @@ def _make_backbone_model(path, variant, backbone, *, n_embd, n_layer, n_head, n_
         d.key(_kv("has_confidence_head"), "bool", bool(conf))
     _tokenizer_keys(d, n_vocab)
 
-    d.normal("token_embd.weight", (n_embd, n_vocab), 1.0)
+    dims = SimpleNamespace(n_embd=n_embd, n_vocab=n_vocab, n_vocab_draft=n_vocab,
+                           n_embd_inp_enc=len(target_layers) * n_embd)
+    d.normal_t(_COMMON["tok_embd"], dims, 1.0)
     if variant == "dspark":
         _dspark_tensors(d, {"markov_rank": _positive_int("markov_rank", opts["markov_rank"]),
                             "joint": bool(opts.get("joint"))}, n_embd, n_vocab, n_vocab, conf)
-    d.linear("fc", len(target_layers) * n_embd, n_embd)
-    d.norm("enc.output_norm.weight", n_embd)
-    d.norm("output_norm.weight", n_embd)
-    d.linear("output", n_embd, n_vocab, scale=False)
+    d.linear_t(_COMMON["fc"], _COMMON["fc_s"], dims)
+    d.norm_t(_COMMON["output_norm_enc"], dims)
+    d.norm_t(_COMMON["output_norm"], dims)
+    d.linear_t(_COMMON["output"], None, dims)
     if backbone in ("dsv4", "dsv41"):
         _dsv4_layers(d, opts, backbone, n_layer, n_embd, n_head, head_dim)
     else:
@@ -757,59 +748,64 @@ def _make_backbone_model(path, variant, backbone, *, n_embd, n_layer, n_head, n_
 
 def _dsv4_layers(d: _Draft, opts: dict, backbone: str, n_layer, n_embd, n_head, head_dim) -> None:
     """load_tensors_layers_dsv4 (hc_head only without single-pass mHC, i.e. not on DSV4.1)."""
+    X, H = _by_attr(_dspark.DSV4_LAYER_TENSORS), _by_attr(_dspark.DSV4_TENSORS)
     hc = opts["hc_mult"]
-    hc_dim, mix_dim = hc * n_embd, (2 + hc) * hc
+    hc_dim = hc * n_embd
     q_rank, groups, o_rank = opts["q_lora_rank"], opts["o_groups"], opts["o_lora_rank"]
-    n_expert, n_ff_exp, n_shared = opts["n_expert"], opts["n_ff_exp"], opts["n_expert_shared"]
+    n_ff_exp = opts["n_ff_exp"]
+    dims = SimpleNamespace(n_embd=n_embd, n_head=n_head, n_embd_head_k=head_dim, n_lora_q=q_rank, hc_mult=hc,
+                           dsv4_o_group_count=groups, dsv4_o_lora_rank=o_rank, n_expert=opts["n_expert"],
+                           n_ff_exp=n_ff_exp, n_expert_shared=opts["n_expert_shared"])
     if backbone == "dsv4":
-        d.normal("output_hc_fn.weight", (hc_dim, hc), 1.0 / np.sqrt(hc_dim))
-        d.normal("output_hc_base.weight", (hc,), 0.1)
-        d.normal("output_hc_scale.weight", (1,), 0.1, mean=1.0)
+        d.normal_t(H["hc_head_fn"], dims, 1.0 / np.sqrt(hc_dim))
+        d.normal_t(H["hc_head_base"], dims, 0.1)
+        d.normal_t(H["hc_head_scale"], dims, 0.1, 1.0)
     for il in range(n_layer):
-        blk = f"blk.{il}"
-        d.norm(f"{blk}.attn_norm.weight", n_embd)
-        d.normal(f"{blk}.attn_sinks.weight", (n_head,), 0.5)
-        d.linear(f"{blk}.attn_q_a", n_embd, q_rank, scale=False)
-        d.norm(f"{blk}.attn_q_a_norm.weight", q_rank)
-        d.linear(f"{blk}.attn_q_b", q_rank, n_head * head_dim, scale=False)
-        d.linear(f"{blk}.attn_kv", n_embd, head_dim, scale=False)
-        d.norm(f"{blk}.attn_kv_a_norm.weight", head_dim)
-        d.normal(f"{blk}.attn_output_a.weight", (n_head * head_dim // groups, o_rank, groups),
+        d.norm_t(X["attn_norm"], dims, il=il)
+        d.normal_t(X["attn_sinks"], dims, 0.5, il=il)
+        d.linear_t(X["wq_a"], None, dims, il=il)
+        d.norm_t(X["attn_q_a_norm"], dims, il=il)
+        d.linear_t(X["wq_b"], None, dims, il=il)
+        d.linear_t(X["wkv"], None, dims, il=il)
+        d.norm_t(X["attn_kv_norm"], dims, il=il)
+        # {H*D/G, R, G}: the loader checks this reshapable tensor apart from the declared shapes
+        d.normal(_dspark.DSV4_WO_A.name.format(il=il), (n_head * head_dim // groups, o_rank, groups),
                  1.0 / np.sqrt(n_head * head_dim // groups))
-        d.linear(f"{blk}.attn_output_b", groups * o_rank, n_embd, scale=False)
+        d.linear_t(X["wo_b"], None, dims, il=il)
         for part in ("attn", "ffn"):
-            d.normal(f"{blk}.hc_{part}_fn.weight", (hc_dim, mix_dim), 1.0 / np.sqrt(hc_dim))
-            d.normal(f"{blk}.hc_{part}_base.weight", (mix_dim,), 0.1)
-            d.normal(f"{blk}.hc_{part}_scale.weight", (3,), 0.1, mean=1.0)
-        d.linear(f"{blk}.ffn_gate_inp", n_embd, n_expert, scale=False)
-        d.normal(f"{blk}.exp_probs_b.bias", (n_expert,), 0.1)
-        d.norm(f"{blk}.ffn_norm.weight", n_embd)
-        d.normal(f"{blk}.ffn_gate_exps.weight", (n_embd, n_ff_exp, n_expert), 1.0 / np.sqrt(n_embd))
-        d.normal(f"{blk}.ffn_down_exps.weight", (n_ff_exp, n_embd, n_expert), 1.0 / np.sqrt(n_ff_exp))
-        d.normal(f"{blk}.ffn_up_exps.weight", (n_embd, n_ff_exp, n_expert), 1.0 / np.sqrt(n_embd))
-        d.linear(f"{blk}.ffn_gate_shexp", n_embd, n_ff_exp * n_shared, scale=False)
-        d.linear(f"{blk}.ffn_down_shexp", n_ff_exp * n_shared, n_embd, scale=False)
-        d.linear(f"{blk}.ffn_up_shexp", n_embd, n_ff_exp * n_shared, scale=False)
+            d.normal_t(X[f"hc_{part}_fn"], dims, 1.0 / np.sqrt(hc_dim), il=il)
+            d.normal_t(X[f"hc_{part}_base"], dims, 0.1, il=il)
+            d.normal_t(X[f"hc_{part}_scale"], dims, 0.1, 1.0, il=il)
+        d.linear_t(X["ffn_gate_inp"], None, dims, il=il)
+        d.normal_t(X["ffn_exp_probs_b"], dims, 0.1, il=il)
+        d.norm_t(X["ffn_norm"], dims, il=il)
+        d.normal_t(X["ffn_gate_exps"], dims, 1.0 / np.sqrt(n_embd), il=il)
+        d.normal_t(X["ffn_down_exps"], dims, 1.0 / np.sqrt(n_ff_exp), il=il)
+        d.normal_t(X["ffn_up_exps"], dims, 1.0 / np.sqrt(n_embd), il=il)
+        d.linear_t(X["ffn_gate_shexp"], None, dims, il=il)
+        d.linear_t(X["ffn_down_shexp"], None, dims, il=il)
+        d.linear_t(X["ffn_up_shexp"], None, dims, il=il)
 
 
 def _ml4_layers(d: _Draft, opts: dict, n_layer, n_embd, n_head, n_ff, n_rot, block_size) -> None:
     """load_tensors_layers_mistral_large4: MLA attention (wk_b/wv_b per head), dense SwiGLU FFN."""
+    X, M = _by_attr(_dspark.ML4_LAYER_TENSORS), _by_attr(_dspark.ML4_TENSORS)
     rank, k_mla, v_mla = opts["kv_lora_rank"], opts["k_head_dim_mla"], opts["v_head_dim_mla"]
-    nope = k_mla - n_rot
-    d.normal("mask_embd.weight", (n_embd, max(block_size - 1, 1)), 1.0)
+    dims = SimpleNamespace(n_embd=n_embd, n_head=n_head, n_ff=n_ff, n_rot=n_rot, block_size=block_size,
+                           n_lora_kv=rank, n_embd_head_k_mla=k_mla, n_embd_head_v_mla=v_mla)
+    d.normal_t(M["dspark_mask_embd"], dims, 1.0)
     for il in range(n_layer):
-        blk = f"blk.{il}"
-        d.norm(f"{blk}.attn_norm.weight", n_embd)
-        d.linear(f"{blk}.attn_q", n_embd, n_head * k_mla, scale=False)
-        d.linear(f"{blk}.attn_kv_a_mqa", n_embd, rank + n_rot, scale=False)
-        d.norm(f"{blk}.attn_kv_a_norm.weight", rank)
-        d.normal(f"{blk}.attn_k_b.weight", (nope, rank, n_head), 1.0 / np.sqrt(nope))
-        d.normal(f"{blk}.attn_v_b.weight", (rank, v_mla, n_head), 1.0 / np.sqrt(rank))
-        d.linear(f"{blk}.attn_output", n_head * v_mla, n_embd, scale=False)
-        d.norm(f"{blk}.ffn_norm.weight", n_embd)
-        d.linear(f"{blk}.ffn_gate", n_embd, n_ff, scale=False)
-        d.linear(f"{blk}.ffn_down", n_ff, n_embd, scale=False)
-        d.linear(f"{blk}.ffn_up", n_embd, n_ff, scale=False)
+        d.norm_t(X["attn_norm"], dims, il=il)
+        d.linear_t(X["wq"], None, dims, il=il)
+        d.linear_t(X["wkv_a_mqa"], None, dims, il=il)
+        d.norm_t(X["attn_kv_a_norm"], dims, il=il)
+        d.normal_t(X["wk_b"], dims, 1.0 / np.sqrt(k_mla - n_rot), il=il)
+        d.normal_t(X["wv_b"], dims, 1.0 / np.sqrt(rank), il=il)
+        d.linear_t(X["wo"], None, dims, il=il)
+        d.norm_t(X["ffn_norm"], dims, il=il)
+        d.linear_t(X["ffn_gate"], None, dims, il=il)
+        d.linear_t(X["ffn_down"], None, dims, il=il)
+        d.linear_t(X["ffn_up"], None, dims, il=il)
 
 
 def _write(path: Path, d: _Draft) -> None:
