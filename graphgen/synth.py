@@ -315,12 +315,11 @@ def _make_model(path, variant="dflash", backbone="base", *, n_embd=64, n_layer=2
     _hparam_options(d, opts, n_layer, head_dim)
 
     # --- head hparams, then the tokenizer
-    if variant == "dflash2":
-        _dflash2_keys(d, opts, n_embd)
-    elif variant == "dspark":
-        _dspark_keys(d, opts, conf)
-    elif variant == "lilicorr":
-        _lilicorr_keys(d, opts, n_embd, n_layer, block_size)
+    w = SimpleNamespace(n_embd=n_embd, n_layer=n_layer, n_vocab=n_vocab, n_vocab_draft=n_vocab_draft,
+                        block_size=block_size, conf=conf)
+    head_keys, head_tensors = _HEAD_WRITERS.get(variant, (None, None))
+    if head_keys is not None:
+        head_keys(d, opts, w)
     _tokenizer_keys(d, n_vocab)
 
     # --- tensors, in load_arch_tensors order
@@ -331,12 +330,8 @@ def _make_model(path, variant="dflash", backbone="base", *, n_embd=64, n_layer=2
         # d2t maps draft rows to target token ids: the logits are scattered to these rows
         d.add("d2t", (n_vocab_draft,), np.int64,
               lambda rng: iter([np.sort(rng.choice(n_vocab, size=n_vocab_draft, replace=False)).astype(np.int64)]))
-    if variant == "dspark":
-        _dspark_tensors(d, opts, n_embd, n_vocab, n_vocab_draft, conf)
-    elif variant == "dflash2":
-        _dflash2_tensors(d, opts, n_embd, n_vocab, n_layer)
-    elif variant == "lilicorr":
-        _lilicorr_tensors(d, opts, n_embd, n_layer, block_size)
+    if head_tensors is not None:
+        head_tensors(d, opts, w)
     d.linear_t(_COMMON["fc"], _COMMON["fc_s"], dims)
     d.norm_t(_COMMON["output_norm_enc"], dims)  # encoder hidden_norm, after fc
     d.norm_t(_COMMON["output_norm"], dims)      # decoder final norm
@@ -806,6 +801,17 @@ def _ml4_layers(d: _Draft, opts: dict, n_layer, n_embd, n_head, n_ff, n_rot, blo
         d.linear_t(X["ffn_gate"], None, dims, il=il)
         d.linear_t(X["ffn_down"], None, dims, il=il)
         d.linear_t(X["ffn_up"], None, dims, il=il)
+
+
+# each head's keys and tensors, (d, options, dimensions) -> None; the plain DFlash head has none
+_HEAD_WRITERS = {
+    "dflash2": (lambda d, o, w: _dflash2_keys(d, o, w.n_embd),
+                lambda d, o, w: _dflash2_tensors(d, o, w.n_embd, w.n_vocab, w.n_layer)),
+    "dspark": (lambda d, o, w: _dspark_keys(d, o, w.conf),
+               lambda d, o, w: _dspark_tensors(d, o, w.n_embd, w.n_vocab, w.n_vocab_draft, w.conf)),
+    "lilicorr": (lambda d, o, w: _lilicorr_keys(d, o, w.n_embd, w.n_layer, w.block_size),
+                 lambda d, o, w: _lilicorr_tensors(d, o, w.n_embd, w.n_layer, w.block_size)),
+}
 
 
 def _write(path: Path, d: _Draft) -> None:
