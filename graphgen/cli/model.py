@@ -178,15 +178,21 @@ def _is_gguf(path: Path) -> bool:
 
 
 def _cmd_info(args) -> int:
+    import dataclasses
+
+    from ..models.loader import BaseHParams
     from ..ops.runtime import activate
     from ..runtime.model import load
     m = load(args.model)
     hp = m.hparams
     rt = activate()
+    # the fields every draft has first, then those its heads and backbones declare
+    base = [f.name for f in dataclasses.fields(BaseHParams)]
+    fields = {k: getattr(hp, k) for k in base + [k for k in vars(hp) if k not in base]}
     if args.json:
         print(json.dumps({"model": str(m.path), "ggml": {"version": rt.version, "dir": str(rt.lib_dir),
                                                           "origin": rt.origin},
-                          "variant": m.variant, "backbone": m.backbone, "hparams": dict(vars(hp)),
+                          "variant": m.variant, "backbone": m.backbone, "hparams": fields,
                           "rope_type": "mrope" if hp.rope_type == 8 else "neox",
                           "weight_bytes": m.weight_bytes,
                           "tensors": [{"name": n, "type": t, "shape": sh} for n, t, sh in m.tensor_table()]},
@@ -197,7 +203,7 @@ def _cmd_info(args) -> int:
     print(f"variant   {m.variant}")
     print(f"backbone  {m.backbone}")
     print("hparams")
-    for k, v in vars(hp).items():
+    for k, v in fields.items():
         if v not in (0, 0.0, [], {}, None) or k in ("causal_attn",):
             print(f"  {k:26s} {v}")
     print(f"  {'rope_type':26s} {'mrope' if hp.rope_type == 8 else 'neox'}")
