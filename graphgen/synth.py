@@ -328,7 +328,7 @@ def _make_model(path, variant="dflash", backbone="base", *, n_embd=64, n_layer=2
     d.normal_t(_COMMON["tok_embd"], dims, 1.0)
     if n_vocab_draft != n_vocab:
         # d2t maps draft rows to target token ids: the logits are scattered to these rows
-        d.add("d2t", (n_vocab_draft,), np.int64,
+        d.add(_COMMON["d2t"].name, (n_vocab_draft,), np.int64,
               lambda rng: iter([np.sort(rng.choice(n_vocab, size=n_vocab_draft, replace=False)).astype(np.int64)]))
     if head_tensors is not None:
         head_tensors(d, opts, w)

@@ -67,6 +67,9 @@ COMMON_TENSORS = [
     T("output", "output.weight", lambda hp, x: (hp.n_embd, x.n_vocab_draft), required=False),
     T("fc_s", "fc.scale", lambda hp, x: (1,), required=False),
     T("output_s", "output.scale", lambda hp, x: (1,), required=False),
+    # a draft vocabulary smaller than the target's: draft row -> target token id (i64); the lm
+    # head then has that many rows
+    T("d2t", "d2t", lambda hp, x: (x.n_vocab_draft,), required=False),
 ]
 
 # load_tensors_layers_base: the decoder layers of the base backbone (attn_v is optional: without

@@ -212,7 +212,7 @@ class Model:
         # (done_getting_tensors: wrong number of tensors)
         dsv4 = self.backbone in (BACKBONE_DSV4, BACKBONE_DSV41)
         unused = [n for n in seen
-                  if n not in want and n != "d2t" and not (dsv4 and n.endswith(".attn_output_a.weight"))]
+                  if n not in want and not (dsv4 and n.endswith(".attn_output_a.weight"))]
         if unused:
             raise GGUFModelError(f"{self.path}: tensor '{unused[0]}' is not one this {self.variant} draft "
                                  f"({self.backbone} backbone) loads; llama.cpp refuses a file with tensors it does not "
@@ -284,7 +284,6 @@ class Model:
         self.backend = backend
         t = self.tensors
         bind(self, arch.MODEL_TENSORS, t)
-        self.d2t = t.get("d2t")
         self.layers = [Layer(il, t) for il in range(self.hparams.n_layer)]
         # every head's tensors; those of another head than the draft's stay None
         for head in arch.HEADS.values():
