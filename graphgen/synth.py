@@ -25,13 +25,14 @@ from types import SimpleNamespace
 import numpy as np
 
 from .models import conv as _conv
+from .models.arch import HEADS
 from .models import dflash as _dflash
 from .models import dflash2 as _dflash2
 from .models import dspark as _dspark
 from .models import lilicorr as _lilicorr
 
 ARCH = "dflash"
-VARIANTS = ("dflash", "dflash2", "dspark", "lilicorr")
+VARIANTS = tuple(sorted(HEADS))
 BACKBONES = ("base", "dsv4", "dsv41", "mistral-large4")
 # accepted spellings of the backbone names
 _BACKBONE_ALIASES = {"mistral_large4": "mistral-large4", "ml4": "mistral-large4"}
@@ -67,26 +68,13 @@ OPTIONS: dict[str, tuple[object, str | None]] = {
     "causal": (None, None),
     "hidden_act": (None, None),
     "d2t_vocab": (None, None),
-    # DFlash2 (conv keys also serve LiliCorr with lilicorr_conv)
-    "selector_rank": (8, "dflash2"),
-    "selector_top_k": (2, "dflash2"),
-    "conv_kernel_size": (3, "dflash2|lilicorr"),
-    "conv_group_size": (16, "dflash2|lilicorr"),
-    # DSpark
-    "markov_rank": (16, "dspark"),
-    "joint": (False, "dspark"),
-    "sample_from_anchor": (None, "dspark"),
-    # LiliCorr
-    "lilicorr_hidden": (None, "lilicorr"),
-    "lilicorr_top_k": (2, "lilicorr"),
-    "lilicorr_heads": (2, "lilicorr"),
-    "lilicorr_layers": (1, "lilicorr"),
-    "lilicorr_eps": (1e-6, "lilicorr"),
-    "lilicorr_logit_scale": (1.0, "lilicorr"),
-    "lilicorr_factor": (16, "lilicorr"),
-    "lilicorr_mlp": (None, "lilicorr"),
-    "lilicorr_conv": (False, "lilicorr"),
 }
+# each head's own options, from its registry entry (models/*.py HEAD.synth_options): name ->
+# (default, the heads it applies to, "a|b")
+for _head in HEADS.values():
+    for _name, _default in _head.synth_options.items():
+        _owners = OPTIONS[_name][1] + "|" if _name in OPTIONS else ""
+        OPTIONS[_name] = (_default, _owners + _head.name)
 
 
 # rows of a tensor drawn at a time: a big draft is written without ever holding a whole tensor in float64
@@ -183,6 +171,10 @@ def _positive_int(name: str, value) -> int:
     return int(value)
 
 
+def _owners_of(option: str) -> str:
+    return " or ".join(OPTIONS[option][1].split("|"))
+
+
 def _resolve_options(variant: str, options: dict) -> dict:
     unknown = sorted(set(options) - set(OPTIONS))
     if unknown:
@@ -196,9 +188,9 @@ def _resolve_options(variant: str, options: dict) -> dict:
             opts[name] = options[name]
         else:
             opts[name] = default
-    if variant == "lilicorr" and not opts["lilicorr_conv"]:
-        for name in ("conv_kernel_size", "conv_group_size"):
-            _check(options.get(name) is None, f"option {name} needs lilicorr_conv=True on a LiliCorr draft")
+    head = HEADS.get(variant)
+    for name, flag in (head.synth_needs.items() if head is not None else ()):
+        _check(options.get(name) is None or opts[flag], f"option {name} needs {flag}=True on a {variant} draft")
     return opts
 
 
@@ -257,8 +249,8 @@ def _make_model(path, variant="dflash", backbone="base", *, n_embd=64, n_layer=2
     if unknown_bb:
         raise ValueError(f"option {unknown_bb[0]!r} applies to the dsv4, dsv41 and mistral-large4 backbones only")
     opts = _resolve_options(variant, options)
-    _check(not conf or variant == "dspark", f"conf (the confidence head) applies to variant dspark only, "
-                                            f"not {variant}")
+    _check(not conf or "conf" in HEADS[variant].synth_options,
+           f"conf (the confidence head) applies to variant {_owners_of('conf')} only, not {variant}")
 
     n_embd = _positive_int("n_embd", n_embd)
     n_layer = _positive_int("n_layer", n_layer)
@@ -630,8 +622,10 @@ BACKBONE_OPTIONS: dict[str, tuple[object, str]] = {
 def _make_backbone_model(path, variant, backbone, *, n_embd, n_layer, n_head, n_ff, n_vocab, block_size,
                          target_layers, seed, context_length, rope_freq_base, rms_eps, conf, **options) -> dict:
     """load_hparams_dsv4 / load_hparams_mistral_large4 and their load_tensors_layers_* (seed's dspark.cpp)."""
-    _check(variant in ("dflash", "dspark"), f"the {backbone} backbone takes variant dflash or dspark, not {variant}")
-    _check(not conf or variant == "dspark", "conf (the confidence head) applies to variant dspark only")
+    runs = sorted(h.name for h in HEADS.values() if h.on_backbones)
+    _check(variant in runs, f"the {backbone} backbone takes variant {' or '.join(runs)}, not {variant}")
+    _check(not conf or "conf" in HEADS[variant].synth_options,
+           f"conf (the confidence head) applies to variant {_owners_of('conf')} only")
     opts = {}
     for name, value in options.items():
         if name not in BACKBONE_OPTIONS:
@@ -649,7 +643,7 @@ def _make_backbone_model(path, variant, backbone, *, n_embd, n_layer, n_head, n_
     _check(n_rot % 2 == 0, f"n_rot ({n_rot}) must be even")
     window = _positive_int("swa_window", opts["swa_window"])
     if opts.get("joint"):
-        _check(variant == "dspark", "joint (the RNN joint head) needs variant dspark")
+        _check("joint" in HEADS[variant].synth_options, f"joint (the RNN joint head) needs variant {_owners_of('joint')}")
 
     d = _Draft(seed, False)
     d.key(_kv("context_length"), "u32", _positive_int("context_length", context_length))
@@ -714,16 +708,19 @@ def _make_backbone_model(path, variant, backbone, *, n_embd, n_layer, n_head, n_
             d.key(_kv("rope.scaling.yarn_log_multiplier"), "f32", float(opts["yarn_log_mul"]))
         if opts["final_softcap"]:
             d.key(_kv("final_logit_softcapping"), "f32", float(opts["final_softcap"]))
-    if variant == "dspark":
-        d.key(_kv("has_confidence_head"), "bool", bool(conf))
+    head_keys, head_tensors = _HEAD_WRITERS.get(variant, (None, None))
+    w = SimpleNamespace(n_embd=n_embd, n_layer=n_layer, n_vocab=n_vocab, n_vocab_draft=n_vocab, block_size=block_size,
+                        conf=conf)
+    head_opts = {"markov_rank": opts.get("markov_rank"), "joint": bool(opts.get("joint")), "sample_from_anchor": None}
+    if head_keys is not None:
+        head_keys(d, head_opts, w)
     _tokenizer_keys(d, n_vocab)
 
     dims = SimpleNamespace(n_embd=n_embd, n_vocab=n_vocab, n_vocab_draft=n_vocab,
                            n_embd_inp_enc=len(target_layers) * n_embd)
     d.normal_t(_COMMON["tok_embd"], dims, 1.0)
-    if variant == "dspark":
-        _dspark_tensors(d, {"markov_rank": _positive_int("markov_rank", opts["markov_rank"]),
-                            "joint": bool(opts.get("joint"))}, n_embd, n_vocab, n_vocab, conf)
+    if head_tensors is not None:
+        head_tensors(d, head_opts, w)
     d.linear_t(_COMMON["fc"], _COMMON["fc_s"], dims)
     d.norm_t(_COMMON["output_norm_enc"], dims)
     d.norm_t(_COMMON["output_norm"], dims)

@@ -60,8 +60,9 @@ def load_hparams(m, hp, variant: str, backbone: str, path) -> None:
         dspark.load_hparams_mistral_large4(m, hp, path)
     else:
         dflash.load_hparams_base(m, hp, path)
-    if backbone != BACKBONE_BASE and variant not in (VARIANT_DFLASH, VARIANT_DSPARK):
-        raise GGUFModelError(f"{path}: the {backbone} backbone runs the DFlash or DSpark head, not {variant}")
+    if backbone != BACKBONE_BASE and not head.on_backbones:
+        runs = " or ".join(sorted(h.name for h in HEADS.values() if h.on_backbones))
+        raise GGUFModelError(f"{path}: the {backbone} backbone runs the {runs} head, not {variant}")
 
 
 @dataclass(frozen=True)

@@ -723,4 +723,6 @@ class GraphMistralLarge4(_GraphBackbone):
 
 HEAD = Head("dspark", "draft-dspark", GraphDSpark, marker_tensor="markov_w1.weight",
             load_hparams=lambda m, hp, path: load_hparams_dspark(hp, path),
-            load_tensors=load_tensors_dspark, tensors=DSPARK_TENSORS, equal_blocks=True)  # the Markov head walks [block, n_blocks]
+            load_tensors=load_tensors_dspark, tensors=DSPARK_TENSORS, equal_blocks=True, on_backbones=True,
+            # conf: the confidence head; joint: the seed's RNN joint head
+            synth_options={"markov_rank": 16, "joint": False, "sample_from_anchor": None, "conf": False})

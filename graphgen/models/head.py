@@ -36,6 +36,10 @@ class Head:
     equal_blocks: bool = False
     lattice_per_row: bool = False   # reads one lattice row per block token (blocks <= block_size)
     context_rows: bool = False      # its blocks carry the injected features of the row before them
+    on_backbones: bool = False      # the DeepSeek-V4 and Mistral Large 4 backbones run it too
+    # synth.make_model's options for it (name -> default), and options that another must enable
+    synth_options: dict = field(default_factory=dict)
+    synth_needs: dict = field(default_factory=dict)
 
     def detects(self, tensor_names, keys) -> bool:
         if self.marker_tensor is not None:

@@ -378,4 +378,10 @@ HEAD = Head("lilicorr", "draft-lilicorr", GraphLiliCorr, marker_keys=("lilicorr.
             load_hparams=load_hparams_lilicorr, load_tensors=lambda hp, info: load_tensors_lilicorr(hp),
             tensors=LILICORR_TENSORS, bind=bind_lilicorr, loads_conv=True,
             # a block's scorer is conditioned on the context features of the row before it
-            context_rows=True)
+            context_rows=True,
+            synth_options={"lilicorr_hidden": None, "lilicorr_top_k": 2, "lilicorr_heads": 2, "lilicorr_layers": 1,
+                           "lilicorr_eps": 1e-6, "lilicorr_logit_scale": 1.0, "lilicorr_factor": 16,
+                           "lilicorr_mlp": None, "lilicorr_conv": False, "conv_kernel_size": 3,
+                           "conv_group_size": 16},
+            # the conv keys configure its conv only when lilicorr_conv asks for one
+            synth_needs={"conv_kernel_size": "lilicorr_conv", "conv_group_size": "lilicorr_conv"})
