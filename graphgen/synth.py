@@ -24,15 +24,12 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from .models import conv as _conv
-from .models.arch import HEADS
-from .models import dflash as _dflash
-from .models import dflash2 as _dflash2
-from .models import dspark as _dspark
-from .models import lilicorr as _lilicorr
 
 ARCH = "dflash"
-VARIANTS = tuple(sorted(HEADS))
+# the heads of models/arch.HEADS (tests/test_synth.py keeps them equal), spelt here because the model
+# files load ggml, and the command line, which builds its options from this module, must be free
+# to choose which ggml (--ggml) after importing it
+VARIANTS = ("dflash", "dflash2", "dspark", "lilicorr")
 BACKBONES = ("base", "dsv4", "dsv41", "mistral-large4")
 # accepted spellings of the backbone names
 _BACKBONE_ALIASES = {"mistral_large4": "mistral-large4", "ml4": "mistral-large4"}
@@ -69,12 +66,31 @@ OPTIONS: dict[str, tuple[object, str | None]] = {
     "hidden_act": (None, None),
     "d2t_vocab": (None, None),
 }
-# each head's own options, from its registry entry (models/*.py HEAD.synth_options): name ->
-# (default, the heads it applies to, "a|b")
-for _head in HEADS.values():
-    for _name, _default in _head.synth_options.items():
-        _owners = OPTIONS[_name][1] + "|" if _name in OPTIONS else ""
-        OPTIONS[_name] = (_default, _owners + _head.name)
+class _Models:
+    """The model files (tensor declarations, head entries), imported on first use: they load ggml."""
+
+    def __getattr__(self, name):
+        import importlib
+        mod = importlib.import_module(f".models.{name}", __package__)
+        setattr(self, name, mod)
+        return mod
+
+
+_m = _Models()
+_ALL_OPTIONS: dict = {}
+
+
+def _options() -> dict:
+    """OPTIONS and each head's own options, from its registry entry (models/*.py HEAD.synth_options):
+    name -> (default, the heads it applies to, "a|b")."""
+    if not _ALL_OPTIONS:
+        opts = dict(OPTIONS)
+        for head in _m.arch.HEADS.values():
+            for name, default in head.synth_options.items():
+                owners = opts[name][1] + "|" if name in opts else ""
+                opts[name] = (default, owners + head.name)
+        _ALL_OPTIONS.update(opts)
+    return _ALL_OPTIONS
 
 
 # rows of a tensor drawn at a time: a big draft is written without ever holding a whole tensor in float64
@@ -152,8 +168,8 @@ def _by_attr(decls) -> dict:
     return {t.attr: t for t in decls}
 
 
-_BASE = _by_attr(_dflash.LAYER_TENSORS)
-_COMMON = _by_attr(_dflash.COMMON_TENSORS)
+def _common() -> dict:
+    return _by_attr(_m.dflash.COMMON_TENSORS)
 
 
 def _kv(name: str) -> str:
@@ -172,15 +188,16 @@ def _positive_int(name: str, value) -> int:
 
 
 def _owners_of(option: str) -> str:
-    return " or ".join(OPTIONS[option][1].split("|"))
+    return " or ".join(_options()[option][1].split("|"))
 
 
 def _resolve_options(variant: str, options: dict) -> dict:
-    unknown = sorted(set(options) - set(OPTIONS))
+    known = _options()
+    unknown = sorted(set(options) - set(known))
     if unknown:
-        raise ValueError(f"unknown option {unknown[0]!r}; known: {', '.join(OPTIONS)}")
+        raise ValueError(f"unknown option {unknown[0]!r}; known: {', '.join(known)}")
     opts = {}
-    for name, (default, owner) in OPTIONS.items():
+    for name, (default, owner) in known.items():
         if options.get(name) is not None:
             if owner is not None and variant not in owner.split("|"):
                 raise ValueError(f"option {name} applies to variant {owner.replace('|', ' or ')} only, "
@@ -188,7 +205,7 @@ def _resolve_options(variant: str, options: dict) -> dict:
             opts[name] = options[name]
         else:
             opts[name] = default
-    head = HEADS.get(variant)
+    head = _m.arch.HEADS.get(variant)
     for name, flag in (head.synth_needs.items() if head is not None else ()):
         _check(options.get(name) is None or opts[flag], f"option {name} needs {flag}=True on a {variant} draft")
     return opts
@@ -245,11 +262,11 @@ def _make_model(path, variant="dflash", backbone="base", *, n_embd=64, n_layer=2
                                     n_ff=n_ff, n_vocab=n_vocab, block_size=block_size,
                                     target_layers=target_layers, seed=seed, context_length=context_length,
                                     rope_freq_base=rope_freq_base, rms_eps=rms_eps, conf=conf, **options)
-    unknown_bb = sorted(k for k in options if k in BACKBONE_OPTIONS and k not in OPTIONS)
+    unknown_bb = sorted(k for k in options if k in BACKBONE_OPTIONS and k not in _options())
     if unknown_bb:
         raise ValueError(f"option {unknown_bb[0]!r} applies to the dsv4, dsv41 and mistral-large4 backbones only")
     opts = _resolve_options(variant, options)
-    _check(not conf or "conf" in HEADS[variant].synth_options,
+    _check(not conf or "conf" in _m.arch.HEADS[variant].synth_options,
            f"conf (the confidence head) applies to variant {_owners_of('conf')} only, not {variant}")
 
     n_embd = _positive_int("n_embd", n_embd)
@@ -317,18 +334,19 @@ def _make_model(path, variant="dflash", backbone="base", *, n_embd=64, n_layer=2
     # --- tensors, in load_arch_tensors order
     dims = SimpleNamespace(n_embd=n_embd, n_vocab=n_vocab, n_vocab_draft=n_vocab_draft,
                            n_embd_inp_enc=len(target_layers) * n_embd)
-    d.normal_t(_COMMON["tok_embd"], dims, 1.0)
+    C0 = _common()
+    d.normal_t(C0["tok_embd"], dims, 1.0)
     if n_vocab_draft != n_vocab:
         # d2t maps draft rows to target token ids: the logits are scattered to these rows
-        d.add(_COMMON["d2t"].name, (n_vocab_draft,), np.int64,
+        d.add(C0["d2t"].name, (n_vocab_draft,), np.int64,
               lambda rng: iter([np.sort(rng.choice(n_vocab, size=n_vocab_draft, replace=False)).astype(np.int64)]))
     if head_tensors is not None:
         head_tensors(d, opts, w)
-    d.linear_t(_COMMON["fc"], _COMMON["fc_s"], dims)
-    d.norm_t(_COMMON["output_norm_enc"], dims)  # encoder hidden_norm, after fc
-    d.norm_t(_COMMON["output_norm"], dims)      # decoder final norm
+    d.linear_t(C0["fc"], C0["fc_s"], dims)
+    d.norm_t(C0["output_norm_enc"], dims)  # encoder hidden_norm, after fc
+    d.norm_t(C0["output_norm"], dims)      # decoder final norm
     # output.scale is loaded only for an NVFP4 lm head, so an f32 draft carries none
-    d.linear_t(_COMMON["output"], None, dims)
+    d.linear_t(C0["output"], None, dims)
     _base_layers(d, opts, n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff)
 
     _write(Path(path), d)
@@ -412,7 +430,7 @@ def _tokenizer_keys(d: _Draft, n_vocab: int) -> None:
 
 def _base_layers(d: _Draft, opts: dict, n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff) -> None:
     """load_tensors_layers_base, in its order, from its declarations (models/dflash.py)."""
-    B = _BASE
+    B = _by_attr(_m.dflash.LAYER_TENSORS)
     dims = SimpleNamespace(n_embd=n_embd, n_head=n_head, n_embd_head_k=head_dim, n_embd_k_gqa=head_dim * n_head_kv,
                            n_embd_v_gqa=head_dim * n_head_kv, n_ff=n_ff)
     for il in range(n_layer):
@@ -431,7 +449,7 @@ def _base_layers(d: _Draft, opts: dict, n_layer, n_embd, n_head, n_head_kv, head
             d.normal_t(B["out_scale"], dims, 0.1, 1.0, il=il)
         if opts["rope_freqs"] and il == 0:
             # one tensor without a layer index; upstream duplicates it into every layer
-            d.normal_t(_dflash.ROPE_FREQS, dims, 0.1, 1.0)
+            d.normal_t(_m.dflash.ROPE_FREQS, dims, 0.1, 1.0)
         if opts["sinks"]:
             d.normal_t(B["attn_sinks"], dims, 0.5, il=il)
         d.norm_t(B["ffn_norm"], dims, il=il)
@@ -462,7 +480,7 @@ def _conv_keys(d: _Draft, opts: dict, n_embd: int) -> None:
 
 
 def _dflash2_tensors(d: _Draft, opts: dict, n_embd: int, n_vocab: int, n_layer: int) -> None:
-    S, rank = _by_attr(_dflash2.DFLASH2_TENSORS), opts["selector_rank"]
+    S, rank = _by_attr(_m.dflash2.DFLASH2_TENSORS), opts["selector_rank"]
     dims = SimpleNamespace(selector_rank=rank, n_vocab=n_vocab, n_embd=n_embd)
     d.normal_t(S["dflash_selector_prev"], dims, 1.0 / np.sqrt(rank))
     d.normal_t(S["dflash_selector_next"], dims, 1.0 / np.sqrt(rank))
@@ -473,7 +491,7 @@ def _dflash2_tensors(d: _Draft, opts: dict, n_embd: int, n_vocab: int, n_layer: 
 def _conv_tensors(d: _Draft, opts: dict, n_embd: int, n_layer: int) -> None:
     """load_tensors_dflash2_conv: per-layer base taps {n_embd, kernel, 2} plus a projection to
     2*kernel coefficients per channel group (side 0: attention input, side 1: FFN input)."""
-    C, kernel = _by_attr(_conv.CONV_LAYER_TENSORS), opts["conv_kernel_size"]
+    C, kernel = _by_attr(_m.conv.CONV_LAYER_TENSORS), opts["conv_kernel_size"]
     dims = SimpleNamespace(n_embd=n_embd, conv_kernel_size=kernel, conv_group_size=opts["conv_group_size"])
     for il in range(n_layer):
         for part in ("attn", "ffn"):
@@ -493,7 +511,7 @@ def _dspark_keys(d: _Draft, opts: dict, conf: bool) -> None:
 
 
 def _dspark_tensors(d: _Draft, opts: dict, n_embd: int, n_vocab: int, n_vocab_draft: int, conf: bool) -> None:
-    D, rank = _by_attr(_dspark.DSPARK_TENSORS), opts["markov_rank"]
+    D, rank = _by_attr(_m.dspark.DSPARK_TENSORS), opts["markov_rank"]
     dims = SimpleNamespace(n_embd=n_embd, n_vocab=n_vocab, n_vocab_draft=n_vocab_draft, dspark_rank=rank)
     # w1 is a previous-token embedding over the full vocab, w2 projects it to draft-vocab bias
     d.normal_t(D["dspark_markov_w1"], dims, 1.0)
@@ -539,8 +557,8 @@ def _lilicorr_keys(d: _Draft, opts: dict, n_embd: int, n_layer: int, block_size:
 
 
 def _lilicorr_tensors(d: _Draft, opts: dict, n_embd: int, n_layer: int, block_size: int) -> None:
-    L, F, Y = (_by_attr(_lilicorr.LILICORR_TENSORS), _by_attr(_lilicorr.LILICORR_FEATURE_TENSORS),
-               _by_attr(_lilicorr.LILICORR_LAYER_TENSORS))
+    L, F, Y = (_by_attr(_m.lilicorr.LILICORR_TENSORS), _by_attr(_m.lilicorr.LILICORR_FEATURE_TENSORS),
+               _by_attr(_m.lilicorr.LILICORR_LAYER_TENSORS))
     hidden = opts["lilicorr_hidden"]
     dims = SimpleNamespace(n_embd=n_embd, block_size=block_size, lilicorr_hidden_size=hidden,
                            lilicorr_candidate_topk=opts["lilicorr_top_k"], lilicorr_num_heads=opts["lilicorr_heads"],
@@ -622,9 +640,9 @@ BACKBONE_OPTIONS: dict[str, tuple[object, str]] = {
 def _make_backbone_model(path, variant, backbone, *, n_embd, n_layer, n_head, n_ff, n_vocab, block_size,
                          target_layers, seed, context_length, rope_freq_base, rms_eps, conf, **options) -> dict:
     """load_hparams_dsv4 / load_hparams_mistral_large4 and their load_tensors_layers_* (seed's dspark.cpp)."""
-    runs = sorted(h.name for h in HEADS.values() if h.on_backbones)
+    runs = sorted(h.name for h in _m.arch.HEADS.values() if h.on_backbones)
     _check(variant in runs, f"the {backbone} backbone takes variant {' or '.join(runs)}, not {variant}")
-    _check(not conf or "conf" in HEADS[variant].synth_options,
+    _check(not conf or "conf" in _m.arch.HEADS[variant].synth_options,
            f"conf (the confidence head) applies to variant {_owners_of('conf')} only")
     opts = {}
     for name, value in options.items():
@@ -643,7 +661,7 @@ def _make_backbone_model(path, variant, backbone, *, n_embd, n_layer, n_head, n_
     _check(n_rot % 2 == 0, f"n_rot ({n_rot}) must be even")
     window = _positive_int("swa_window", opts["swa_window"])
     if opts.get("joint"):
-        _check("joint" in HEADS[variant].synth_options, f"joint (the RNN joint head) needs variant {_owners_of('joint')}")
+        _check("joint" in _m.arch.HEADS[variant].synth_options, f"joint (the RNN joint head) needs variant {_owners_of('joint')}")
 
     d = _Draft(seed, False)
     d.key(_kv("context_length"), "u32", _positive_int("context_length", context_length))
@@ -718,13 +736,14 @@ def _make_backbone_model(path, variant, backbone, *, n_embd, n_layer, n_head, n_
 
     dims = SimpleNamespace(n_embd=n_embd, n_vocab=n_vocab, n_vocab_draft=n_vocab,
                            n_embd_inp_enc=len(target_layers) * n_embd)
-    d.normal_t(_COMMON["tok_embd"], dims, 1.0)
+    C0 = _common()
+    d.normal_t(C0["tok_embd"], dims, 1.0)
     if head_tensors is not None:
         head_tensors(d, head_opts, w)
-    d.linear_t(_COMMON["fc"], _COMMON["fc_s"], dims)
-    d.norm_t(_COMMON["output_norm_enc"], dims)
-    d.norm_t(_COMMON["output_norm"], dims)
-    d.linear_t(_COMMON["output"], None, dims)
+    d.linear_t(C0["fc"], C0["fc_s"], dims)
+    d.norm_t(C0["output_norm_enc"], dims)
+    d.norm_t(C0["output_norm"], dims)
+    d.linear_t(C0["output"], None, dims)
     if backbone in ("dsv4", "dsv41"):
         _dsv4_layers(d, opts, backbone, n_layer, n_embd, n_head, head_dim)
     else:
@@ -740,7 +759,7 @@ def _make_backbone_model(path, variant, backbone, *, n_embd, n_layer, n_head, n_
 
 def _dsv4_layers(d: _Draft, opts: dict, backbone: str, n_layer, n_embd, n_head, head_dim) -> None:
     """load_tensors_layers_dsv4 (hc_head only without single-pass mHC, i.e. not on DSV4.1)."""
-    X, H = _by_attr(_dspark.DSV4_LAYER_TENSORS), _by_attr(_dspark.DSV4_TENSORS)
+    X, H = _by_attr(_m.dspark.DSV4_LAYER_TENSORS), _by_attr(_m.dspark.DSV4_TENSORS)
     hc = opts["hc_mult"]
     hc_dim = hc * n_embd
     q_rank, groups, o_rank = opts["q_lora_rank"], opts["o_groups"], opts["o_lora_rank"]
@@ -761,7 +780,7 @@ def _dsv4_layers(d: _Draft, opts: dict, backbone: str, n_layer, n_embd, n_head, 
         d.linear_t(X["wkv"], None, dims, il=il)
         d.norm_t(X["attn_kv_norm"], dims, il=il)
         # {H*D/G, R, G}: the loader checks this reshapable tensor apart from the declared shapes
-        d.normal(_dspark.DSV4_WO_A.name.format(il=il), (n_head * head_dim // groups, o_rank, groups),
+        d.normal(_m.dspark.DSV4_WO_A.name.format(il=il), (n_head * head_dim // groups, o_rank, groups),
                  1.0 / np.sqrt(n_head * head_dim // groups))
         d.linear_t(X["wo_b"], None, dims, il=il)
         for part in ("attn", "ffn"):
@@ -781,7 +800,7 @@ def _dsv4_layers(d: _Draft, opts: dict, backbone: str, n_layer, n_embd, n_head, 
 
 def _ml4_layers(d: _Draft, opts: dict, n_layer, n_embd, n_head, n_ff, n_rot, block_size) -> None:
     """load_tensors_layers_mistral_large4: MLA attention (wk_b/wv_b per head), dense SwiGLU FFN."""
-    X, M = _by_attr(_dspark.ML4_LAYER_TENSORS), _by_attr(_dspark.ML4_TENSORS)
+    X, M = _by_attr(_m.dspark.ML4_LAYER_TENSORS), _by_attr(_m.dspark.ML4_TENSORS)
     rank, k_mla, v_mla = opts["kv_lora_rank"], opts["k_head_dim_mla"], opts["v_head_dim_mla"]
     dims = SimpleNamespace(n_embd=n_embd, n_head=n_head, n_ff=n_ff, n_rot=n_rot, block_size=block_size,
                            n_lora_kv=rank, n_embd_head_k_mla=k_mla, n_embd_head_v_mla=v_mla)

@@ -280,3 +280,13 @@ def test_command_line(tmp_path):
     args = parser.parse_args([str(out), "--variant", "dflash", "--conv-kernel", "3"])
     with pytest.raises(ValueError, match="conv_kernel_size"):
         make_model_from_args(args)
+
+
+def test_variants_are_the_registered_heads():
+    """synth spells the head names for the command line (which must not load ggml to build its
+    options); they must be the registry's heads, and every head option must come from an entry."""
+    from graphgen.models.arch import HEADS
+    from graphgen.synth import VARIANTS, _options
+    assert set(VARIANTS) == set(HEADS)
+    owned = {name for h in HEADS.values() for name in h.synth_options}
+    assert owned and all(_options()[name][1] for name in owned)
