@@ -34,13 +34,36 @@ _pending: BaseException | None = None
 _deferred = 0
 
 
+def _in_callback(frame) -> bool:
+    """Whether the signal landed in a callback whose exceptions Python prints and drops (the
+    import system's weakref callbacks): raised there, it would be lost."""
+    code = frame.f_code if frame is not None else None
+    return code is not None and code.co_filename.startswith("<frozen importlib") and code.co_name == "cb"
+
+
 def _on_signal(signum, frame):
     global _pending
     exc = Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
     _pending = exc
     if _deferred:
         return  # inside ggml: raised by raise_pending() once it returns
+    if _in_callback(frame):
+        # raised a moment later instead, once the callback (a few instructions) has returned,
+        # where the exception unwinds the command as it should
+        signal.signal(signal.SIGALRM, _on_alarm)
+        signal.setitimer(signal.ITIMER_REAL, 0.005)
+        return
     raise exc
+
+
+def _on_alarm(signum, frame):
+    """A signal that landed in a callback (see _on_signal), raised now."""
+    if _pending is None or _deferred:
+        return  # raised already, or raise_pending() will once ggml returns
+    if _in_callback(frame):
+        signal.setitimer(signal.ITIMER_REAL, 0.005)
+        return
+    raise_pending()
 
 
 def pending() -> bool:
