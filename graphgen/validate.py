@@ -14,6 +14,7 @@ import re
 import numpy as np
 
 from .errors import BatchError, GGUFModelError, GraphgenError
+from .models.head import BlockRules
 
 POS_MAX = 2**31 - 1          # llama_pos is int32
 N_DIMS_MAX = 4               # GGML_MAX_DIMS
@@ -225,16 +226,12 @@ def check_features(x, width: int) -> np.ndarray:
     return np.ascontiguousarray(a)
 
 
-def _rules(rules):
-    """A head's BlockRules (graphgen.models.head), or none for a head that asks nothing."""
+def _rules(rules) -> BlockRules:
+    """A head's BlockRules, or those of a head that asks nothing."""
     return rules if rules is not None else _NO_RULES
 
 
-class _NoRules:
-    head, equal_blocks, max_block = "dflash", False, 0
-
-
-_NO_RULES = _NoRules()
+_NO_RULES = BlockRules("dflash")
 
 
 def _blocks_fit(rules, n: int, n_blocks: int) -> bool:

@@ -15,12 +15,11 @@ def models_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def isolated(tmp_path_factory):
-    """graphgen in a worker process: a case that aborts ggml fails alone (workers.Isolated)."""
-    from workers import Isolated
-    iso = Isolated(tmp_path_factory.mktemp("workers") / "graphgen.err")
-    yield iso
-    iso.close()
+def isolated():
+    """graphgen in a worker process: a case that aborts ggml fails alone (workers.Isolated),
+    the one parity_check's live cases use too."""
+    from parity_check import worker
+    return worker()
 
 
 @pytest.fixture(scope="session")

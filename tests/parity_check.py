@@ -40,10 +40,9 @@ def run_both_engines(tmp_path, variant, backbone, kw, sc):
 _WORKER = None
 
 
-def run_ours(model, sc: dict, out, max_data: int = 262144) -> None:
-    """graphgen's side of a live case, run in a worker process (tests/workers.py): a ggml abort on
-    a drawn configuration fails that case, not the whole test run. A refusal fails it too: these
-    drafts and scenarios are ones b11739 runs."""
+def worker():
+    """This test process's graphgen worker (tests/workers.py), started on first use: the live
+    cases here and the `isolated` fixture share it."""
     global _WORKER
     if _WORKER is None:
         import atexit
@@ -51,7 +50,14 @@ def run_ours(model, sc: dict, out, max_data: int = 262144) -> None:
         from pathlib import Path
 
         from workers import Isolated
-        _WORKER = Isolated(Path(tempfile.mkdtemp(prefix="graphgen-parity-")) / "graphgen.err")
+        _WORKER = Isolated(Path(tempfile.mkdtemp(prefix="graphgen-worker-")) / "graphgen.err")
         atexit.register(_WORKER.close)
-    res = _WORKER.call("sessions:run_ours", model=str(model), doc=sc, out=str(out), max_data=max_data)
+    return _WORKER
+
+
+def run_ours(model, sc: dict, out, max_data: int = 262144) -> None:
+    """graphgen's side of a live case, run in the worker process: a ggml abort on a drawn
+    configuration fails that case, not the whole test run. A refusal fails it too: these drafts
+    and scenarios are ones b11739 runs."""
+    res = worker().call("sessions:run_ours", model=str(model), doc=sc, out=str(out), max_data=max_data)
     assert res["ok"], f"graphgen refused step {res['step']}: {res['error']}"

@@ -32,8 +32,7 @@ def drafts(tmp_path_factory, perturbed):
             for name in VARIANTS}
 
 
-def _block_size(variant):
-    return 4  # make_model's default block
+BLOCK = 4  # make_model's default block size
 
 
 @pytest.mark.parametrize("flash_attn,type_kv,record", [(False, "f32", True), (True, "f16", True),
@@ -42,7 +41,7 @@ def _block_size(variant):
 def test_block_after_a_larger_inject(variant, flash_attn, type_kv, record, drafts, perturbed):
     """An inject of one row, a block after it, an inject of 64 rows (which grows the buffer when
     it is the largest graph), the same block again, whose graph is reused."""
-    bs = _block_size(variant)
+    bs = BLOCK
     steps = [["inject", 0, 1, 0], ["block", [[0, bs, 1]]], ["inject", 0, 64, 1], ["block", [[0, bs, 65]]]]
     got = perturbed.call("compute_buffer:same_outputs", model=drafts[variant], steps=steps, flash_attn=flash_attn,
                          type_kv=type_kv, record=record)
@@ -87,7 +86,7 @@ def test_random_orders_of_graph_kinds_and_sizes(variant, drafts, perturbed):
     for seed in range(8):
         rng = np.random.default_rng(400 + seed)
         n_seq = int(rng.integers(1, 4))
-        steps = _random_steps(rng, _block_size(variant), n_seq, 24, encode=variant == "dflash")
+        steps = _random_steps(rng, BLOCK, n_seq, 24, encode=variant == "dflash")
         got = perturbed.call("compute_buffer:same_outputs", model=drafts[variant], steps=steps,
                              flash_attn=bool(rng.random() < 0.5), type_kv=str(rng.choice(["f16", "f32"])),
                              n_seq=n_seq, record=bool(seed % 2))
