@@ -221,7 +221,7 @@ def test_html_diff_in_headless_chromium(tmp_path):
     dom = _chromium(page.as_uri(), tmp_path)
     first = re.findall(r'<g class="gnode([^"]*first-divergence[^"]*)" data-row="(\d+)"', dom)
     assert [data["rows"][int(k)][f["ref"]] for _, k in first] == [20] and "selected" in first[0][0]
-    assert re.search(rf'<h3 data-row="{first[0][1]}">{re.escape(ref.nodes[20].name)} \u2014 first divergence</h3>', dom)
+    assert re.search(rf'<h3 data-row="{first[0][1]}">{re.escape(ref.nodes[20].name)} \u2014 first value failure</h3>', dom)
     dom = _chromium(page.as_uri() + "#search=kq_soft_max-1", tmp_path)
     assert 'data-ready="1"' in dom, "the page script did not finish"
     errors = re.search(r'<div id="errors"[^>]*>(.*?)</div>', dom, re.S)

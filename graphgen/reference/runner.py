@@ -158,7 +158,7 @@ class ReferenceContext:
             self.log.enter("context")
             cparams = lib.llama_context_default_params()
             cparams.n_ctx = scenario.n_ctx
-            cparams.n_batch = scenario.n_ubatch
+            cparams.n_batch = scenario.n_batch or scenario.n_ubatch
             cparams.n_ubatch = scenario.n_ubatch
             cparams.n_seq_max = scenario.n_seq
             cparams.kv_unified = True  # one stream: graphgen keeps a unified cache
@@ -247,6 +247,25 @@ class ReferenceContext:
             self.mdl = self.ffi.NULL
 
 
+def compute_device(libdir: Path) -> str:
+    """The device llama.cpp computes on with the runner's default model parameters, which offload
+    every layer to the build's GPUs when it registered any: "CPU" for the b11739 wheel (CPU and
+    RPC only, no RPC server given), the GPUs' names (`CUDA0`) otherwise."""
+    g = ctypes.CDLL(str(lib_file(libdir, "ggml") or "libggml.so.0"))
+    g.ggml_backend_dev_count.restype = ctypes.c_size_t
+    g.ggml_backend_dev_get.restype = ctypes.c_void_p
+    g.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
+    g.ggml_backend_dev_name.restype = ctypes.c_char_p
+    g.ggml_backend_dev_name.argtypes = [ctypes.c_void_p]
+    g.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
+    devs = [g.ggml_backend_dev_get(i) for i in range(g.ggml_backend_dev_count())]
+    for kind in (1, 2):  # ggml_backend_dev_type: discrete GPUs first, then integrated ones
+        names = [g.ggml_backend_dev_name(d).decode() for d in devs if g.ggml_backend_dev_type(d) == kind]
+        if names:
+            return ",".join(names)
+    return "CPU"
+
+
 def run_child(model: Path, scenario: Scenario, out: Path, max_data: int, scenario_path=None) -> list[Path]:
     from ..dump import provenance, write_dump
 
@@ -259,7 +278,8 @@ def run_child(model: Path, scenario: Scenario, out: Path, max_data: int, scenari
     try:
         meta = rc.meta
         custom = custom_llama_dir()
-        source = {"engine": "llama.cpp", "ggml": base_lib.ggml_version().decode(), "llama_dir": str(rc.libdir)}
+        source = {"engine": "llama.cpp", "ggml": base_lib.ggml_version().decode(), "llama_dir": str(rc.libdir),
+                  "backend": compute_device(rc.libdir)}
         if custom is None:
             source.update(version=REFERENCE_BUILD, package=f"llama-cpp-py-sync=={REFERENCE_VERSION}")
         else:

@@ -1,20 +1,27 @@
 """A DiffResult as per-node statuses, for the viewers.
 
-Statuses: matched, changed (structure), value (NMSE or NaN/Inf failure), missing (in ref, not in
-ours), extra (in ours only), explained (covered by an equivalence rule).
+Statuses: matched (identical), changed (structure), value (NMSE or NaN/Inf failure), missing (in
+ref, not in ours: deleted), extra (in ours only: inserted), explained (covered by an equivalence
+rule), uncompared (structure equal, but a side kept neither values nor a digest).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from graphgen.diff import DiffResult
 from graphgen.dump import Dump
 
-STATUSES = ("matched", "changed", "value", "missing", "extra", "explained")
+STATUSES = ("matched", "changed", "value", "missing", "extra", "explained", "uncompared")
 STATUS_COLOURS = {"matched": "#c8e6c9", "changed": "#ffcc80", "value": "#f48fb1",
-                  "missing": "#ef9a9a", "extra": "#90caf9", "explained": "#e0e0e0"}
+                  "missing": "#ef9a9a", "extra": "#90caf9", "explained": "#e0e0e0",
+                  "uncompared": "#fff59d"}
+# what a legend calls each status: the diff's own words for them
+STATUS_LABELS = {"matched": "identical", "changed": "changed", "value": "value failure",
+                 "missing": "deleted (ref only)", "extra": "inserted (ours only)",
+                 "explained": "explained by a rule", "uncompared": "not compared"}
 
 
 @dataclass
@@ -25,6 +32,10 @@ class Row:
     nmse: float | None = None
     max_abs: float | None = None
     detail: str = ""
+    # a changed node's fields, field -> (ref value, ours value)
+    fields: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+    # the element furthest apart of a compared node (DiffResult's numeric "worst"), or None
+    worst: dict[str, Any] | None = None
 
 
 @dataclass
@@ -33,6 +44,8 @@ class DiffMap:
     ref_status: dict[int, Row] = field(default_factory=dict)
     ours_status: dict[int, Row] = field(default_factory=dict)
     first: Row | None = None
+    first_structural: Row | None = None
+    first_value: Row | None = None
 
 
 def _num(v: float) -> float | None:
@@ -47,6 +60,7 @@ def diff_map(res: DiffResult, ref: Dump, ours: Dump) -> DiffMap:
     ex_ref = {i for e in res.explained for i in e.ref_indices}
     ex_ours = {j for e in res.explained for j in e.ours_indices}
     numeric = {r.ref_index: r for r in res.numeric}
+    uncompared = {i: why for i, _, _, why in res.not_compared}
 
     # The alignment is monotonic, so the paired nodes are what is left on each side, in order.
     ref_paired = [i for i in range(len(ref.nodes)) if i not in deleted and i not in ex_ref]
@@ -69,12 +83,17 @@ def diff_map(res: DiffResult, ref: Dump, ours: Dump) -> DiffMap:
             continue
         row = Row(i, pair.get(i), "matched")
         if i in changed:
-            row.status, row.detail = "changed", changed[i].describe()
+            row.status, row.detail, row.fields = "changed", changed[i].describe(), dict(changed[i].fields)
         nr = numeric.get(i)
         if nr is not None:
             row.nmse, row.max_abs = _num(nr.nmse), _num(nr.max_abs)
+            # read through to_dict: the shape the diff publishes, whatever its fields are called
+            row.worst = nr.to_dict().get("worst")
             if not nr.ok and row.status == "matched":
                 row.status, row.detail = "value", nr.describe()
+        elif i in uncompared and row.status == "matched":
+            # equal structure is not equal values: a node nobody compared is not shown as identical
+            row.status, row.detail = "uncompared", f"values not compared: {uncompared[i]}"
         rows.append(row)
     # ours nodes covered by rules on the ours side only have no ref row
     for j in sorted(ex_ours - {r.ours for r in rows if r.ours is not None}):
@@ -86,10 +105,18 @@ def diff_map(res: DiffResult, ref: Dump, ours: Dump) -> DiffMap:
             dm.ref_status[r.ref] = r
         if r.ours is not None:
             dm.ours_status[r.ours] = r
-    fd = res.first_divergence
-    if fd:
-        if fd.get("ref_index") is not None:
-            dm.first = dm.ref_status.get(fd["ref_index"])
-        elif fd.get("ours_index") is not None:
-            dm.first = dm.ours_status.get(fd["ours_index"])
+    dm.first = _row_of(dm, res.first_divergence)
+    dm.first_structural = _row_of(dm, res.first_structural)
+    dm.first_value = _row_of(dm, res.first_value)
     return dm
+
+
+def _row_of(dm: DiffMap, event: dict | None) -> Row | None:
+    """The row a first-divergence event (kind, ref_index, ours_index, ...) points at."""
+    if not event:
+        return None
+    if event.get("ref_index") is not None:
+        return dm.ref_status.get(event["ref_index"])
+    if event.get("ours_index") is not None:
+        return dm.ours_status.get(event["ours_index"])
+    return None

@@ -25,12 +25,13 @@ from graphgen.dump import Dump
 from graphgen.opparams import format_op_params
 
 from . import graph as V
-from .diffmap import STATUS_COLOURS, diff_map
+from .diffmap import STATUS_COLOURS, STATUS_LABELS, diff_map
 from .dot import OP_KINDS, OTHER_COLOUR, op_kind
 
 # row fields, in the order the page's JS reads them; stats are [min, max, mean, nan, inf, count]
+# (changes: [field, ref text, ours text] of a changed node; worst: the element furthest apart)
 FIELDS = ("name", "op", "type", "ne", "layer", "src", "status", "nmse", "max_abs", "detail", "ref", "ours",
-          "params", "backend", "stats", "vals", "ostats", "ovals")
+          "params", "backend", "stats", "vals", "ostats", "ovals", "obackend", "changes", "worst")
 N_FIRST_VALUES = 8
 STATIC = Path(__file__).with_name("static")
 
@@ -69,11 +70,37 @@ def _values_info(d: Dump, i: int) -> tuple[list | None, list | None]:
 
 
 def _backend(d: Dump, i: int) -> str | None:
+    """The backend that computed node i: the node's own record, an import's, else the one the
+    dump's source names for the whole graph (the llama.cpp runner records the device it ran on)."""
     n = d.nodes[i]
     if n.backend:
         return n.backend
-    imported = ((d.source or {}).get("import") or {}).get("backends") or {}
-    return imported.get(str(i))
+    src = d.source or {}
+    imported = (src.get("import") or {}).get("backends") or {}
+    return imported.get(str(i)) or src.get("backend")
+
+
+def _side_text(field: str, value, op: str, ne: list[int]) -> str:
+    if field == "op_params":
+        return format_op_params(op, list(value), list(ne)) or "(none)"
+    if field == "ne":
+        return "[" + ", ".join(map(str, value)) + "]"
+    if field == "src":
+        return ", ".join(s or '""' for s in value) or "(none)"
+    return "-" if value is None else str(value)
+
+
+def _changes(fields: dict, r, o) -> list[list[str]]:
+    """[field, ref, ours] for each field of a changed pair; op_params decoded by each side's op,
+    with the raw slots when the decoding reads the same on both sides (a slot outside the op's
+    layout changed)."""
+    out = []
+    for f, (a, b) in fields.items():
+        ta, tb = _side_text(f, a, r.op, r.ne), _side_text(f, b, o.op, o.ne)
+        if ta == tb:
+            ta, tb = str(list(a) if isinstance(a, (list, tuple)) else a), str(list(b) if isinstance(b, (list, tuple)) else b)
+        out.append([f, ta, tb])
+    return out
 
 
 @functools.lru_cache(maxsize=4096)
@@ -92,7 +119,7 @@ def _single_rows(d: Dump) -> list[list]:
     sources = V.resolve_sources(d.nodes)
     layers = V.node_layers(d.nodes, sources)
     return [[n.name, n.op, n.type, n.ne, il, [[s, -1 if k is None else k] for _, s, k in srcs],
-             "", None, None, "", n.index, None, *_node_fields(d, n.index), None, None]
+             "", None, None, "", n.index, None, *_node_fields(d, n.index), None, None, None, None, None]
             for n, il, srcs in zip(d.nodes, layers, sources)]
 
 
@@ -111,18 +138,18 @@ def _diff_rows(res: DiffResult, ref: Dump, ours: Dump) -> tuple[list[list], int 
             n, srcs, il, to_row = ours.nodes[r.ours], osrc[r.ours], olay[r.ours], row_of_ours
             params, backend, stats, vals = _node_fields(ours, r.ours)
         ostats, ovals = _values_info(ours, r.ours) if r.ours is not None and r.ref is not None else (None, None)
+        obackend = _backend(ours, r.ours) if r.ours is not None else None
         if r.ref is None:
-            stats, vals, ostats, ovals = None, None, stats, vals
-        if r.ours is not None and r.ref is not None:
-            obackend = _backend(ours, r.ours)
-            if obackend and obackend != backend:
-                backend = f"{backend or '?'} (ref), {obackend} (ours)"
+            stats, vals, ostats, ovals, backend = None, None, stats, vals, None
+        changes = _changes(r.fields, ref.nodes[r.ref], ours.nodes[r.ours]) if r.fields else None
         rows.append([n.name, n.op, n.type, n.ne, il,
                      [[s, -1 if k is None else to_row.get(k, -1)] for _, s, k in srcs],
                      r.status, _f(r.nmse), _f(r.max_abs), r.detail, r.ref, r.ours,
-                     params, backend, stats, vals, ostats, ovals])
-    first = dm.rows.index(dm.first) if dm.first is not None else None
-    return rows, first
+                     params, backend, stats, vals, ostats, ovals, obackend, changes, r.worst])
+    at = {id(r): k for k, r in enumerate(dm.rows)}
+    firsts = {key: None if row is None else at[id(row)] for key, row in
+              (("first", dm.first), ("firstStructural", dm.first_structural), ("firstValue", dm.first_value))}
+    return rows, firsts
 
 
 def side_label(d: Dump) -> str:
@@ -228,26 +255,29 @@ def to_html(ref: Dump, ours: Dump | None = None, res: DiffResult | None = None,
             title: str | None = None) -> str:
     """The page for one dump, or for a diff of two (res is computed when not given)."""
     plot = ""
+    firsts: dict = {"first": None, "firstStructural": None, "firstValue": None}
     if ours is None:
-        rows, first, mode = _single_rows(ref), None, "single"
+        rows, mode = _single_rows(ref), "single"
         summary = f"{len(ref.nodes)} nodes, {ref.graph} graph, {ref.model}, {side_label(ref)}"
     else:
         if res is None:
             from graphgen.diff import diff_dumps
             res = diff_dumps(ref, ours)
-        rows, first, mode = *_diff_rows(res, ref, ours), "diff"
+        (rows, firsts), mode = _diff_rows(res, ref, ours), "diff"
         s = res.summary
         summary = (f"{'IDENTICAL' if res.identical else 'DIVERGED'}: ref {s.get('nodes_ref')} nodes, "
                    f"ours {s.get('nodes_ours')}; {s.get('matched')} matched, {s.get('changed')} changed, "
                    f"{s.get('deleted')} missing, {s.get('inserted')} extra, "
                    f"{s.get('numeric_failed')} value failures")
-        if res.first_divergence:
-            summary += f" | first divergence: {res.first_divergence['detail']}"
+        for what, event in (("first structural change", res.first_structural),
+                            ("first value failure", res.first_value)):
+            if event:
+                summary += f" | {what}: {event['detail']}"
         thr = min((r.threshold for r in res.numeric), default=None)
         plot = nmse_plot(rows, thr)
     title = title or page_title(ref, ours)
-    data = {"mode": mode, "fields": list(FIELDS), "rows": rows, "first": first,
-            "statusColours": STATUS_COLOURS,
+    data = {"mode": mode, "fields": list(FIELDS), "rows": rows, **firsts,
+            "statusColours": STATUS_COLOURS, "statusLabels": STATUS_LABELS,
             "opColours": {k: c for k, (_, c) in OP_KINDS.items()} | {"other": OTHER_COLOUR},
             "opKinds": {r[1]: op_kind(r[1]) for r in rows}}
     blob = json.dumps(data, separators=(",", ":")).replace("</", "<\\/")
@@ -282,9 +312,10 @@ window.addEventListener("error", function (e) {
 <div id="bar">
 <input id="search" type="search" placeholder="search node name (Enter: next)" autocomplete="off">
 <button id="expand">expand all</button> <button id="collapse">collapse all</button> <button id="fit">fit</button>
-<button id="first-btn" hidden>jump to first divergence</button>
-<span class="legend" id="legend"></span>
+<button id="first-structural" hidden>first structural change</button>
+<button id="first-value" hidden>first value failure</button>
 </div>
+<div class="legend" id="legend"></div>
 <div id="errors" hidden></div>
 </header>
 <main><div id="graph"><svg id="canvas" xmlns="http://www.w3.org/2000/svg"><g id="vp"><g id="edges"></g><g id="boxes"></g><g id="nodes"></g></g></svg>

@@ -6,6 +6,9 @@ var rows = D.rows, diff = D.mode === "diff", N = rows.length;
 var SVGNS = "http://www.w3.org/2000/svg";
 var NODE_W = 190, NODE_H = 40, GAP_X = 26, GAP_Y = 34, BOX_W = 380, BOX_H = 54, GROUP_GAP = 34,
     PAD = 18, HEAD = 28, PER_LINE = 16;  // a depth with more nodes than PER_LINE wraps onto more lines
+// below DETAIL_S the two 11-unit text lines of a node would be under 8 px: one label, sized to its box
+var DETAIL_S = 0.73, READ_S = 1, LABEL_PAD = 5, LABEL_MAX = 30, LABEL_MIN_PX = 6, STRIP_W = 9,
+    LABEL_FONT = "ui-monospace, monospace";
 
 function esc(s) { return String(s).replace(/[&<>"]/g, function (c) { return {"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;"}[c]; }); }
 function layerKey(l) { return l === null ? "global" : "layer " + l; }
@@ -145,6 +148,22 @@ function drawBoxes() {
   });
   boxesG.appendChild(frag);
 }
+// text widths at font size 1, measured once per text: labels are sized to fit their box
+var measure = document.createElement("canvas").getContext("2d"), widths = {};
+function textWidth(t) {
+  var w = widths[t];
+  if (w === undefined) { measure.font = "100px " + LABEL_FONT; w = widths[t] = measure.measureText(t).width / 100; }
+  return w;
+}
+// a zoomed-out node's label: its name when the name fits the box at a readable size, else its op
+// (short, so it fits where a name cannot), each as large as the box allows
+function shortLabel(r) {
+  var room = NODE_W - 2 * LABEL_PAD - (diff ? STRIP_W : 0);
+  function size(t) { return Math.min(LABEL_MAX, room / Math.max(textWidth(t), 1e-6)); }
+  var name = r[F.name];
+  if (name) { var fs = size(name); if (fs * s >= LABEL_MIN_PX) return [name, fs]; }
+  return [r[F.op], size(r[F.op])];
+}
 function nodeEl(k, x, y, detail) {
   var r = rows[k], cls = "gnode";
   if (k === selected) cls += " selected";
@@ -153,8 +172,13 @@ function nodeEl(k, x, y, detail) {
   var g = el("g", {"class": cls, "data-row": k, transform: "translate(" + x + "," + y + ")"});
   g.appendChild(el("rect", {"class": "body", width: NODE_W, height: NODE_H, rx: 5, fill: colour(r)}));
   var nc = diff ? nmseColour(r[F.nmse]) : null;
-  if (nc) g.appendChild(el("rect", {"class": "nmse", x: NODE_W - 9, y: 1, width: 8, height: NODE_H - 2, fill: nc}));
-  if (detail) {
+  if (nc) g.appendChild(el("rect", {"class": "nmse", x: NODE_W - STRIP_W, y: 1, width: STRIP_W - 1, height: NODE_H - 2, fill: nc}));
+  if (!detail) {
+    var lb = shortLabel(r);
+    g.appendChild(el("text", {x: LABEL_PAD, y: NODE_H / 2, "class": "lbl", "dominant-baseline": "central",
+                              style: "font-size:" + lb[1].toFixed(2) + "px"}, lb[0]));
+    g.appendChild(el("title", {}, (r[F.name] || "(unnamed)") + "\n" + r[F.op]));
+  } else {
     var idx = diff ? (r[F.ref] !== null ? "#" + r[F.ref] : "+" + r[F.ours]) : "#" + r[F.ref];
     var name = r[F.name] || "(unnamed)";
     if (name.length > 24) name = name.slice(0, 23) + "\u2026";
@@ -177,7 +201,7 @@ function render() {
   vp.setAttribute("transform", "translate(" + tx + "," + ty + ") scale(" + s + ")");
   nodesG.textContent = ""; edgesG.textContent = "";
   var vs = viewSize(), x0 = -tx / s, y0 = -ty / s, x1 = (vs[0] - tx) / s, y1 = (vs[1] - ty) / s;
-  var detail = s >= 0.3, frag = document.createDocumentFragment(), inner = [], boxes = [], n = 0;
+  var detail = s >= DETAIL_S, frag = document.createDocumentFragment(), inner = [], boxes = [], n = 0;
   function inView(ax, ay, bx, by) { return Math.max(ax, bx) >= x0 && Math.min(ax, bx) <= x1 && Math.max(ay, by) >= y0 && Math.min(ay, by) <= y1; }
   groups.forEach(function (g) {
     if (!g.open || g.y > y1 || g.y + g.h < y0) return;
@@ -216,7 +240,13 @@ function fit() {
   s = Math.max(0.001, Math.min(2, (vs[0] - 20) / (world.w + 40), (vs[1] - 20) / (world.h + 40)));
   tx = vs[0] / 2; ty = Math.max(10, (vs[1] - world.h * s) / 2); render();
 }
-function centreOn(x, y) { var vs = viewSize(); if (s < 0.6) s = 0.9; tx = vs[0] / 2 - x * s; ty = vs[1] / 2 - y * s; render(); }
+function centreOn(x, y) { var vs = viewSize(); if (s < READ_S) s = READ_S; tx = vs[0] / 2 - x * s; ty = vs[1] / 2 - y * s; render(); }
+// the whole of a group in view, as large as fits (never past 1:1)
+function zoomToGroup(g) {
+  var vs = viewSize();
+  s = Math.max(0.001, Math.min(1, (vs[0] - 20) / (g.w + 20), (vs[1] - 20) / (g.h + 20)));
+  tx = vs[0] / 2; ty = vs[1] / 2 - (g.y + g.h / 2) * s; render();
+}
 svg.addEventListener("wheel", function (e) {
   e.preventDefault();
   var r = svg.getBoundingClientRect(), mx = e.clientX - r.left, my = e.clientY - r.top;
@@ -253,7 +283,7 @@ function setOpen(list, open) {
 function toggle(g) {
   var wasOpen = g.open;
   setOpen([g], !wasOpen);
-  if (!wasOpen) centreOn(0, g.y + Math.min(g.h, viewSize()[1] / s) / 2 - 20); else render();
+  if (!wasOpen) zoomToGroup(g); else render();
 }
 function select(k, centre) {
   var g = groups[rowGroup[k]];
@@ -275,8 +305,14 @@ function jump(k, label) { return '<a class="jump" data-row="' + k + '">' + esc(l
 function showDetails(k) {
   var r = rows[k], t = [["row", k], ["name", esc(r[F.name])], ["op", esc(r[F.op])], ["type", esc(r[F.type])],
     ["ne", ne(r)], ["layer", esc(layerKey(r[F.layer]))], ["op_params", '<span class="params">' + esc(r[F.params] || "-") + "</span>"],
-    ["backend", '<span class="backend">' + esc(r[F.backend] || "-") + "</span>"]];
-  if (diff) t.push(["status", esc(r[F.status])], ["ref index", r[F.ref] === null ? "-" : r[F.ref]],
+    ];
+  function be(v) { return esc(v || "not recorded"); }
+  if (!diff) t.push(["backend", '<span class="backend">' + be(r[F.backend]) + "</span>"]);
+  else {
+    if (r[F.ref] !== null) t.push(["backend (ref)", '<span class="backend ref">' + be(r[F.backend]) + "</span>"]);
+    if (r[F.ours] !== null) t.push(["backend (ours)", '<span class="backend ours">' + be(r[F.obackend]) + "</span>"]);
+  }
+  if (diff) t.push(["status", esc(D.statusLabels[r[F.status]] || r[F.status])], ["ref index", r[F.ref] === null ? "-" : r[F.ref]],
     ["ours index", r[F.ours] === null ? "-" : r[F.ours]], ["nmse", fmt(r[F.nmse])], ["max abs", fmt(r[F.max_abs])]);
   if (!diff || r[F.ref] !== null) statsRows(t, r[F.stats], r[F.vals], diff ? "ref" : "");
   if (diff && r[F.ours] !== null) statsRows(t, r[F.ostats], r[F.ovals], "ours");
@@ -287,9 +323,30 @@ function showDetails(k) {
     if (rows[j][F.src].some(function (s) { return s[1] === k; })) users.push(jump(j, rows[j][F.name] || "#" + j));
   t.push(["used by", users.join("<br>") || "-"]);
   if (r[F.detail]) t.push(["detail", esc(r[F.detail])]);
-  var det = document.getElementById("details");
-  det.innerHTML = '<h3 data-row="' + k + '">' + esc(r[F.name] || "(unnamed)") + (k === D.first ? " &mdash; first divergence" : "") +
-    "</h3><table>" + t.map(function (x) { return "<tr><td>" + x[0] + "</td><td>" + x[1] + "</td></tr>"; }).join("") + "</table>";
+  var det = document.getElementById("details"), extra = "";
+  var ch = diff ? r[F.changes] : null;
+  if (ch && ch.length) {
+    extra += '<h4>what changed</h4><table class="changes"><tr><th>field</th><th>ref</th><th>ours</th></tr>' +
+      ch.map(function (c) {
+        return '<tr data-field="' + esc(c[0]) + '"><td>' + esc(c[0]) + '</td><td class="ref">' + esc(c[1]) +
+               '</td><td class="ours">' + esc(c[2]) + "</td></tr>";
+      }).join("") + "</table>";
+  }
+  var w = diff ? r[F.worst] : null;
+  if (w) {
+    extra += '<h4>largest error</h4><table class="worst">' + [
+      ["flat index", '<span class="w-index">' + w.index + "</span>"],
+      ["coordinates (ne0 first)", '<span class="w-coord">[' + w.coord.join(", ") + "]</span>"],
+      ["ref", '<span class="w-ref">' + num(w.ref) + "</span>"], ["ours", '<span class="w-ours">' + num(w.ours) + "</span>"],
+      ["|ref - ours|", '<span class="w-abs">' + num(w.abs) + "</span>"]
+    ].map(function (x) { return "<tr><td>" + x[0] + "</td><td>" + x[1] + "</td></tr>"; }).join("") + "</table>";
+  }
+  var marks = [];
+  if (k === D.firstStructural) marks.push("first structural change");
+  if (k === D.firstValue) marks.push("first value failure");
+  if (!marks.length && k === D.first) marks.push("first divergence");
+  det.innerHTML = '<h3 data-row="' + k + '">' + esc(r[F.name] || "(unnamed)") + (marks.length ? " &mdash; " + marks.join(", ") : "") +
+    "</h3><table>" + t.map(function (x) { return "<tr><td>" + x[0] + "</td><td>" + x[1] + "</td></tr>"; }).join("") + "</table>" + extra;
   det.querySelectorAll("a.jump").forEach(function (a) { a.addEventListener("click", function () { select(+a.dataset.row, true); }); });
 }
 
@@ -319,10 +376,29 @@ document.querySelectorAll("#plot .pt").forEach(function (c) {
   c.addEventListener("click", function () { select(+c.getAttribute("data-row"), true); });
 });
 
-var legend = document.getElementById("legend"), cols = diff ? D.statusColours : D.opColours;
-legend.innerHTML = Object.keys(cols).map(function (s) { return '<span style="background:' + cols[s] + '">' + esc(s) + "</span>"; }).join("");
-var fb = document.getElementById("first-btn");
-if (D.first !== null) { fb.hidden = false; fb.addEventListener("click", function () { select(D.first, true); }); }
+// the legend: every colour the nodes can take, from the table they are drawn with, and how many
+// nodes have it; then the NMSE strip and the outlines
+var counts = {};
+for (k = 0; k < N; k++) { var kk = kindOf(rows[k]); counts[kk] = (counts[kk] || 0) + 1; }
+var cols = diff ? D.statusColours : D.opColours;
+var legendHtml = Object.keys(cols).map(function (key) {
+  var label = diff ? D.statusLabels[key] || key : key;
+  return '<span class="item" data-key="' + esc(key) + '"><i class="sw" style="background:' + cols[key] + '"></i>' +
+    esc(label) + ' <span class="n">' + (counts[key] || 0) + "</span></span>";
+}).join("");
+if (diff) legendHtml += '<span class="item strip"><i class="sw grad"></i>NMSE strip: 0 green to \u22651e-2 red, log scale</span>';
+legendHtml += '<span class="item"><i class="sw ring sel"></i>selected</span>' +
+  (diff ? '<span class="item"><i class="sw ring first"></i>first divergence</span>' : "") +
+  '<span class="item"><i class="sw ring hit"></i>search hit</span>';
+document.getElementById("legend").innerHTML = legendHtml;
+[["first-structural", D.firstStructural], ["first-value", D.firstValue]].forEach(function (b) {
+  var btn = document.getElementById(b[0]);
+  if (b[1] === null || b[1] === undefined) return;
+  btn.hidden = false;
+  btn.title = rows[b[1]][F.name] || "(unnamed)";
+  btn.textContent += ": " + (rows[b[1]][F.name] || "(unnamed)");
+  btn.addEventListener("click", function () { select(b[1], true); });
+});
 
 // ---- URL fragment: #node=K, #search=TEXT, #open=all or #open=layer 1,global ---------------------
 function fromHash() {
