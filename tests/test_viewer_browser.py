@@ -362,3 +362,265 @@ def test_model_explorer_web_app_loads_the_export(browser, tmp_path):
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
+
+
+# ---- zoom, labels, legend, what changed, backends, largest error, the two first jumps ----------
+
+STATUS_WORDS = {"matched": "identical", "changed": "changed", "value": "value failure", "missing": "deleted",
+                "extra": "inserted", "explained": "explained", "uncompared": "not compared"}
+OP_PARAMS_AT, OP_AT, VALUE_AT, UNCOMPARED_AT = 12, 40, 27, 36  # nodes of the DFlash block, planted below
+WORST_FLAT, WORST_DELTA = 1234, 0.75
+
+
+def _f32_bits(x: float) -> int:
+    import struct
+    return struct.unpack("<i", struct.pack("<f", x))[0]
+
+
+def _planted(tmp_path: Path):
+    """ref = the plain DFlash block; ours = the same with, in graph order: node 12's RMS_NORM eps
+    1e-6 -> 1e-5, node 27's values off by 1e-3 everywhere and by 0.75 at one element, node 36's
+    values and digest dropped (not comparable), node 40's op ADD -> SUB."""
+    import dataclasses
+
+    from graphgen.dump import write_dump
+    ref = load_dump(REF_DIR / "dflash-fa-off" / "01-block.json")
+    vals = {i: ref.values(i) for i in range(len(ref.nodes)) if ref.values(i) is not None}
+    nodes = [dataclasses.replace(n) for n in ref.nodes]
+    assert nodes[OP_PARAMS_AT].op == "RMS_NORM" and nodes[OP_PARAMS_AT].op_params[0] == _f32_bits(1e-6)
+    params = list(nodes[OP_PARAMS_AT].op_params)
+    params[0] = _f32_bits(1e-5)
+    nodes[OP_PARAMS_AT] = dataclasses.replace(nodes[OP_PARAMS_AT], op_params=params)
+    v = vals[VALUE_AT].copy().ravel()
+    v += np.float32(1e-3)
+    v[WORST_FLAT] += np.float32(WORST_DELTA)
+    vals[VALUE_AT] = v.reshape(vals[VALUE_AT].shape)
+    del vals[UNCOMPARED_AT]
+    nodes[UNCOMPARED_AT] = dataclasses.replace(nodes[UNCOMPARED_AT], digest=None)
+    nodes[OP_AT] = dataclasses.replace(nodes[OP_AT], op="SUB")
+    header = {"source": ref.source, "model": ref.model, "settings": ref.settings, "cpu_features": ref.cpu_features}
+    return ref, load_dump(write_dump(tmp_path / "ours", 1, "block", header, nodes, vals))
+
+
+def _row_of_ref(browser, i: int) -> int:
+    data = json.loads(browser.js("document.getElementById('data').textContent"))
+    f = {k: n for n, k in enumerate(data["fields"])}
+    return next(k for k, r in enumerate(data["rows"]) if r[f["ref"]] == i)
+
+
+def _canvas(browser) -> dict:
+    return browser.js("(function(){var b=document.getElementById('canvas').getBoundingClientRect();"
+                      "return {left:b.left,top:b.top,right:b.right,bottom:b.bottom,width:b.width,height:b.height};})()")
+
+
+def _rect(browser, selector: str) -> dict:
+    r = browser.js(f"(function(){{var e=document.querySelector({json.dumps(selector)});if(!e)return null;"
+                   "var b=e.getBoundingClientRect();return {left:b.left,top:b.top,right:b.right,bottom:b.bottom,"
+                   "width:b.width,height:b.height};})()")
+    assert r is not None, f"nothing matches {selector}"
+    return r
+
+
+def _wait(browser, expr: str, want, tries: int = 100):
+    for _ in range(tries):
+        if browser.js(expr) == want:
+            return
+        time.sleep(0.05)
+    assert browser.js(expr) == want, expr
+
+
+def test_opening_a_layer_fits_it_and_a_search_centres_its_node(browser, tmp_path):
+    d = load_dump(REF_DIR / "dflash-fa-off" / "01-block.json")
+    url = _page(tmp_path, "zoom.html", to_html(d))
+    browser.load(url)
+    for _ in range(3):  # zoom far out first, as after looking at the whole graph
+        browser.mouse("mouseWheel", 300, 300, deltaX=0, deltaY=1000)
+    assert browser.js("window.__viewer.view()")["s"] < 0.03
+    browser.click(*browser.centre_of('.glayer[data-layer="layer 1"] rect.frame'))
+    assert browser.js("document.querySelector('.glayer[data-layer=\"layer 1\"]').classList.contains('open')")
+    # the opened layer is wholly in view and fills it along one side
+    c, frame = _canvas(browser), _rect(browser, '.glayer[data-layer="layer 1"] rect.frame')
+    assert frame["left"] >= c["left"] - 1 and frame["right"] <= c["right"] + 1
+    assert frame["top"] >= c["top"] - 1 and frame["bottom"] <= c["bottom"] + 1
+    assert max(frame["width"] / c["width"], frame["height"] / c["height"]) > 0.9
+    layers = V.node_layers(d.nodes)
+    drawn = [r for r, _ in _drawn(browser)]
+    assert sorted(drawn) == [k for k, il in enumerate(layers) if il == 1]  # every node of it drawn
+    # a search for a node of another layer, typed: the view moves to it, centred and readable
+    names = [n.name for n in d.nodes]
+    k = next(k for k, n in enumerate(names)
+             if layers[k] == 0 and n and sum(n.lower() in m.lower() for m in names) == 1)
+    browser.js("window.__viewer.fit()")
+    browser.click(*browser.centre_of("#search"))
+    browser.send("Input.insertText", {"text": names[k]}, page=True)
+    for kind in ("keyDown", "keyUp"):
+        browser.send("Input.dispatchKeyEvent", {"type": kind, "key": "Enter", "code": "Enter",
+                                                "windowsVirtualKeyCode": 13}, page=True)
+    _wait(browser, "(document.querySelector('#details h3') || {}).textContent", names[k])
+    node = _rect(browser, f'#nodes .gnode[data-row="{k}"] rect.body')
+    c = _canvas(browser)
+    assert abs((node["left"] + node["right"]) / 2 - (c["left"] + c["right"]) / 2) < 2
+    assert abs((node["top"] + node["bottom"]) / 2 - (c["top"] + c["bottom"]) / 2) < 2
+    assert node["width"] >= 0.95 * 190  # 1:1 or closer: the node's name and op are legible
+    text = browser.js(f"document.querySelector('#nodes .gnode[data-row=\"{k}\"]').textContent")
+    assert names[k] in text and d.nodes[k].op in text
+
+
+def _labels(browser) -> list[dict]:
+    return browser.js("Array.from(document.querySelectorAll('#nodes .gnode')).map(function(g){"
+                      "var b=g.querySelector('rect.body').getBoundingClientRect(), ts=g.querySelectorAll('text');"
+                      "return {row:+g.getAttribute('data-row'), n:ts.length, text:ts.length?ts[0].textContent:'',"
+                      "box:[b.left,b.top,b.right,b.bottom], t:Array.from(ts).map(function(t){"
+                      "var r=t.getBoundingClientRect();return [r.left,r.top,r.right,r.bottom];})};})")
+
+
+@pytest.mark.parametrize("case, layer", [("dflash-fa-off", None), ("dflash-iswa-fa-on", None), ("dsv4-fa-on", 0)])
+def test_labels_fit_their_boxes_at_fit_zoom(browser, tmp_path, case, layer):
+    """The whole block fitted to the view (the DeepSeek-V4 block, 260 nodes, one layer opened and
+    fitted: the whole of it would leave boxes 2.6 px tall, with no room for a glyph)."""
+    d = load_dump(REF_DIR / case / "01-block.json")
+    url = _page(tmp_path, f"labels-{case}.html", to_html(d))
+    browser.load(url + ("#open=all" if layer is None else ""))
+    if layer is not None:
+        browser.click(*browser.centre_of(f'.glayer[data-layer="layer {layer}"] rect.frame'))
+    s = browser.js("window.__viewer.view()")["s"]
+    assert s < 0.3  # the graph does not fit at a readable zoom: this is the zoomed-out case
+    labels = _labels(browser)
+    layers = V.node_layers(d.nodes)
+    assert sorted(lb["row"] for lb in labels) == [k for k in range(len(d.nodes)) if layer is None or layers[k] == layer]
+    shown = {"name": 0, "op": 0}
+    for lb in labels:
+        n = d.nodes[lb["row"]]
+        assert lb["n"] == 1 and lb["text"] in (n.name, n.op) and lb["text"], (n.name, lb)
+        shown["name" if lb["text"] == n.name and n.name != n.op else "op"] += 1
+        (l0, t0, r0, b0), (l1, t1, r1, b1) = lb["box"], lb["t"][0]
+        assert l1 >= l0 - 0.5 and r1 <= r0 + 0.5 and t1 >= t0 - 0.5 and b1 <= b0 + 0.5, (n.name, lb)
+        assert b1 - t1 > 0  # drawn, not collapsed to nothing
+    if case == "dflash-fa-off":  # 0.21: room for the short names, the ops elsewhere, all legible
+        assert shown["name"] and shown["op"], shown
+        assert min(lb["t"][0][3] - lb["t"][0][1] for lb in labels) >= 5
+    # zoomed in, a node shows both lines: index and name, then op, type and shape
+    k = next(k for k, n in enumerate(d.nodes) if n.name and n.op == "MUL_MAT")
+    browser.js(f"window.__viewer.select({k}, true)")
+    texts = browser.js(f"Array.from(document.querySelectorAll('#nodes .gnode[data-row=\"{k}\"] text'))"
+                       ".map(function(t){return t.textContent;})")
+    assert texts == [f"#{k} {d.nodes[k].name}"[:24 + len(str(k)) + 2].rstrip() if len(d.nodes[k].name) <= 24
+                     else f"#{k} {d.nodes[k].name[:23]}\u2026",
+                     f"MUL_MAT {d.nodes[k].type} [{', '.join(map(str, d.nodes[k].ne))}]"]
+
+
+def _hex_rgb(h: str) -> str:
+    return f"rgb({int(h[1:3], 16)}, {int(h[3:5], 16)}, {int(h[5:7], 16)})"
+
+
+def test_legend_names_the_colours_the_nodes_are_drawn_with(browser, tmp_path):
+    from graphgen.diff import diff_dumps
+    ref, ours = _planted(tmp_path)
+    res = diff_dumps(ref, ours)
+    url = _page(tmp_path, "legend.html", to_html(ref, ours, res))
+    browser.load(url + "#open=all")
+    assert browser.errors() == []
+    legend = browser.js("Array.from(document.querySelectorAll('#legend .item[data-key]')).map(function(i){"
+                        "return [i.getAttribute('data-key'), i.textContent, getComputedStyle(i.querySelector('.sw'))"
+                        ".backgroundColor];})")
+    by_key = {k: (text, colour) for k, text, colour in legend}
+    assert set(by_key) == set(STATUS_WORDS)
+    for key, (text, _) in by_key.items():
+        assert text.startswith(STATUS_WORDS[key]), (key, text)
+    assert len({c for _, c in by_key.values()}) == len(by_key)  # one colour per status
+    # every drawn node's fill is its status's swatch; the counts are the diff's own
+    data = json.loads(browser.js("document.getElementById('data').textContent"))
+    f = {k: i for i, k in enumerate(data["fields"])}
+    drawn = _drawn(browser)
+    assert len(drawn) == len(ref.nodes)
+    want = {OP_PARAMS_AT: "changed", OP_AT: "changed", VALUE_AT: "value", UNCOMPARED_AT: "uncompared"}
+    for row, fill in drawn:
+        i = data["rows"][row][f["ref"]]
+        assert _hex_rgb(fill) == by_key[want.get(i, "matched")][1], (i, fill)
+    count = {k: int(re.search(r"(\d+)$", text).group(1)) for k, (text, _) in by_key.items()}
+    assert count == {"matched": len(ref.nodes) - 4, "changed": 2, "value": 1, "missing": 0, "extra": 0,
+                     "explained": 0, "uncompared": 1}
+    # the NMSE strip and the outlines are named too
+    text = browser.js("document.getElementById('legend').textContent")
+    assert "NMSE" in text and "first divergence" in text and "selected" in text
+
+
+def test_changed_node_worst_element_and_the_two_first_jumps(browser, tmp_path):
+    ref, ours = _planted(tmp_path)
+    url = _page(tmp_path, "changed.html", to_html(ref, ours))
+    browser.load(url)
+    assert browser.errors() == []
+
+    def click_button(bid: str) -> int:
+        browser.js("document.getElementById('details').innerHTML = ''")
+        assert not browser.js(f"document.getElementById({json.dumps(bid)}).hidden")
+        browser.click(*browser.centre_of("#" + bid))
+        row = int(browser.js("document.querySelector('#details h3').getAttribute('data-row')"))
+        x, y = browser.centre_of(f'#nodes .gnode[data-row="{row}"]')
+        c = _canvas(browser)
+        assert c["left"] < x < c["right"] and c["top"] < y < c["bottom"]  # brought into view
+        return row
+
+    # the first structural change (node 12, before the value failure) and the first value failure
+    assert click_button("first-structural") == _row_of_ref(browser, OP_PARAMS_AT)
+    changes = browser.js("Array.from(document.querySelectorAll('#details table.changes tr[data-field]')).map("
+                         "function(r){return Array.from(r.cells).map(function(c){return c.textContent;});})")
+    assert [c[0] for c in changes] == ["op_params"]
+    (a,), (b,) = _numbers(changes[0][1]), _numbers(changes[0][2])
+    assert changes[0][1].startswith("eps=") and changes[0][2].startswith("eps=")
+    assert math.isclose(a, float(np.float32(1e-6)), rel_tol=1e-5) and math.isclose(b, float(np.float32(1e-5)), rel_tol=1e-5)
+    assert click_button("first-value") == _row_of_ref(browser, VALUE_AT)
+    # the element furthest apart: flat index, coordinates in ggml order (ne0 fastest), both values
+    a = ref.values(VALUE_AT).astype(np.float64).ravel()
+    b = ours.values(VALUE_AT).astype(np.float64).ravel()
+    m = int(np.argmax(np.abs(a - b)))
+    assert m == WORST_FLAT
+    ne = ref.nodes[VALUE_AT].ne
+    coord = [m % ne[0], m // ne[0] % ne[1], m // (ne[0] * ne[1]) % ne[2], m // (ne[0] * ne[1] * ne[2])]
+
+    def cell(cls):
+        return browser.js(f"(document.querySelector('#details table.worst .{cls}') || {{}}).textContent")
+    assert cell("w-index") == str(m)
+    assert _numbers(cell("w-coord")) == coord
+    assert math.isclose(_numbers(cell("w-ref"))[0], a[m], rel_tol=1e-5, abs_tol=1e-7)
+    assert math.isclose(_numbers(cell("w-ours"))[0], b[m], rel_tol=1e-5, abs_tol=1e-7)
+    assert math.isclose(_numbers(cell("w-abs"))[0], abs(a[m] - b[m]), rel_tol=1e-5)
+    # a changed op shows both ops; a node nobody compared says so and has no largest error
+    browser.js(f"window.__viewer.select({_row_of_ref(browser, OP_AT)}, true)")
+    changes = browser.js("Array.from(document.querySelectorAll('#details table.changes tr[data-field]')).map("
+                         "function(r){return Array.from(r.cells).map(function(c){return c.textContent;});})")
+    assert ["op", ref.nodes[OP_AT].op, "SUB"] in changes
+    browser.js(f"window.__viewer.select({_row_of_ref(browser, UNCOMPARED_AT)}, true)")
+    text = browser.js("document.getElementById('details').textContent")
+    assert "not compared" in text and browser.js("document.querySelector('#details table.worst')") is None
+
+
+@pytest.mark.reference
+def test_backend_of_each_side_from_live_dumps(browser, tmp_path):
+    """A llama.cpp b11739 dump and graphgen's, made here: each side names the backend it computed
+    on. The wheel's llama.cpp has the CPU backend alone (and RPC, given no server), so "CPU" is
+    the truth for it; graphgen records the backend of every node."""
+    from graphgen.engine import run_scenario
+    from graphgen.reference.runner import run_reference
+    from graphgen.scenario import load_scenario
+    from graphgen.synth import make_model
+    model = tmp_path / "d.gguf"
+    make_model(model, "dflash", "base")
+    doc = {"n_ctx": 64, "n_ubatch": 8, "flash_attn": "off", "type_kv": "f16", "seed": 1,
+           "steps": [{"inject": {"n_tokens": 3}}, {"block": {"tokens": [3, 5, 7, 9], "pos0": 3}}]}
+    sc = tmp_path / "s.json"
+    sc.write_text(json.dumps(doc))
+    run_reference(model, sc, tmp_path / "ref", stderr_log=None)
+    run_scenario(model, load_scenario(sc), tmp_path / "ours")
+    ref, ours = (load_dump(tmp_path / side / "01-block.json") for side in ("ref", "ours"))
+    assert ref.source["engine"] == "llama.cpp" and ours.source["engine"] == "graphgen"
+    assert ref.source.get("backend") == "CPU" and all(n.backend is None for n in ref.nodes)
+    assert {n.backend for n in ours.nodes} == {"CPU"}
+    k = next(n.index for n in ref.nodes if n.op == "MUL_MAT")
+    for name, page, cls in (("ref.html", to_html(ref), "backend"), ("ours.html", to_html(ours), "backend"),
+                            ("diff.html", to_html(ref, ours), "backend.ref"),
+                            ("diff.html", None, "backend.ours")):
+        if page is not None:
+            url = _page(tmp_path, name, page)
+            browser.load(url + f"#node={k}")
+        assert browser.js(f"document.querySelector('#details .{cls}').textContent") == "CPU", (name, cls)

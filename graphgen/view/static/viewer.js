@@ -6,8 +6,9 @@ var rows = D.rows, diff = D.mode === "diff", N = rows.length;
 var SVGNS = "http://www.w3.org/2000/svg";
 var NODE_W = 190, NODE_H = 40, GAP_X = 26, GAP_Y = 34, BOX_W = 380, BOX_H = 54, GROUP_GAP = 34,
     PAD = 18, HEAD = 28, PER_LINE = 16;  // a depth with more nodes than PER_LINE wraps onto more lines
-// below DETAIL_S the two 11-unit text lines of a node would be under 8 px: one label, sized to its box
-var DETAIL_S = 0.73, READ_S = 1, LABEL_PAD = 5, LABEL_MAX = 30, LABEL_MIN_PX = 6, STRIP_W = 9,
+// below DETAIL_S the two 11-unit text lines of a node would be under 8 px: one label, sized to its
+// box; a box under LABEL_BOX_PX tall on screen has no room for any glyph and is left plain
+var DETAIL_S = 0.73, READ_S = 1, LABEL_PAD = 5, LABEL_MAX = 30, LABEL_MIN_PX = 5, LABEL_BOX_PX = 4, STRIP_W = 9,
     LABEL_FONT = "ui-monospace, monospace";
 
 function esc(s) { return String(s).replace(/[&<>"]/g, function (c) { return {"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;"}[c]; }); }
@@ -158,8 +159,10 @@ function textWidth(t) {
 // a zoomed-out node's label: its name when the name fits the box at a readable size, else its op
 // (short, so it fits where a name cannot), each as large as the box allows
 function shortLabel(r) {
-  var room = NODE_W - 2 * LABEL_PAD - (diff ? STRIP_W : 0);
-  function size(t) { return Math.min(LABEL_MAX, room / Math.max(textWidth(t), 1e-6)); }
+  // a glyph's box is about 1.17 em tall, and the browser rounds ascent and descent to whole
+  // pixels: keep a pixel spare
+  var room = NODE_W - 2 * LABEL_PAD - (diff ? STRIP_W : 0), tall = Math.min(LABEL_MAX, (NODE_H * s - 1.2) / (1.2 * s));
+  function size(t) { return Math.min(tall, room / Math.max(textWidth(t), 1e-6)); }
   var name = r[F.name];
   if (name) { var fs = size(name); if (fs * s >= LABEL_MIN_PX) return [name, fs]; }
   return [r[F.op], size(r[F.op])];
@@ -173,7 +176,9 @@ function nodeEl(k, x, y, detail) {
   g.appendChild(el("rect", {"class": "body", width: NODE_W, height: NODE_H, rx: 5, fill: colour(r)}));
   var nc = diff ? nmseColour(r[F.nmse]) : null;
   if (nc) g.appendChild(el("rect", {"class": "nmse", x: NODE_W - STRIP_W, y: 1, width: STRIP_W - 1, height: NODE_H - 2, fill: nc}));
-  if (!detail) {
+  if (detail === null) {
+    g.appendChild(el("title", {}, (r[F.name] || "(unnamed)") + "\n" + r[F.op]));
+  } else if (!detail) {
     var lb = shortLabel(r);
     g.appendChild(el("text", {x: LABEL_PAD, y: NODE_H / 2, "class": "lbl", "dominant-baseline": "central",
                               style: "font-size:" + lb[1].toFixed(2) + "px"}, lb[0]));
@@ -201,7 +206,7 @@ function render() {
   vp.setAttribute("transform", "translate(" + tx + "," + ty + ") scale(" + s + ")");
   nodesG.textContent = ""; edgesG.textContent = "";
   var vs = viewSize(), x0 = -tx / s, y0 = -ty / s, x1 = (vs[0] - tx) / s, y1 = (vs[1] - ty) / s;
-  var detail = s >= DETAIL_S, frag = document.createDocumentFragment(), inner = [], boxes = [], n = 0;
+  var detail = s >= DETAIL_S ? true : NODE_H * s >= LABEL_BOX_PX ? false : null, frag = document.createDocumentFragment(), inner = [], boxes = [], n = 0;
   function inView(ax, ay, bx, by) { return Math.max(ax, bx) >= x0 && Math.min(ax, bx) <= x1 && Math.max(ay, by) >= y0 && Math.min(ay, by) <= y1; }
   groups.forEach(function (g) {
     if (!g.open || g.y > y1 || g.y + g.h < y0) return;
