@@ -36,7 +36,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from graphgen.dump import N_OP_PARAMS, Dump, DumpError, Node, dump_files, load_dump
-from graphgen.importers import common_fields, import_file
+from graphgen.importers import FORMAT_LABELS, SCHED_UNSEEN_WHY, VIEW_OPS, common_fields, import_file, import_format
+from graphgen.printed import compare_node, side_of
 
 DEFAULT_NMSE = {"f32": 1e-7, "f16": 1e-7, "bf16": 1e-7, "i32": 0, "i64": 0}
 EXACT_TYPES = frozenset({"i8", "i16", "i32", "i64"})  # integers always compare exactly
@@ -297,6 +298,9 @@ class DiffResult:
     # settings both dumps record with different values ("n_kv ref=256 ours=512"): the graphs were
     # not computed under the same conditions, a divergence whatever their nodes say
     settings_differ: list[str] = field(default_factory=list)
+    # nodes of one side the other side's format cannot show (a GGML_SCHED_DEBUG log's views), as
+    # {side, index, name, op, why}: while any is left the result is PARTIAL, never IDENTICAL
+    unseen: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def status(self) -> str:
@@ -308,6 +312,8 @@ class DiffResult:
             return "NO PARTNER"
         if self.not_compared and not self.structural and not self.numeric_failures and not self.settings_differ:
             return "NOT COMPARED"
+        if self.unseen and not self.structural and not self.numeric_failures and not self.settings_differ:
+            return "PARTIAL"
         return "DIVERGED"
 
     def _values_verdict(self) -> str:
@@ -336,7 +342,7 @@ class DiffResult:
                 "not_compared": [{"ref_index": i, "ours_index": j, "name": n, "why": w}
                                  for i, j, n, w in self.not_compared],
                 "warnings": list(self.warnings), "provenance": self.provenance, "unpaired": self.unpaired,
-                "settings_differ": list(self.settings_differ)}
+                "settings_differ": list(self.settings_differ), "unseen": list(self.unseen)}
 
     def format_text(self) -> str:
         s = self.summary
@@ -362,7 +368,7 @@ class DiffResult:
                     f"  inserted         {s['inserted']}",
                     f"  deleted          {s['deleted']}",
                     f"  rule-explained   ref {s['explained_ref']}, ours {s['explained_ours']}",
-                    f"  numeric          {s['numeric_compared']} compared ({s.get('by_digest', 0)} by digest), "
+                    f"  numeric          {s['numeric_compared']} compared ({s.get('by_digest', 0)} by digest, {s.get('from_printed', 0)} from printed values), "
                     f"{s['numeric_failed']} failed, {s.get('not_compared', 0)} not compared",
                     f"  values           {self._values_verdict()}"]
         if self.settings_differ:
@@ -794,10 +800,60 @@ def diff_dumps(ref: Dump, ours: Dump, nmse: float | dict[str, float] | None = No
     not_compared: list[tuple[int, int, str, str]] = []  # (ref, ours, name, why)
     notes: list[str] = []
     structure_only = [side for side, d in (("ref", ref), ("ours", ours)) if (d.source or {}).get("import")]
-    if structure_only:
-        notes.append(f"{' and '.join(structure_only)} is an imported, structure-only dump: values not compared")
     if cut_note:
         notes.append(cut_note)
+    fmts = {import_format(d) for d in (ref, ours)} - {None}
+    from_printed: set[int] = set()  # id() of the results compared from printed values
+    unseen: list[dict[str, Any]] = []
+    if "sched-debug" in fmts:
+        # the log lists no views: name those of a side that has them, else the gaps in a log's numbering
+        for side, full in (("ref", full_ref), ("ours", full_ours)):
+            if import_format(full) != "sched-debug":
+                unseen += [{"side": side, "index": k, "name": n.name, "op": n.op, "why": SCHED_UNSEEN_WHY}
+                           for k, n in enumerate(full.nodes) if n.op in VIEW_OPS]
+        if not unseen:
+            for side, full in (("ref", full_ref), ("ours", full_ours)):
+                gaps = ((full.source or {}).get("import") or {}).get("unseen") or {}
+                unseen += [{"side": side, "index": k, "name": None, "op": None, "why": SCHED_UNSEEN_WHY}
+                           for k in gaps.get("indices") or []]
+        if unseen:
+            shown = ", ".join(f"{u['side']} #{u['index']}" + (f" '{u['name']}' {u['op']}" if u["name"] else "")
+                              for u in unseen[:6]) + (f", ... {len(unseen) - 6} more" if len(unseen) > 6 else "")
+            notes.append(f"compared on the {len(R)} nodes the log shows; {len(unseen)} not shown, so not paired "
+                         f"({shown}): {SCHED_UNSEEN_WHY}")
+    if fmts == {"eval-callback"}:
+        # the text prints some values of each node: compare them as far as they go
+        n_elements = n_sums = 0
+        for i, j in compare:
+            r, o = R[i], O[j]
+            if r.ne != o.ne:
+                continue  # already a structural difference; values cannot line up
+            sides = []
+            for cut, full, k in ((ref, full_ref, i), (ours, full_ours, j)):
+                src = cut if import_format(cut) else full  # a full side's values live in the uncut dump
+                sides.append(side_of(src, k) if len(src.nodes) == len(cut.nodes) else None)
+            if None in sides:
+                not_compared.append((i, j, r.name, "its values cannot be lined up with the printed ones"))
+                continue
+            res = compare_node(sides[0], sides[1], r.ne)
+            if res.not_compared:
+                not_compared.append((i, j, r.name, f"printed values not compared: {res.not_compared}"))
+                continue
+            n_elements += res.elements
+            n_sums += res.sum_checked
+            nr = NumericResult(i, j, r.name, r.type, res.elements, res.nmse, res.max_abs, res.tolerance,
+                               not res.failures, "; ".join(res.failures) or None)
+            from_printed.add(id(nr))
+            numeric.append(nr)
+        notes.append(f"values compared from printed values: {n_elements} printed elements and {n_sums} printed "
+                     f"sums on {len(from_printed)} nodes; an element agrees within half a unit of its last "
+                     "printed digit plus 2 float32 ulps, a sum within that of its last digit plus float32 "
+                     "summation error; elements the text does not print are seen only through the sum")
+        notes += _build_notes(ref, ours)
+    elif structure_only:
+        shows = " and ".join(FORMAT_LABELS[f] for f in sorted(fmts - {"eval-callback"}))
+        notes.append(f"{' and '.join(structure_only)} is an imported dump and a {shows} shows no values: "
+                     "values not compared")
     if not structure_only:
         for k, (i, j) in enumerate(compare):
             if on_values is not None and k % 16 == 0:
@@ -855,12 +911,12 @@ def diff_dumps(ref: Dump, ours: Dump, nmse: float | dict[str, float] | None = No
         "explained_ref": sum(len(e.ref_indices) for e in explained),
         "explained_ours": sum(len(e.ours_indices) for e in explained),
         "numeric_compared": len(numeric), "numeric_failed": len(fails),
-        "by_digest": sum(r.by_digest for r in numeric), "not_compared": len(not_compared),
+        "by_digest": sum(r.by_digest for r in numeric), "from_printed": sum(id(r) in from_printed for r in numeric), "not_compared": len(not_compared),
         "max_nmse": max(finite) if finite else None, "settings_differ": len(settings_differ),
     }
     return DiffResult(ref_path=str(ref.path), ours_path=str(ours.path), graph=ref.graph,
-                      identical=not structural and not fails and not not_compared and not settings_differ,
-                      settings_differ=settings_differ, structural=structural,
+                      identical=not structural and not fails and not not_compared and not settings_differ and not unseen,
+                      settings_differ=settings_differ, unseen=unseen, structural=structural,
                       numeric=numeric, not_compared=not_compared,
                       first_divergence=first, rules_fired=dict(Counter(e.rule for e in explained)),
                       explained=explained, notes=notes, summary=summary,
@@ -870,6 +926,11 @@ def diff_dumps(ref: Dump, ours: Dump, nmse: float | dict[str, float] | None = No
 
 def _build_notes(ref: Dump, ours: Dump) -> list[str]:
     """What differs in how the two sides were computed (CPU kernels, ggml, settings)."""
+    imported = [(side, import_format(d)) for side, d in (("ref", ref), ("ours", ours)) if import_format(d)]
+    if imported:
+        # an import records no build: say what cannot be checked rather than compare placeholders
+        return [f"{side}: an imported {FORMAT_LABELS[f]} records no build (ggml version, CPU features), so "
+                "last-bit value differences cannot be told from another build's kernels" for side, f in imported]
     notes = []
     feats = sorted(set(ref.cpu_features) | set(ours.cpu_features))
     differ = [f"{f} ref={_fmt_feat(ref.cpu_features.get(f))} ours={_fmt_feat(ours.cpu_features.get(f))}"
@@ -927,8 +988,14 @@ SIMD_FEATURES = ("AVX", "AVX2", "AVX512", "F16C", "FMA", "BMI2", "LLAMAFILE", "N
 
 def describe_build(d) -> str:
     """Which engine, ggml and CPU kernels computed a dump,
-    e.g. 'graphgen 0.1.0 on ggml 0.27.0 (/path/to/libs) [AVX AVX2 F16C FMA LLAMAFILE]'."""
+    e.g. 'graphgen 0.1.0 on ggml 0.27.0 (/path/to/libs) [AVX AVX2 F16C FMA LLAMAFILE]'; for an
+    import only what its format tells, e.g. 'llama.cpp eval-callback text (imported; build, ggml
+    and CPU features not recorded)'."""
     src = d.source or {}
+    fmt = import_format(d)
+    if fmt:
+        return (f"{src.get('engine', 'llama.cpp')} {FORMAT_LABELS.get(fmt, fmt)} "
+                "(imported; build, ggml and CPU features not recorded)")
     feats = " ".join(f for f in SIMD_FEATURES if d.cpu_features.get(f))
     where = src.get("ggml_dir") or src.get("llama_dir")
     ggml = f" on ggml {src['ggml']}" + (f" ({where})" if where else "") if src.get("ggml") else ""

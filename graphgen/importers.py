@@ -1,13 +1,18 @@
 """Read what llama.cpp users already have as structure-only dumps, so graph-diff works on them.
 
 Formats (detected from the content):
-- `eval-callback`: llama-eval-callback / common_debug_cb_eval text (and `graphgen trace` output).
-  It shows name, type, op, the first two sources and ne. Graphs are split at `graphgen trace:
-  graph NN-<kind>` lines or, in plain logs, at any other text between node blocks.
+- `eval-callback`: llama-eval-callback / llama-debug / common_debug_cb_eval text (and `graphgen
+  trace` output). It shows name, type, op, the first two sources and ne, and for every type but
+  the quantized ones some values: the first and last few per dimension (`%12.4f`) and the float32
+  sum of all of them (`%f`), kept in `source.import.printed` (see `read_printed`) so that
+  graph-diff compares them (graphgen.printed). Graphs are split at `graphgen trace: graph
+  NN-<kind>` lines or, in plain logs, at any other text between node blocks.
 - `dot`: a `ggml_graph_dump_dot` file: name, type, op symbol (unary and GLU ops only as UNARY /
   GLU), ne with 2 or 3 dimensions, and every source.
 - `sched-debug`: a `GGML_SCHED_DEBUG=2` log: node index, op (10 characters), name and sources
-  (20 characters each) and the backend; view ops are not listed. A new graph starts at a split
+  (20 characters each) and the backend. View ops are not listed (the scheduler's print skips
+  them: a view computes nothing and takes its source's backend); their graph indices, the gaps in
+  the numbering, are kept in `source.import.unseen`. A new graph starts at a split
   #0 header or where the node index goes back. The graphs a context reserves its buffers with
   (announced by `graph_reserve:` lines) are never computed and are left out, as long as the log
   holds a computed one.
@@ -22,6 +27,7 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from graphgen.dump import FORMAT, N_OP_PARAMS, Dump, DumpError, Node, write_dump
 
@@ -64,7 +70,7 @@ _SYMBOL_ALIASES = {"ADD1": "ADD", "OUT_PROD": "MUL_MAT"}
 _NE = r"-?\d+, -?\d+, -?\d+, -?\d+"
 _CB_HEAD = re.compile(r"^(?P<func>[A-Za-z_]\w*): (?P<name>.*) = \((?P<type>[A-Za-z0-9_]+)\) +"
                       r"(?P<op>\S+)\((?P<args>.*)\) = \{(?P<ne>" + _NE + r")\}\s*$")
-_CB_ARGS = re.compile(r"^(?P<s0>.*?)\{(?P<n0>" + _NE + r")\}, (?:(?P<s1>.*)\{(?P<n1>" + _NE + r")\})?\}$")
+_CB_ARGS = re.compile(r"^(?:(?P<s0>.*?)\{(?P<n0>" + _NE + r")\})?, (?:(?P<s1>.*)\{(?P<n1>" + _NE + r")\})?\}$")
 _CB_VALUE = re.compile(r"^\s+(?:\[|\]|\.\.\.|sum = )|^encountered NaN - aborting")
 _CB_MARK = re.compile(r"^graphgen trace: graph (\d+)-(\w+)")
 _BACKEND_COPY = re.compile(r"^[A-Za-z0-9_.\-]+#(.+)#\d+$")
@@ -123,17 +129,27 @@ def _guess_kind(nodes: list[Node]) -> str:
 
 # ---- parsers: text -> [(kind or None, [Node])] ------------------------------------------------
 
-def parse_eval_callback(text: str) -> list[tuple[str | None, list[Node]]]:
-    graphs: list[tuple[str | None, list[Node]]] = []
+def parse_eval_callback(text: str) -> list[tuple[str | None, list[Node], dict[str, Any]]]:
+    """Graphs as (kind, nodes, printed): `printed` maps a node's index (as text) to what
+    `read_printed` made of its value lines."""
+    graphs: list[tuple[str | None, list[Node], dict[str, Any]]] = []
     cur: list[Node] = []
+    printed: dict[str, Any] = {}
+    lines: list[str] = []  # the value lines of the last node
     kind: str | None = None
     pending_break = False
 
+    def end_node():
+        if cur and lines:
+            printed[str(len(cur) - 1)] = read_printed(lines, cur[-1].ne)
+        lines.clear()
+
     def close():
-        nonlocal cur
+        nonlocal cur, printed
+        end_node()
         if cur:
-            graphs.append((kind, cur))
-        cur = []
+            graphs.append((kind, cur, printed))
+        cur, printed = [], {}
 
     for line in text.splitlines():
         mark = _CB_MARK.match(line)
@@ -143,26 +159,95 @@ def parse_eval_callback(text: str) -> list[tuple[str | None, list[Node]]]:
             continue
         m = _CB_HEAD.match(line)
         if m:
+            end_node()
             if pending_break:
                 close()
                 kind, pending_break = None, False
             args = _CB_ARGS.match(m.group("args"))
             if not args:
                 raise ImportFormatError(f"cannot read the sources in: {line.strip()[:120]}")
-            src = [_strip_copy(args.group("s0"))]
+            # newer trees print a node without sources (ggml_arange) as "(, })"
+            src = [_strip_copy(args.group("s0") or "")]
             if args.group("s1") is not None:
                 src.append(_strip_copy(args.group("s1")))
+            while src and src[-1] == "":
+                src.pop()
             name = m.group("name")
             # %24s pads on the left: a shorter name's leading spaces cannot be told from padding
             name = name.lstrip(" ") if len(name) <= CB_NAME_WIDTH else name
             cur.append(_empty_node(len(cur), name, m.group("op"), m.group("type"), _ne4(m.group("ne")), src))
             continue
-        if _CB_VALUE.match(line) or not line.strip():
+        if _CB_VALUE.match(line):
+            if cur and not pending_break:
+                lines.append(line)
+            continue
+        if not line.strip():
             continue
         if cur:
+            end_node()
             pending_break = True  # other log text after a node block: the next node opens a graph
     close()
     return graphs
+
+
+def _shown(n: int, edge: int | None) -> list[int]:
+    # the callback prints indices 0..edge-1 and n-edge..n-1 of a dimension longer than 2*edge
+    if edge is None or n <= 2 * edge:
+        return list(range(n))
+    return list(range(edge)) + list(range(n - edge, n))
+
+
+def printed_positions(ne: list[int], edge: int | None) -> list[int]:
+    """Flat indices (numpy order: ne3, ne2, ne1, ne0) of the elements the callback prints, in
+    the order it prints them: every ne[3] slice, and of ne[2], ne[1], ne[0] the first and last
+    `edge` (all of a dimension no longer than 2*edge; all of every one when edge is None)."""
+    ne0, ne1, ne2, ne3 = (int(x) for x in ne)
+    return [((i3 * ne2 + i2) * ne1 + i1) * ne0 + i0
+            for i3 in range(ne3) for i2 in _shown(ne2, edge) for i1 in _shown(ne1, edge) for i0 in _shown(ne0, edge)]
+
+
+def _is_number(tok: str) -> bool:
+    try:
+        float(tok)
+    except ValueError:
+        return False
+    return True
+
+
+def read_printed(lines: list[str], ne: list[int]) -> dict[str, Any]:
+    """What a node's value lines say: {"edge", "at" (flat indices), "values" (the printed text of
+    each element), "sum" (its printed text)}, or {"unreadable": why} when the lines do not fit
+    the node's shape under any edge width.
+
+    The edge width (3 in common/debug.cpp) is read from the text: the count of elements before
+    the first "..." of a row; a text without "..." printed everything (a callback with a larger
+    width, or a small node)."""
+    rows: list[list[str]] = []
+    sums: list[str] = []
+    for line in lines:
+        s = line.strip()
+        if s.startswith("sum = "):
+            sums.append(s[len("sum = "):].strip())
+        elif s.startswith("[") and s.rstrip(",").rstrip().endswith("]") and len(s) > 2:
+            body = s.rstrip(",").rstrip()[1:-1]
+            rows.append([t.strip() for t in body.split(",") if t.strip()])
+    n_shown = sum(len(r) for r in rows)
+    if not rows and not sums:
+        return {"unreadable": "no values printed"}
+    bad = next((t for r in rows for t in r if t != "..." and not _is_number(t)), None)
+    if bad is not None:
+        return {"unreadable": f"cannot read the printed element {bad!r}"}
+    cuts = [r.index("...") for r in rows if "..." in r]
+    candidates: list[int | None] = [cuts[0]] if cuts else [None, 3]
+    for edge in candidates:
+        if edge is not None and edge < 1:
+            continue
+        at = printed_positions(ne, edge)
+        values = [t for r in rows for t in r if t != "..."]
+        n_rows = int(ne[3]) * len(_shown(int(ne[2]), edge)) * len(_shown(int(ne[1]), edge))
+        if len(values) == len(at) and len(rows) == n_rows:
+            return {"edge": edge, "at": at, "values": values, "sum": sums[0] if sums else None}
+    return {"unreadable": f"{n_shown} printed elements in {len(rows)} rows do not fit ne {list(ne)}"}
 
 
 def parse_dot(text: str) -> list[tuple[str | None, list[Node]]]:
@@ -204,21 +289,25 @@ def parse_dot(text: str) -> list[tuple[str | None, list[Node]]]:
     return [(None, out)] if out else []
 
 
-def parse_sched_debug(text: str) -> tuple[list[tuple[str | None, list[Node]]], list[dict[int, str]]]:
-    """Graphs and, per graph, the backend of each node."""
-    graphs, backends, reserved = [], [], []
+def parse_sched_debug(text: str) -> tuple[list[tuple[str | None, list[Node]]], list[dict[int, str]], list[list[int]]]:
+    """Graphs, per graph the backend of each node, and per graph the indices its numbering skips
+    (the view ops, which the scheduler's print leaves out)."""
+    graphs, backends, reserved, skipped = [], [], [], []
     cur: list[Node] = []
     be: dict[int, str] = {}
+    seen: list[int] = []  # the graph indices the log prints
     last = -1
     reserving = cur_reserved = False
 
     def close():
-        nonlocal cur, be
+        nonlocal cur, be, seen
         if cur:
             graphs.append((None, cur))
             backends.append(be)
             reserved.append(cur_reserved)
-        cur, be = [], {}
+            shown = set(seen)
+            skipped.append([k for k in range(max(seen) + 1) if k not in shown])
+        cur, be, seen = [], {}, []
 
     for line in text.splitlines():
         if line.startswith("graph_reserve:"):
@@ -237,6 +326,7 @@ def parse_sched_debug(text: str) -> tuple[list[tuple[str | None, list[Node]]], l
         if not cur:
             cur_reserved, reserving = reserving, False
         last = idx
+        seen.append(idx)
         src = [_strip_copy(s.group("name").lstrip(" ")) for s in _SCHED_SRC.finditer(m.group("rest"))]
         be[len(cur)] = m.group("backend").strip()
         cur.append(_empty_node(len(cur), m.group("name").lstrip(" "), m.group("op").lstrip(" "), "?",
@@ -245,8 +335,16 @@ def parse_sched_debug(text: str) -> tuple[list[tuple[str | None, list[Node]]], l
     if not all(reserved):
         graphs = [g for g, r in zip(graphs, reserved) if not r]
         backends = [b for b, r in zip(backends, reserved) if not r]
-    return graphs, backends
+        skipped = [k for k, r in zip(skipped, reserved) if not r]
+    return graphs, backends, skipped
 
+
+# why a sched-debug log cannot show a node; the diff repeats it for every node it could not pair
+SCHED_UNSEEN_WHY = ("GGML_SCHED_DEBUG lists no view ops (VIEW, RESHAPE, PERMUTE, TRANSPOSE): a view computes "
+                    "nothing and takes its source's backend, so the scheduler's assignment print skips it")
+IMPORT_VERSION = "unknown (imported)"
+FORMAT_LABELS = {"eval-callback": "eval-callback text", "dot": "ggml_graph_dump_dot file",
+                 "sched-debug": "GGML_SCHED_DEBUG log"}
 
 FIELDS = {"eval-callback": ["name", "op", "type", "ne", "src[:2]"],
           "dot": ["name", "op", "type", "ne[:3]", "src"],
@@ -260,12 +358,19 @@ def import_text(text: str, path: str | Path = "<text>", fmt: str | None = None,
     if fmt is None:
         raise ImportFormatError(f"{path}: not an eval-callback log, ggml_graph_dump_dot file or GGML_SCHED_DEBUG log")
     backends: list[dict[int, str]] = []
+    skipped: list[list[int]] = []
+    printed: list[dict[str, Any]] = []
+    engine = "llama.cpp"
     if fmt == "eval-callback":
-        graphs = parse_eval_callback(text)
+        parsed = parse_eval_callback(text)
+        graphs = [(k, n) for k, n, _ in parsed]
+        printed = [p for _, _, p in parsed]
+        if re.search(r"^graphgen trace: graph ", text, re.M):
+            engine = "graphgen"  # `graphgen trace` marks its graphs; llama.cpp's tools do not
     elif fmt == "dot":
         graphs = parse_dot(text)
     elif fmt == "sched-debug":
-        graphs, backends = parse_sched_debug(text)
+        graphs, backends, skipped = parse_sched_debug(text)
     else:
         raise ImportFormatError(f"unknown import format {fmt!r} (expected one of {', '.join(FORMATS)})")
     if not graphs:
@@ -273,10 +378,17 @@ def import_text(text: str, path: str | Path = "<text>", fmt: str | None = None,
     dumps = []
     for k, (kind, nodes) in enumerate(graphs):
         kind = graph or kind or _guess_kind(nodes)
-        source = {"engine": "llama.cpp", "version": "?",
+        # no ggml or CPU features, and the version (the dump format wants one) unknown: the formats
+        # do not print them
+        source = {"engine": engine, "version": IMPORT_VERSION,
                   "import": {"format": fmt, "file": str(path), "fields": FIELDS[fmt]}}
         if backends:
             source["import"]["backends"] = {str(i): b for i, b in backends[k].items()}
+        if fmt == "sched-debug":
+            # graph indices the numbering skips; views after the last listed node leave no gap
+            source["import"]["unseen"] = {"indices": skipped[k], "why": SCHED_UNSEEN_WHY}
+        if printed:
+            source["import"]["printed"] = printed[k]
         flash = any(n.op == "FLASH_ATTN_EXT" for n in nodes)
         dumps.append(Dump(path=Path(f"{k:02d}-{kind}.json"), format=FORMAT, source=source, model="?", graph=kind,
                           settings={"flash_attn": flash, "type_k": "?", "type_v": "?", "n_ctx": 0,
@@ -337,7 +449,8 @@ def common_fields(a: Dump, b: Dump) -> tuple[Dump, Dump, str | None]:
 
 
 def project(d: Dump, fmt: str) -> Dump:
-    """A full dump cut down to what `fmt` shows, with the same losses as the parser."""
+    """A full dump cut down to what `fmt` shows, with the same losses as the parser; an
+    eval-callback cut keeps the values and statistics, since that text prints values too."""
     nodes: list[Node] = []
     for n in d.nodes:
         if fmt == "eval-callback":
@@ -345,7 +458,9 @@ def project(d: Dump, fmt: str) -> Dump:
             src = list(n.src[:2])
             while src and src[-1] == "":
                 src.pop()  # a NULL src1 prints as nothing
-            nodes.append(_empty_node(len(nodes), name, n.op, n.type, n.ne, src))
+            # the text prints values: keep ours (indices unchanged) to compare them with
+            nodes.append(replace(_empty_node(len(nodes), name, n.op, n.type, n.ne, src), digest=n.digest,
+                                 stats=n.stats))
         elif fmt == "dot":
             op = "UNARY" if n.op in UNARY_OPS else "GLU" if n.op in GLU_OPS else _SYMBOL_ALIASES.get(n.op, n.op)
             ne = list(n.ne[:2]) + ([1, 1] if n.ne[2] == 1 and n.ne[3] == 1 else [n.ne[2], 1])
@@ -358,4 +473,4 @@ def project(d: Dump, fmt: str) -> Dump:
                                      [s[:SCHED_NAME_WIDTH].lstrip(" ") for s in n.src if s]))
         else:
             raise ValueError(f"unknown import format {fmt!r}")
-    return replace(d, nodes=nodes, values_path=None)
+    return replace(d, nodes=nodes, values_path=d.values_path if fmt == "eval-callback" else None)
