@@ -132,6 +132,7 @@ DRAFTERS = ("tests/test_drafters.py",)
 # catch, seen here from the authors' side, and bugs in the comparison itself
 AUTHORS = ("tests/test_authors.py",)
 
+IMPORT_VALUES = ("tests/test_import_values.py",)
 MUTATIONS = [
     # --- the base backbone (graph_base) ---
     Mutation("kq_scale_sqrt_dropped", "GraphBase.build_layers",
@@ -388,6 +389,23 @@ MUTATIONS = [
     Mutation("xdiff_value_check_disabled", "compare_dirs",
              "bad = (reason is not None) or nmse > thr", "bad = reason is not None",
              ("tests/test_backends.py",)),
+    # --- imports: printed values, GGML_SCHED_DEBUG's unseen views, build lines ---
+    Mutation("printed_tolerance_tenfold", "_half_unit",
+             "return 0.5 * 10.0 ** -(len(t) - t.index(\".\") - 1)", "return 5 * 10.0 ** -(len(t) - t.index(\".\") - 1)",
+             IMPORT_VALUES),
+    Mutation("printed_positions_rows_and_planes_swapped", "printed_positions",
+             "((i3 * ne2 + i2) * ne1 + i1) * ne0 + i0", "((i3 * ne1 + i1) * ne2 + i2) * ne0 + i0", IMPORT_VALUES),
+    Mutation("printed_sum_not_checked", "compare_node", "s = _sum_check(ref, ours)", "s = None", IMPORT_VALUES),
+    Mutation("printed_inf_sign_ignored", "_agree", "return a == b", "return abs(a) == abs(b)", IMPORT_VALUES),
+    Mutation("sched_debug_gaps_not_recorded", "parse_sched_debug.close",
+             "skipped.append([k for k in range(max(seen) + 1) if k not in shown])", "skipped.append([])",
+             IMPORT_VALUES),
+    Mutation("sched_debug_unseen_still_identical", "graphgen/diff.py:diff_dumps",
+             "and not settings_differ and not unseen", "and not settings_differ", IMPORT_VALUES),
+    Mutation("sched_debug_only_view_op_unseen", "graphgen/diff.py:diff_dumps",
+             "for k, n in enumerate(full.nodes) if n.op in VIEW_OPS]", "for k, n in enumerate(full.nodes) if n.op == \"VIEW\"]",
+             IMPORT_VALUES),
+    Mutation("import_build_line_as_a_full_dump", "describe_build", "if fmt:", "if False:", IMPORT_VALUES),
 ]
 
 
