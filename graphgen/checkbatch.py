@@ -1,0 +1,695 @@
+"""Batch invariance: does a sequence's block come out the same whatever else is in its batch?
+
+For each number of sequences and each block layout, every sequence's block is computed twice
+in each engine: once in the batch with all the others, once alone, and the two are compared
+node by node on the sequence's rows. "Alone" is run two ways, each in a fresh context with
+the batch's settings:
+
+- same cache: the batched run, then the sequence's block removed (seq_rm) and computed again
+  alone. The block lands in the cells it had (the cache's head moves back to the freed cells)
+  and the cache holds what it held in the batch, cell for cell, so the batch is the only
+  difference: every node with a token (or block) axis is compared on the sequence's rows, and
+  the nodes that hold the whole cache are compared whole.
+- own cache: the sequence's prompt and block in the same cells, the others' cells filled by
+  another sequence with other values (fillers). What the sequence may see is the same and what
+  it may not see differs, so a sequence that sees another's cells shows here; only the outputs
+  are compared (the raw attention scores of hidden cells differ by design).
+
+The cells matter: masked cells contribute exact zeros, but where a sequence's cells sit along
+the n_kv axis decides the lanes its sums run in, so a sequence moved to other cells may change
+its last bits for reasons that have nothing to do with the batch.
+
+Long because planning the runs, running them in both engines and comparing their nodes are one
+measurement: the plan's offsets and cells are what the comparison slices by.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .diff import compare_values
+from .scenario import KV_QUANTIZED, KV_TYPES, SeqBlock, Scenario, Step
+
+ENGINES = ("graphgen", "llama.cpp")
+DEFAULT_N_SEQ = (1, 2, 4, 8, 16)
+KINDS = ("equal", "unequal")
+# values of every node are kept: the comparison slices them
+MAX_DATA = 1 << 26
+CACHE_PREFIX = "cache_"
+
+
+class CheckBatchError(ValueError):
+    """Bad input, or a comparison that could not measure; the message names the flag or node."""
+
+
+# ---- the plan ---------------------------------------------------------------------------------
+
+@dataclass
+class Case:
+    """One batch: n_seq sequences, each with its own prompt (length, hence positions) and block."""
+    n_seq: int
+    kind: str                       # "equal" or "unequal"
+    prompts: list[int] = field(default_factory=list)    # prompt length of each sequence
+    blocks: list[list[int]] = field(default_factory=list)  # block tokens of each sequence
+    note: str | None = None         # why the case does not run
+
+    @property
+    def offsets(self) -> list[int]:
+        """Each block's first row in the batch."""
+        return [int(x) for x in np.cumsum([0] + [len(b) for b in self.blocks])[:-1]]
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(len(b) for b in self.blocks)
+
+    @property
+    def n_cells(self) -> int:
+        return sum(self.prompts) + self.n_tokens
+
+
+def block_lengths(n_seq: int, block: int, kind: str) -> list[int]:
+    """Equal: every block `block` long. Unequal: block, block-1, ..., 1, block, ... so that
+    neighbours always differ."""
+    if kind == "equal":
+        return [block] * n_seq
+    return [block - k % block for k in range(n_seq)]
+
+
+def plan_cases(rules, n_vocab: int, mask_token: int, n_seqs, block: int, prompt: int, seed: int) -> list[Case]:
+    """The cases to run; rules: the head's BlockRules (equal blocks, longest block)."""
+    rng = np.random.default_rng(seed)
+    cases = []
+    for n in n_seqs:
+        for kind in KINDS:
+            case = Case(n, kind)
+            if kind == "unequal":
+                if n == 1:
+                    case.note = "one sequence: no unequal blocks"
+                elif rules.equal_blocks:
+                    case.note = f"unequal blocks: not allowed by this head ({rules.head} reshapes a batch to equal blocks)"
+                elif block == 1:
+                    case.note = "unequal blocks: --block 1 leaves no shorter block"
+                if case.note:
+                    cases.append(case)
+                    continue
+            # different lengths, so different positions, and different features per sequence
+            case.prompts = [prompt + (3 * k) % 5 for k in range(n)]
+            for length in block_lengths(n, block, kind):
+                first = int(rng.integers(0, n_vocab))
+                case.blocks.append([first] + [mask_token] * (length - 1))
+            cases.append(case)
+    return cases
+
+
+@dataclass
+class Settings:
+    n_ctx: int
+    n_ubatch: int
+    flash_attn: bool
+    type_k: str
+    type_v: str
+    seed: int
+
+
+def settings_for(cases: list[Case], flash_attn: bool, type_k: str, type_v: str, seed: int) -> Settings:
+    """One context size for every run: every case's cells, and a batch that holds the longest
+    step (the fillers of the own-cache runs included)."""
+    cells = max([c.n_cells for c in cases if c.note is None] + [1])
+    n_ubatch = max(64, cells)
+    n_ctx = -(-max(cells, n_ubatch) // 256) * 256
+    return Settings(n_ctx, n_ubatch, flash_attn, type_k, type_v, seed)
+
+
+def _scenario(st: Settings, n_seq: int, steps: list[tuple]) -> Scenario:
+    sc = Scenario(n_ctx=st.n_ctx, n_ubatch=st.n_ubatch, flash_attn=st.flash_attn, type_k=st.type_k,
+                  type_v=st.type_v, seed=st.seed, n_seq=n_seq)
+    for k, (kind, arg) in enumerate(steps):
+        if kind == "inject":
+            seq, n, pos0 = arg
+            sc.steps.append(Step("inject", k, seq=seq, n_tokens=n, pos0=pos0))
+        elif kind == "seq_rm":
+            seq, p0 = arg
+            sc.steps.append(Step("seq_rm", k, seq=seq, pos0=p0, p1=-1))
+        else:
+            sc.steps.append(Step("block", k, blocks=[SeqBlock(s, list(t), p) for s, t, p in arg]))
+    return sc
+
+
+def case_scenario(case: Case, st: Settings) -> tuple[Scenario, list[tuple[str, int]]]:
+    """The whole case in one context, and the role of each block graph it computes:
+    ("batched", -1), ("alone", i) (same cache) or ("own", i) (own cache).
+
+    After every prompt and the batched block, for each sequence i:
+    - same cache: i's block removed and computed alone; it takes back its cells (the cache's
+      head returns to the first freed cell), beside the others' blocks as the batch left them.
+    - own cache: the others' blocks removed and their cells taken by a filler (an inject of
+      another sequence, other values), then i's block computed alone in its cells.
+    Each is followed by the batched block again, in the same cells (every block removed first):
+    the cache is back to the batch's state, and that the batched block comes out the same
+    every time is checked too. A step's features come from its index, so the prompts are
+    injected once."""
+    n = case.n_seq
+    steps = [("inject", (s, p, 0)) for s, p in enumerate(case.prompts)]
+    roles = []
+    batch = [(s, b, case.prompts[s]) for s, b in enumerate(case.blocks)]
+
+    def batched():
+        for s in range(n):
+            steps.append(("seq_rm", (s, case.prompts[s])))
+        steps.append(("block", batch))
+        roles.append(("batched", -1))
+    batched()
+    for i in range(n):
+        steps.append(("seq_rm", (i, case.prompts[i])))
+        steps.append(("block", [batch[i]]))
+        roles.append(("alone", i))
+        batched()
+    for i in range(n):
+        others = sum(len(b) for s, b in enumerate(case.blocks) if s != i)
+        f = 1 if i == 0 else 0
+        if others:
+            for s in range(n):
+                if s != i:
+                    steps.append(("seq_rm", (s, case.prompts[s])))
+            # the cells just freed are the first free ones from the head: the filler takes them all
+            steps.append(("inject", (f, others, case.prompts[f])))
+        steps.append(("seq_rm", (i, case.prompts[i])))
+        steps.append(("block", [batch[i]]))
+        roles.append(("own", i))
+        batched()
+    return _scenario(st, n, steps), roles
+
+
+# ---- running ----------------------------------------------------------------------------------
+
+@dataclass
+class Graph:
+    """One computed block graph: its nodes (dump.Node) and their values (float32, numpy order)."""
+    nodes: list
+    values: dict
+
+
+def _recorder_class():
+    from .dump import Node
+    from .record import NodeRecorder, TensorStruct, as_float32, read_array, read_quantized_rows, src_names
+
+    class Recorder(NodeRecorder):
+        """Names, shapes, values and digests only: the statistics a dump keeps are not needed here,
+        and cost more than the graph's compute."""
+
+        def record(self, addr: int, backend=None):
+            t = TensorStruct.from_address(addr)
+            node = Node(index=len(self.nodes), name=t.name.decode(errors="replace"), op=self.op_desc(addr),
+                        type=self.type_name(t.type), ne=[int(x) for x in t.ne], src=src_names(t))
+            self.nodes.append(node)
+            self.addrs.append(addr)
+            arr = read_array(t, self.read_bytes, addr)
+            if arr is None:
+                arr = read_quantized_rows(t, self.read_bytes, addr)
+                if arr is not None:
+                    node.digest = hashlib.sha256(np.ascontiguousarray(arr).tobytes()).hexdigest()
+                return
+            arr = np.ascontiguousarray(arr)
+            node.digest = hashlib.sha256(arr.tobytes()).hexdigest()
+            self.values[node.index] = as_float32(arr, t.type)
+    return Recorder
+
+
+def _Recorder(*args):
+    global _RECORDER
+    if _RECORDER is None:
+        _RECORDER = _recorder_class()
+    return _RECORDER(*args)
+
+
+_RECORDER = None
+
+
+def run_graphgen(model, sc: Scenario, backend: str = "cpu") -> list[Graph]:
+    """The scenario in graphgen's engine, in a fresh Session; the block graphs, recorded."""
+    from .engine import block_states
+    from .ops import ggml as G
+    from .runtime.session import Session
+
+    sess = Session(model, n_ctx=sc.n_ctx, n_ubatch=sc.n_ubatch, flash_attn=sc.flash_attn, type_k=sc.type_k,
+                   type_v=sc.type_v, n_seq=sc.n_seq, n_threads=sc.n_threads, backend=backend)
+    context_rows: dict = {}
+    graphs = []
+    try:
+        for step in sc.steps:
+            if step.kind == "seq_rm":
+                sess.seq_rm(step.seq, step.pos0, step.p1)
+            elif step.kind == "inject":
+                r = sess.inject(sc.features(step, sess.hparams.n_embd_inp_enc), step.pos0, step.seq)
+                if r.h_nextn is not None:
+                    for k in range(step.n_tokens):
+                        context_rows[(step.seq, step.pos0 + k)] = r.h_nextn[k]
+            else:
+                rec = _Recorder(G.op_desc, G.type_name, MAX_DATA, G.read_tensor_bytes)
+                sess.block_multi([(b.seq, b.tokens, b.pos0) for b in step.blocks], recorder=rec,
+                                 embd_state=block_states(sess, sc, step, context_rows))
+                graphs.append(Graph(rec.nodes, rec.values))
+    finally:
+        sess.close()
+    return graphs
+
+
+class ReferenceWorker:
+    """b11739 serving scenarios in one child process (`runner --serve`), each in a fresh context."""
+
+    def __init__(self, workdir: Path):
+        self.dir = Path(workdir)
+        self.err = open(self.dir / "llama.cpp.log", "wb")
+        self.log = self.dir / "errors.jsonl"
+        self.proc = subprocess.Popen([sys.executable, "-m", "graphgen.reference.runner", "--serve"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.err, text=True,
+                                     bufsize=1)
+        self.n = 0
+
+    def run(self, model, sc: Scenario) -> list[Graph]:
+        from .dump import load_dump_dir
+        from .reference.runner import ReferenceFailed, _error_text
+
+        self.n += 1
+        path = self.dir / f"s{self.n}.json"
+        out = self.dir / f"d{self.n}"
+        path.write_text(json.dumps(sc.to_dict()))
+        self.log.write_text("")
+        req = {"id": self.n, "model": str(Path(model).resolve()), "scenario": str(path), "out": str(out),
+               "max_data": MAX_DATA, "log": str(self.log)}
+        res = None
+        try:
+            self.proc.stdin.write(json.dumps(req) + "\n")
+            self.proc.stdin.flush()
+            for line in self.proc.stdout:
+                if line.startswith("R "):
+                    res = json.loads(line[2:])
+                    break
+        except BrokenPipeError:
+            pass
+        if res is None:
+            rc = self.proc.wait()
+            self.err.flush()
+            headline, _ = _error_text(self.log, (self.dir / "llama.cpp.log").read_text(errors="replace"))
+            raise ReferenceFailed(f"llama.cpp b11739 ended ({'signal %d' % -rc if rc < 0 else 'exit %d' % rc}): "
+                                  f"{headline}")
+        if not res["ok"]:
+            raise ReferenceFailed(f"llama.cpp b11739: {res['error']}")
+        graphs = []
+        for d in load_dump_dir(out):
+            if d.graph == "block":
+                with d:
+                    values = {k: d.values(k) for k in range(len(d.nodes))}
+                    graphs.append(Graph(d.nodes, {k: v for k, v in values.items() if v is not None}))
+        return graphs
+
+    def close(self):
+        if self.proc is not None:
+            try:
+                self.proc.stdin.close()
+                self.proc.wait(timeout=60)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+            self.proc = None
+        self.err.close()
+
+
+# ---- comparing --------------------------------------------------------------------------------
+
+def output_indices(nodes) -> list[int]:
+    """The graph's outputs: nodes no later node reads, cache writes aside (a node's source is
+    the latest earlier node of that name)."""
+    last: dict[str, int] = {}
+    used = set()
+    for n in nodes:
+        for s in n.src:
+            if s in last:
+                used.add(last[s])
+        last[n.name] = n.index
+    return [n.index for n in nodes if n.index not in used and n.op not in ("SET_ROWS", "CPY")]
+
+
+def pair_nodes(a_nodes, b_nodes) -> list[tuple[int, int]]:
+    """(index in a, index in b) of nodes with the same name, k-th occurrence with k-th."""
+    seen: dict[str, list[int]] = {}
+    for n in b_nodes:
+        seen.setdefault(n.name, []).append(n.index)
+    taken: dict[str, int] = {}
+    pairs = []
+    for n in a_nodes:
+        k = taken.get(n.name, 0)
+        js = seen.get(n.name, [])
+        if k < len(js) and b_nodes[js[k]].op == n.op:
+            pairs.append((n.index, js[k]))
+        taken[n.name] = k + 1
+    return pairs
+
+
+def rows_of(ne_batch, ne_alone, n_tokens: int, n_alone: int, offset: int, n_seq: int, i: int):
+    """How to cut sequence i's part out of a batched node: (numpy axis, start, stop), "whole"
+    when the node has the same shape alone, or None when no single axis tells the sequence's
+    rows. The axis that changed must hold k values per token (rows offset.. of n_tokens) or k
+    per block (block i of n_seq)."""
+    if list(ne_batch) == list(ne_alone):
+        return "whole"
+    axes = [d for d in range(4) if ne_batch[d] != ne_alone[d]]
+    if len(axes) != 1:
+        return None
+    d = axes[0]
+    nb, na = ne_batch[d], ne_alone[d]
+    for units, alone_units, start in ((n_tokens, n_alone, offset), (n_seq, 1, i)):
+        if nb % units == 0 and na % alone_units == 0 and nb // units == na // alone_units:
+            k = nb // units
+            return 3 - d, start * k, (start + alone_units) * k
+    return None
+
+
+def _cut(arr: np.ndarray, how) -> np.ndarray:
+    if how == "whole":
+        return arr
+    axis, a, b = how
+    return np.take(arr, range(a, b), axis=axis)
+
+
+def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    a = np.ascontiguousarray(a, dtype=np.float32)
+    b = np.ascontiguousarray(b, dtype=np.float32)
+    return a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+@dataclass
+class SeqResult:
+    seq: int
+    n_tokens: int
+    pos0: int
+    outputs_nmse: float = 0.0        # the largest over the outputs, batched against alone (same cache)
+    outputs_identical: bool = True
+    nodes_compared: int = 0
+    nodes_differ: int = 0
+    nodes_skipped: int = 0           # no single axis tells the sequence's rows
+    worst_node: str | None = None
+    worst_nmse: float = 0.0
+    first_node: str | None = None    # the first node in graph order that differs
+    own_outputs_nmse: float = 0.0    # outputs, batched against the own-cache run
+    own_outputs_identical: bool = True
+
+    @property
+    def identical(self) -> bool:
+        return self.nodes_differ == 0 and self.outputs_identical and self.own_outputs_identical
+
+    def to_dict(self) -> dict:
+        return {"seq": self.seq, "n_tokens": self.n_tokens, "pos0": self.pos0, "identical": self.identical,
+                "outputs_nmse": self.outputs_nmse, "outputs_identical": self.outputs_identical,
+                "nodes_compared": self.nodes_compared, "nodes_differ": self.nodes_differ,
+                "nodes_skipped": self.nodes_skipped, "worst_node": self.worst_node, "worst_nmse": self.worst_nmse,
+                "first_node": self.first_node, "own_cache_outputs_nmse": self.own_outputs_nmse,
+                "own_cache_outputs_identical": self.own_outputs_identical}
+
+
+def _nmse(alone: np.ndarray, batched: np.ndarray) -> float:
+    nmse, _, reason = compare_values(alone, batched)
+    return math.inf if reason else nmse
+
+
+def compare_sequence(batched: Graph, alone: Graph, case: Case, i: int, outputs_only: bool = False):
+    """Sequence i's rows of the batched graph against its graph alone: [(node name, nmse, bits
+    equal, is output)] for every node compared, and the count of nodes that could not be cut."""
+    offset, n_alone = case.offsets[i], len(case.blocks[i])
+    outs = set(output_indices(alone.nodes))
+    got, skipped = [], 0
+    for ia, ib in pair_nodes(alone.nodes, batched.nodes):
+        if outputs_only and ia not in outs:
+            continue
+        na, nb = alone.nodes[ia], batched.nodes[ib]
+        how = rows_of(nb.ne, na.ne, case.n_tokens, n_alone, offset, case.n_seq, i)
+        va, vb = alone.values.get(ia), batched.values.get(ib)
+        if how == "whole" and nb.name.startswith(CACHE_PREFIX) and nb.op != "SET_ROWS":
+            # a view of the cache as it was before the batch wrote to it: the cells the batch
+            # takes hold what they held, which the two runs need not share
+            skipped += 1
+            continue
+        if how == "whole" and (va is None or vb is None):
+            if na.digest is None or nb.digest is None:
+                skipped += 1
+                continue
+            got.append((na.name, 0.0 if na.digest == nb.digest else math.inf, na.digest == nb.digest, ia in outs))
+            continue
+        if how is None or va is None or vb is None:
+            skipped += 1
+            continue
+        part = _cut(vb, how)
+        if part.shape != va.shape:
+            skipped += 1
+            continue
+        same = _same_bits(va, part)
+        got.append((na.name, 0.0 if same else _nmse(va, part), same, ia in outs))
+    if not any(is_out for *_, is_out in got):
+        raise CheckBatchError(f"n_seq {case.n_seq} {case.kind} blocks, sequence {i}: no output of the block graph "
+                              "could be cut to the sequence's rows; nothing to compare")
+    return got, skipped
+
+
+def summarize(res: SeqResult, got, skipped: int) -> None:
+    res.nodes_compared, res.nodes_skipped = len(got), skipped
+    for name, nmse, same, is_out in got:
+        if is_out:
+            res.outputs_nmse = max(res.outputs_nmse, nmse)
+            res.outputs_identical &= same
+        if not same:
+            res.nodes_differ += 1
+            res.first_node = res.first_node or name
+            if res.worst_node is None or nmse > res.worst_nmse:
+                res.worst_node, res.worst_nmse = name, nmse
+
+
+def graphs_equal(a: Graph, b: Graph, cache_state: bool = True) -> str | None:
+    """None when two graphs have the same nodes (name, op, shape) and bytes; else the first
+    difference. cache_state False: views of the cache as it was before the write are left out."""
+    if len(a.nodes) != len(b.nodes):
+        return f"{len(a.nodes)} nodes against {len(b.nodes)}"
+    for x, y in zip(a.nodes, b.nodes):
+        if (x.name, x.op, list(x.ne)) != (y.name, y.op, list(y.ne)):
+            return f"node {x.index}: {x.name} {x.op} {x.ne} against {y.name} {y.op} {y.ne}"
+        if not cache_state and x.name.startswith(CACHE_PREFIX) and x.op != "SET_ROWS":
+            continue
+        if x.digest is None or y.digest is None:
+            return f"node {x.index} ({x.name}) has no digest: not compared"
+        if x.digest != y.digest:
+            return f"node {x.index} ({x.name}) differs"
+    return None
+
+
+def compare_case(case: Case, graphs: list, roles: list) -> tuple[list, bool]:
+    """Every sequence's results (SeqResult) from one case's graphs, and whether every batched
+    block came out the same."""
+    batched = [g for g, (role, _) in zip(graphs, roles) if role == "batched"]
+    reproducible = all(graphs_equal(batched[0], g, cache_state=False) is None for g in batched[1:])
+    seqs = []
+    for i in range(case.n_seq):
+        res = SeqResult(i, len(case.blocks[i]), case.prompts[i])
+        alone = graphs[roles.index(("alone", i))]
+        own = graphs[roles.index(("own", i))]
+        got, skipped = compare_sequence(batched[0], alone, case, i)
+        summarize(res, got, skipped)
+        for _name, nmse, same_bits, _ in compare_sequence(batched[0], own, case, i, outputs_only=True)[0]:
+            res.own_outputs_nmse = max(res.own_outputs_nmse, nmse)
+            res.own_outputs_identical &= same_bits
+        seqs.append(res)
+    return seqs, reproducible
+
+
+# ---- the whole check --------------------------------------------------------------------------
+
+@dataclass
+class CaseResult:
+    n_seq: int
+    kind: str
+    note: str | None = None
+    seqs: dict = field(default_factory=dict)   # engine -> [SeqResult]
+    reproducible: dict = field(default_factory=dict)  # engine -> the batched block was the same in every run
+
+    def to_dict(self) -> dict:
+        d = {"n_seq": self.n_seq, "blocks": self.kind}
+        if self.note:
+            d["note"] = self.note
+            return d
+        d["engines"] = {e: {"reproducible": self.reproducible[e], "sequences": [s.to_dict() for s in seqs]}
+                        for e, seqs in self.seqs.items()}
+        return d
+
+
+@dataclass
+class Report:
+    model: str
+    settings: Settings
+    block: int
+    prompt: int
+    engines: tuple
+    cases: list = field(default_factory=list)
+    parity: dict | None = None   # graphs, nodes, first difference (both engines)
+
+    def dependent(self, engine: str) -> bool:
+        return any(not s.identical for c in self.cases if not c.note for s in c.seqs[engine]) or \
+            any(not c.reproducible[engine] for c in self.cases if not c.note)
+
+    def exit_code(self) -> int:
+        if self.parity is not None:
+            return 0 if self.parity["identical"] else 1
+        return 1 if self.dependent(self.engines[0]) else 0
+
+    def verdict(self, engine: str) -> str:
+        seqs = [s for c in self.cases if not c.note for s in c.seqs[engine]]
+        n_batches = sum(1 for c in self.cases if not c.note)
+        if not self.dependent(engine):
+            return (f"{label(engine)}: results do not depend on the batch: {len(seqs)} sequences in {n_batches} batches, "
+                    "every compared node bit-identical batched and alone, and every output the same in a cache of its own")
+        bad = [s for s in seqs if not s.identical]
+        worst = max(bad, key=lambda s: max(s.outputs_nmse, s.own_outputs_nmse), default=None)
+        text = f"{label(engine)}: results DEPEND on the batch: {len(bad)} of {len(seqs)} sequences differ"
+        if worst is not None:
+            text += (f"; outputs NMSE up to {max(worst.outputs_nmse, worst.own_outputs_nmse):.3g}, "
+                     f"first at node {worst.first_node or '(outputs)'}")
+        if any(not c.reproducible[engine] for c in self.cases if not c.note):
+            text += "; the same batched block computed twice differs"
+        return text
+
+    def to_dict(self) -> dict:
+        st = self.settings
+        return {"model": self.model, "settings": {"n_ctx": st.n_ctx, "n_ubatch": st.n_ubatch,
+                                                  "flash_attn": st.flash_attn, "type_k": st.type_k,
+                                                  "type_v": st.type_v, "seed": st.seed, "block": self.block,
+                                                  "prompt": self.prompt},
+                "engines": list(self.engines),
+                "batch_dependent": {e: self.dependent(e) for e in self.engines},
+                "verdict": {e: self.verdict(e) for e in self.engines},
+                "cases": [c.to_dict() for c in self.cases], "parity": self.parity, "exit_code": self.exit_code()}
+
+    def format_text(self) -> str:
+        st = self.settings
+        lines = [f"check-batch {self.model}: n_ctx {st.n_ctx}, n_ubatch {st.n_ubatch}, flash attention "
+                 f"{'on' if st.flash_attn else 'off'}, KV {st.type_k}/{st.type_v}, block {self.block}, "
+                 f"prompts {self.prompt}+, seed {st.seed}"]
+        for e in self.engines:
+            lines += ["", f"{label(e)} (each sequence batched against alone, same cache; own: outputs against "
+                          "a cache of its own)",
+                      f"{'n_seq':>5}  {'blocks':<8} {'identical':>9}  {'max NMSE outputs':>16}  {'own':>9}  "
+                      f"{'nodes':>6}  worst node"]
+            for c in self.cases:
+                if c.note:
+                    lines.append(f"{c.n_seq:>5}  {c.kind:<8} {c.note}")
+                    continue
+                seqs = c.seqs[e]
+                ok = sum(s.identical for s in seqs)
+                worst = max(seqs, key=lambda s: s.worst_nmse)
+                wn = f"{worst.worst_node} ({worst.worst_nmse:.3g})" if worst.worst_node else "-"
+                if not c.reproducible[e]:
+                    wn += "; batched block not reproducible"
+                lines.append(f"{c.n_seq:>5}  {c.kind:<8} {f'{ok}/{len(seqs)}':>9}  "
+                             f"{max(s.outputs_nmse for s in seqs):>16.3g}  {max(s.own_outputs_nmse for s in seqs):>9.3g}  "
+                             f"{min(s.nodes_compared for s in seqs):>6}  {wn}")
+        lines.append("")
+        lines += [self.verdict(e) for e in self.engines]
+        if self.parity is not None:
+            p = self.parity
+            lines.append(f"graphgen vs {label('llama.cpp')}: {p['graphs']} block graphs, {p['nodes']} nodes: "
+                         + ("bit-identical" if p["identical"] else f"DIFFER ({p['first']})"))
+        return "\n".join(lines)
+
+
+def label(engine: str) -> str:
+    return "llama.cpp b11739" if engine == "llama.cpp" else engine
+
+
+def parse_n_seq(text: str) -> list[int]:
+    try:
+        vals = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise CheckBatchError(f"--n-seq must be a comma-separated list of integers, got {text!r}") from None
+    if not vals or any(v < 1 or v > 256 for v in vals):
+        raise CheckBatchError(f"--n-seq values must be between 1 and 256, got {text!r}")
+    return sorted(set(vals))
+
+
+def check_batch(model, n_seqs=DEFAULT_N_SEQ, block: int | None = None, prompt: int = 6, flash_attn: bool = False,
+                type_k: str = "f16", type_v: str = "f16", engines=ENGINES, seed: int = 0, progress=None) -> Report:
+    """Run every case in each engine and compare; `progress(text)` is told what runs."""
+    from .runtime.model import load
+    from .validate import check_kv_types
+
+    engines = tuple(engines)
+    if not engines or any(e not in ENGINES for e in engines):
+        raise CheckBatchError(f"--engine must name graphgen, llama.cpp or both, got {', '.join(engines) or 'none'}")
+    for flag, v in (("--type-k", type_k), ("--type-v", type_v)):
+        if v not in KV_TYPES:
+            raise CheckBatchError(f"{flag} must be one of {', '.join(KV_TYPES)}, got {v!r}")
+    if type_v in KV_QUANTIZED and not flash_attn:
+        raise CheckBatchError(f"--type-v {type_v}: a quantized V cache requires flash attention (-fa on)")
+    if prompt < 1:
+        raise CheckBatchError(f"--prompt must be at least 1, got {prompt}")
+    m = load(model)
+    try:
+        hp = m.hparams
+        rules = m.head.block_rules(hp)
+        check_kv_types(hp, type_k, type_v, flash_attn, k_only=m.backbone != "base")
+        mask = max(hp.mask_token_id, 0)
+        n_vocab = hp.n_vocab
+    finally:
+        m.close()
+    block = block if block is not None else (hp.block_size or 4)
+    if block < 1:
+        raise CheckBatchError(f"--block must be at least 1, got {block}")
+    if rules.max_block and block > rules.max_block:
+        raise CheckBatchError(f"--block {block} is longer than this head's lattice holds ({rules.max_block} rows, "
+                              "the draft's block_size)")
+    cases = plan_cases(rules, n_vocab, mask, n_seqs, block, prompt, seed)
+    st = settings_for(cases, flash_attn, type_k, type_v, seed)
+    report = Report(Path(model).name, st, block, prompt, engines)
+    tmp = tempfile.TemporaryDirectory(prefix="graphgen-checkbatch-")
+    worker = ReferenceWorker(Path(tmp.name)) if "llama.cpp" in engines else None
+    parity = {"graphs": 0, "nodes": 0, "identical": True, "first": None} if len(engines) == 2 else None
+    try:
+        for case in cases:
+            cr = CaseResult(case.n_seq, case.kind, case.note)
+            report.cases.append(cr)
+            if case.note:
+                continue
+            sc, roles = case_scenario(case, st)
+            runs = {}
+            for e in engines:
+                if progress:
+                    progress(f"n_seq {case.n_seq} {case.kind} blocks: {label(e)}, {len(roles)} block graphs")
+                graphs = run_graphgen(model, sc) if e == "graphgen" else worker.run(model, sc)
+                if len(graphs) != len(roles):
+                    raise CheckBatchError(f"{label(e)} computed {len(graphs)} block graphs where the case has "
+                                          f"{len(roles)}")
+                runs[e] = graphs
+                cr.seqs[e], cr.reproducible[e] = compare_case(case, graphs, roles)
+            if parity is not None:
+                for k, (x, y) in enumerate(zip(runs["graphgen"], runs["llama.cpp"])):
+                    parity["graphs"] += 1
+                    parity["nodes"] += len(x.nodes)
+                    why = graphs_equal(x, y)
+                    if why is not None and parity["identical"]:
+                        parity["identical"] = False
+                        role, i = roles[k]
+                        parity["first"] = (f"n_seq {case.n_seq} {case.kind} blocks, {role} block"
+                                           + (f" of sequence {i}" if i >= 0 else "") + f": {why}")
+        if parity is not None and parity["graphs"] == 0:
+            raise CheckBatchError("no case ran: nothing was compared between the engines")
+    finally:
+        if worker is not None:
+            worker.close()
+        tmp.cleanup()
+    if not any(not c.note for c in report.cases):
+        raise CheckBatchError("no case ran (every --n-seq case was refused): nothing was compared")
+    return report
