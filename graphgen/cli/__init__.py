@@ -21,6 +21,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "graphgen.cli.backend",  # devices, xdiff, rpc-server
     "graphgen.cli.view",     # view, trace, import
     "graphgen.cli.bench",    # bench
+    "graphgen.cli.checkbatch",  # check-batch
     "graphgen.cli.demo",     # demo
     "graphgen.cli.convert",  # convert
     "graphgen.cli.authors",  # check (the draft authors' models; make-model --format hf, dump --engine torch)
