@@ -131,6 +131,7 @@ DRAFTERS = ("tests/test_drafters.py",)
 # the authors' models alone (needs graphgen[torch]): graph bugs llama.cpp's parity would also
 # catch, seen here from the authors' side, and bugs in the comparison itself
 AUTHORS = ("tests/test_authors.py",)
+VIEWER = ("tests/test_viewer_browser.py",)
 
 IMPORT_VALUES = ("tests/test_import_values.py",)
 MUTATIONS = [
@@ -406,6 +407,36 @@ MUTATIONS = [
              "for k, n in enumerate(full.nodes) if n.op in VIEW_OPS]", "for k, n in enumerate(full.nodes) if n.op == \"VIEW\"]",
              IMPORT_VALUES),
     Mutation("import_build_line_as_a_full_dump", "describe_build", "if fmt:", "if False:", IMPORT_VALUES),
+    # --- the HTML viewer (its script is matched as a whole file) ---
+    Mutation("viewer_opened_layer_not_fitted", "graphgen/view/static/viewer.js:",
+             "if (!wasOpen) zoomToGroup(g); else render();",
+             "if (!wasOpen) centreOn(0, g.y + g.h / 2); else render();", VIEWER),
+    Mutation("viewer_search_keeps_small_zoom", "graphgen/view/static/viewer.js:",
+             "if (s < READ_S) s = READ_S;", "if (s < 0.6) s = 0.9;", VIEWER),
+    Mutation("viewer_label_name_whatever_the_room", "graphgen/view/static/viewer.js:",
+             "if (name) { var fs = size(name); if (fs * s >= LABEL_MIN_PX) return [name, fs]; }",
+             "if (name) return [name, size(name)];", VIEWER),
+    Mutation("viewer_label_height_unbounded", "graphgen/view/static/viewer.js:",
+             "tall = Math.min(LABEL_MAX, (NODE_H * s - 1.2) / (1.2 * s));", "tall = LABEL_MAX;", VIEWER),
+    Mutation("viewer_legend_op_colours_on_a_diff", "graphgen/view/static/viewer.js:",
+             "var cols = diff ? D.statusColours : D.opColours;", "var cols = D.opColours;", VIEWER),
+    Mutation("viewer_worst_coord_reversed", "graphgen/view/static/viewer.js:",
+             "'<span class=\"w-coord\">[' + w.coord.join",
+             "'<span class=\"w-coord\">[' + w.coord.slice().reverse().join", VIEWER),
+    Mutation("viewer_changed_fields_dropped", "diff_map",
+             'row.status, row.detail, row.fields = "changed", changed[i].describe(), dict(changed[i].fields)',
+             'row.status, row.detail, row.fields = "changed", changed[i].describe(), {}', VIEWER),
+    Mutation("viewer_op_params_not_decoded", "_side_text",
+             'return format_op_params(op, list(value), list(ne)) or "(none)"', "return str(list(value))", VIEWER),
+    Mutation("viewer_worst_not_kept", "diff_map",
+             'row.worst = nr.to_dict().get("worst")', "row.worst = None", VIEWER),
+    Mutation("viewer_uncompared_shown_identical", "diff_map",
+             'elif i in uncompared and row.status == "matched":', 'elif False:', VIEWER),
+    Mutation("viewer_first_value_is_first_divergence", "diff_map",
+             "dm.first_value = _row_of(dm, res.first_value)", "dm.first_value = _row_of(dm, res.first_divergence)",
+             VIEWER),
+    Mutation("viewer_backend_from_source_ignored", "graphgen/view/html.py:_backend",
+             'return imported.get(str(i)) or src.get("backend")', "return imported.get(str(i))", VIEWER),
 ]
 
 
