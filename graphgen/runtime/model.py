@@ -5,7 +5,15 @@ every draft has, detects the head (variant, from tensors) and the backbone (from
 seed's load_arch_hparams does, and leaves the rest to the model files through
 graphgen/models/arch.py: each head's and backbone's hparams, tensor shapes and checks sit beside
 its graph (load_hparams_dsv4 in models/dspark.py, load_tensors_lilicorr in models/lilicorr.py...).
-Every key and shape is validated before ggml sees it; the weights go into one backend buffer.
+Every key and shape is validated before ggml sees it.
+
+Weights, as llama.cpp places them with mmap: on a host backend (the CPU) they are computed on in
+place, a read-only mapping of the file wrapped in a CPU buffer, each tensor pointing at its bytes
+(no weight needs converting: every type is ggml's own, the 2-D wo_a is a reshape, and a tensor off
+ggml's alignment is refused with the file, as upstream refuses it); on a device backend they are
+uploaded from the mapping, which is then released. `use_mmap=False` (the command line's --no-mmap) reads them into a backend
+buffer instead. A file changed in place while mapped is refused, naming it, before the next
+compute reads it (`check_file`).
 """
 
 from __future__ import annotations
@@ -13,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +31,7 @@ from ..errors import GGUFModelError
 from ..models import arch
 from ..models.arch import BACKBONE_BASE, BACKBONE_DSV4, BACKBONE_DSV41, BACKBONE_MISTRAL_LARGE4
 from ..models.tensors import bind
+from .mmapfile import MappedFile, mmap_default
 from ..models.arch import HParams
 from ..models.loader import (ARCH, GGUFMeta, read_base_hparams, read_loader_keys, read_rope_scaling,
                              read_rope_sections, read_vocab)
@@ -30,7 +40,6 @@ from ..validate import check_memory, check_tensor_data, check_tensor_types
 
 # gguf-py GGMLQuantizationType values graphgen can hold as weights
 SUPPORTED_WEIGHT_TYPES = {0: "f32", 1: "f16", 8: "q8_0", 30: "bf16", 26: "i32", 27: "i64"}
-
 
 class Layer:
     """A layer's tensors under upstream's llama_layer field names (None when absent), bound from
@@ -161,8 +170,10 @@ def _bounded_reader_class():
 class Model:
     """A loaded draft: hparams, variant, backbone and its weights in a backend buffer."""
 
-    def __init__(self, path, backend=None):
+    def __init__(self, path, backend=None, use_mmap: bool | None = None):
         self.path = Path(path)
+        self.use_mmap = mmap_default() if use_mmap is None else bool(use_mmap)
+        self._map = None
         if self.path.is_dir():
             raise GGUFModelError(f"{self.path}: is a folder, not a GGUF file")
         if not self.path.is_file():
@@ -170,6 +181,8 @@ class Model:
         # the magic, then every count bounded by the file's size: gguf-py trusts the counts and can
         # loop for hours
         V.check_gguf_layout(self.path)
+        st = self.path.stat()
+        self._stamp = (st.st_size, st.st_mtime_ns)
         try:
             reader = _bounded_reader_class()(str(self.path), "r")
         except GGUFModelError as e:
@@ -184,6 +197,7 @@ class Model:
         self.tensors: dict = {}
         self._ctx = None
         self._buf = None
+        self.n_mapped = 0             # tensors computed on in place from the mapping
         if backend is not None:
             self.upload(backend)
 
@@ -253,34 +267,66 @@ class Model:
                                  f"the Mistral Large 4 backbone's hidden state; this draft's backbone is {self.backbone}")
 
     # -- upload -----------------------------------------------------------------------------
-    def upload(self, backend):
-        reader = self._reader
-        n = len(reader.tensors)
-        if G.ggml_backend_is_cpu(backend):
-            # a refusal beats the OOM killer; device memory is the device backend's to refuse
-            check_memory(self._weight_bytes, self.path, f"the {n} weight tensors")
-        params = G.ggml_init_params(mem_size=G.ggml_tensor_overhead() * (n + 8), mem_buffer=None, no_alloc=True)
+    def _new_tensors(self, ts: list):
+        """A no-alloc context holding a ggml tensor for each of `ts`: (ctx, [(ggml tensor, reader tensor)])."""
+        params = G.ggml_init_params(mem_size=G.ggml_tensor_overhead() * (len(ts) + 8), mem_buffer=None,
+                                    no_alloc=True)
         ctx = G.ggml_init(params)
+        self._ctx = ctx
         created = []
-        for t in reader.tensors:
+        for t in ts:
             shape = [int(x) for x in t.shape] + [1] * (4 - len(t.shape))
             n_dims = len(t.shape)
             if t.name.endswith(".attn_output_a.weight") and n_dims == 2 and self.hparams.dsv4_o_group_count:
                 # a 2-D wo_a is the 3-D one with its last two dims merged
                 g_ = self.hparams.dsv4_o_group_count
                 shape, n_dims = [shape[0], shape[1] // g_, g_, 1], 3
-            gt = G.ggml_new_tensor(ctx, int(t.tensor_type), n_dims,
-                                   (ctypes.c_int64 * 4)(*shape))
+            gt = G.ggml_new_tensor(ctx, int(t.tensor_type), n_dims, (ctypes.c_int64 * 4)(*shape))
             G.set_name(gt, t.name)
+            if G.ggml_nbytes(gt) != int(t.n_bytes):
+                raise GGUFModelError(f"{self.path}: tensor '{t.name}' holds {int(t.n_bytes)} bytes, ggml "
+                                     f"expects {G.ggml_nbytes(gt)} for its type and shape")
             created.append((gt, t))
-        buf = G.ggml_backend_alloc_ctx_tensors(ctx, backend)
-        if not buf:
-            raise GGUFModelError(f"{self.path}: could not allocate the weights on the backend")
-        for gt, t in created:
-            data = np.ascontiguousarray(t.data)
-            G.ggml_backend_tensor_set(gt, data.ctypes.data_as(ctypes.c_void_p), 0, data.nbytes)
-            self.tensors[t.name] = gt
-        self._ctx, self._buf = ctx, buf
+        return ctx, created
+
+    def upload(self, backend):
+        reader = self._reader
+        n = len(reader.tensors)
+        host = bool(G.ggml_backend_is_cpu(backend))
+        if host:
+            # a refusal beats the OOM killer; device memory is the device backend's to refuse
+            check_memory(self._weight_bytes, self.path, f"the {n} weight tensors")
+        if self.use_mmap:
+            self._map = MappedFile(self.path)
+            if self._map.stamp != self._stamp:
+                self._map.close()
+                self._map = None
+                raise GGUFModelError(f"{self.path}: the file changed on disk since its metadata was read; load it again")
+        in_place = self.use_mmap and host
+        try:
+            ctx, created = self._new_tensors(reader.tensors)
+            if in_place:
+                buf = self._map_buffer(created)
+            else:
+                buf = G.ggml_backend_alloc_ctx_tensors(ctx, backend)
+                if not buf:
+                    raise GGUFModelError(f"{self.path}: could not allocate the weights on the backend")
+                self._buf = buf
+                if self._map is not None:
+                    # uploaded from the mapping, which goes once the device holds the weights
+                    # (upstream unmaps what it uploaded)
+                    for gt, t in created:
+                        G.ggml_backend_tensor_set(gt, self._map.addr + int(t.data_offset), 0, int(t.n_bytes))
+                    self._map.close()
+                    self._map = None
+                else:
+                    self._read_into(created, bool(G.ggml_backend_buffer_is_host(buf)))
+        except BaseException:
+            self.close()
+            raise
+        self._buf = buf
+        self.tensors = {t.name: gt for gt, t in created}
+        self.n_mapped = len(created) if in_place else 0
         self.backend = backend
         t = self.tensors
         bind(self, arch.MODEL_TENSORS, t)
@@ -292,10 +338,70 @@ class Model:
             if head.bind is not None:
                 head.bind(self, mine)
 
+    def _map_buffer(self, created: list):
+        """A CPU buffer over the whole mapped file, each tensor pointed at its bytes in it."""
+        m = self._map
+        # ggml asserts the buffer's alignment; the GGUF's own check (validate.check_gguf_layout)
+        # refused any tensor off it, as llama.cpp does, so a failure here is a bug, said in a line
+        align = G.ggml_backend_buft_get_alignment(G.ggml_backend_cpu_buffer_type())
+        bad = [t.name for _, t in created if (m.addr + int(t.data_offset)) % align]
+        if m.addr % align or bad:
+            raise GGUFModelError(f"{self.path}: cannot compute in place on the mapped file: "
+                                 f"{'tensor ' + repr(bad[0]) if bad else 'the mapping'} is not {align}-byte aligned; "
+                                 "run with --no-mmap")
+        buf = G.ggml_backend_cpu_buffer_from_ptr(m.addr, m.size)
+        if not buf:
+            raise GGUFModelError(f"{self.path}: ggml could not wrap the mapped file in a buffer")
+        self._buf = buf
+        for gt, t in created:
+            if G.ggml_backend_tensor_alloc(buf, gt, m.addr + int(t.data_offset)) != 0:
+                raise GGUFModelError(f"{self.path}: ggml could not place tensor '{t.name}' in the mapped file")
+        return buf
+
+    def _read_into(self, created: list, host: bool):
+        """--no-mmap: read each tensor from the file into its buffer (straight into host memory,
+        through a bounded staging buffer for a device)."""
+        chunk = bytearray(min(64 << 20, max(int(t.n_bytes) for _, t in created)))
+        with open(self.path, "rb", buffering=0) as f:
+            st = os.fstat(f.fileno())
+            if (st.st_size, st.st_mtime_ns) != self._stamp:
+                raise GGUFModelError(f"{self.path}: the file changed on disk since its metadata was read; "
+                                     "load it again")
+            for gt, t in created:
+                off, n = int(t.data_offset), int(t.n_bytes)
+                done = 0
+                while done < n:
+                    if host:
+                        view = memoryview((ctypes.c_char * (n - done)).from_address(gt.contents.data + done)).cast("B")
+                    else:
+                        view = memoryview(chunk)[:min(len(chunk), n - done)]
+                    got = os.preadv(f.fileno(), [view], off + done)
+                    if got <= 0:
+                        raise GGUFModelError(f"{self.path}: tensor '{t.name}' could not be read whole "
+                                             "(the file shrank while loading)")
+                    if not host:
+                        G.ggml_backend_tensor_set(gt, (ctypes.c_char * got).from_buffer(chunk), done, got)
+                    done += got
+
+    def check_file(self):
+        """Refuse to compute on mapped weights whose file changed in place since it was mapped."""
+        m = self._map
+        if m is not None:
+            why = m.changed()
+            if why is not None:
+                raise GGUFModelError(f"{self.path}: the file changed on disk while its weights were mapped "
+                                     f"({why}); load it again, or run with --no-mmap to hold a copy")
+
     @property
     def buffer(self):
-        """The backend buffer holding the weights (None before upload)."""
+        """The backend buffer holding the weights (None before upload): on the CPU with mmap, a
+        buffer over the mapped file."""
         return self._buf
+
+    @property
+    def mapping(self):
+        """(address, size) of the mapped file while weights are used in place, else None."""
+        return None if self._map is None else (self._map.addr, self._map.size)
 
     @property
     def weight_bytes(self) -> int:
@@ -305,12 +411,16 @@ class Model:
         return [(t.name, t.tensor_type.name, [int(x) for x in t.shape]) for t in self._reader.tensors]
 
     def close(self):
-        if self._buf:
+        # the buffer before the mapping it points into
+        if getattr(self, "_buf", None):
             G.ggml_backend_buffer_free(self._buf)
             self._buf = None
-        if self._ctx:
+        if getattr(self, "_ctx", None):
             G.ggml_free(self._ctx)
             self._ctx = None
+        if getattr(self, "_map", None) is not None:
+            self._map.close()
+            self._map = None
 
     def __del__(self):
         try:
@@ -319,6 +429,7 @@ class Model:
             pass
 
 
-def load(path, backend=None) -> Model:
-    """Read a draft GGUF; with a backend the weights are uploaded to it."""
-    return Model(path, backend)
+def load(path, backend=None, use_mmap: bool | None = None) -> Model:
+    """Read a draft GGUF; with a backend the weights are placed on it (mapped, or copied with
+    use_mmap=False; None: the process's default, mmap unless a command runs with --no-mmap)."""
+    return Model(path, backend, use_mmap)

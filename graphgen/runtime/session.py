@@ -285,6 +285,7 @@ class Session:
     def _start(self) -> None:
         self.timings = {}
         self._t_lap = time.perf_counter()
+        self.model.check_file()  # mapped weights: refuse a file changed in place (one fstat)
 
     def clear(self) -> None:
         """Empty the KV cache (llama_memory_clear): every sequence, every cell."""
