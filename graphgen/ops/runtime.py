@@ -166,6 +166,28 @@ def _package_for(lib_dir: Path, bindings: Path) -> Path:
     return root
 
 
+def _compile_bindings(package: Path) -> None:
+    """Bytecode for the bindings, written beside them once: ggml.py is 15,000 lines, and compiling
+    it at every import (as a process that may not write bytecode does: PYTHONDONTWRITEBYTECODE,
+    or a cache it cannot write) leaves about 15 MB of the compiler's memory in the process, where
+    loading the bytecode takes under 2 MB. Hash-checked, so a copied or touched source is
+    recompiled rather than trusted; a cache another user owns is left as it is."""
+    import importlib.util
+    import py_compile
+    for name in BINDINGS_FILES:
+        src = package / name
+        if src.suffix != ".py" or Path(importlib.util.cache_from_source(str(src))).exists():
+            continue
+        try:
+            py_compile.compile(str(src), doraise=True, invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH)
+        except (OSError, py_compile.PyCompileError):
+            return
+        try:
+            cache.publish(package / "__pycache__")  # readable by every user, as the entry is
+        except OSError:
+            pass
+
+
 def _check_libraries(lib_dir: Path, origin: str, shim: Path | None, wanted: list[str]) -> str:
     """Load the libraries as ggml-python will and look up every wanted function; returns the version."""
     where = f"{lib_dir} ({origin})"
@@ -212,6 +234,7 @@ def activate() -> Runtime:
     bindings = _bindings_source()
     version = _check_libraries(lib_dir, origin, shim, bound_functions(bindings / "ggml.py") + list(FUSED_FUNCTIONS))
     root = _package_for(lib_dir, bindings)
+    _compile_bindings(root / "ggml")
     sys.path.insert(0, str(root))
     _active = Runtime(lib_dir=lib_dir, package_dir=root / "ggml", origin=origin, version=version)
     return _active
