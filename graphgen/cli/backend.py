@@ -97,6 +97,8 @@ def register(sub) -> None:
                         "attention 5e-3, ...); integer results (argmax, argsort, top-k) stay exact")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(fn=_cmd_xdiff)
+    from .mmapflag import add_mmap_flag
+    add_mmap_flag(p)  # --no-mmap
 
     p = sub.add_parser("rpc-server", help="serve a ggml backend over RPC")
     p.add_argument("--host", default="127.0.0.1")

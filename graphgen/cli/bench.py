@@ -165,3 +165,5 @@ def register(sub) -> None:
     p.add_argument("--markdown", help="append the tables to this Markdown file")
     p.add_argument("--svg", help="write a plot of the block step against n_seq and n_kv (SVG)")
     p.set_defaults(fn=_cmd_bench)
+    from .mmapflag import add_mmap_flag
+    add_mmap_flag(p)  # --no-mmap

@@ -190,3 +190,5 @@ def register(subparsers) -> None:
     p.add_argument("--json", action="store_true", help="print the summary (and tokens) as JSON")
     p.add_argument("--verbose", action="store_true", help="the drivers' info log (upstream's LOG_INF lines)")
     p.set_defaults(fn=_cmd_draft)
+    from .mmapflag import add_mmap_flag
+    add_mmap_flag(p)  # --no-mmap

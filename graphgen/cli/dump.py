@@ -166,6 +166,8 @@ def register(sub) -> None:
     add_kv_type_flags(p)
     p.add_argument("--backend", default="cpu", help="cpu, vulkan[:N], cuda[:N], metal, rpc://HOST:PORT or auto")
     p.set_defaults(fn=_cmd_dump)
+    from .mmapflag import add_mmap_flag
+    add_mmap_flag(p)  # --no-mmap
 
     p = sub.add_parser("diff", help="graph-diff two dumps (files or folders)")
     add_diff_args(p)

@@ -234,6 +234,8 @@ def register(sub) -> None:
                    help="one JSON object a node (JSON Lines: graph, name, op, type, ne, src, op_params, digest, "
                         "stats, first values) instead of the eval-callback text")
     p.set_defaults(fn=_cmd_trace)
+    from .mmapflag import add_mmap_flag
+    add_mmap_flag(p)  # --no-mmap
 
     p = sub.add_parser("import", help="convert eval-callback text, a ggml dot file or a GGML_SCHED_DEBUG log "
                                       "to a dump folder (structure only)")
