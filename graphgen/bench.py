@@ -39,6 +39,12 @@ class StepStats:
     times: dict = field(default_factory=dict)    # engine -> [seconds], wall time of the step
     compute: dict = field(default_factory=dict)  # engine -> [seconds] inside the scheduler's compute
     phases: dict = field(default_factory=dict)   # graphgen's phase -> [seconds]
+    n_tokens: int = 0                            # tokens the step's batch holds
+
+    def tokens_per_s(self, engine):
+        """Tokens through the step per second of its median wall time, as llama-bench reports."""
+        m = self.median(engine)
+        return self.n_tokens / m if m and self.n_tokens else None
 
     def median(self, engine):
         t = self.times.get(engine)
@@ -93,6 +99,7 @@ class BenchResult:
         out = [f"bench {self.model} on {self.backend}, {self.repeat} repetitions "
                "(median±IQR; ratio of medians, and of minimums; compute and host overhead are medians)"]
         out.append(f"  {'step':<22} {'graphgen ms':>16} {'llama.cpp ms':>16} {'ratio':>7} {'min ratio':>9} "
+                   f"{'graphgen t/s':>12} {'llama.cpp t/s':>13} "
                    f"{'compute g/l ms':>15} {'overhead g/l ms':>15} {'build ms':>9}")
         for st, g, l_, r in self.rows():
             gs = f"{g * 1e3:.3f}±{st.spread('graphgen') * 1e3:.3f}" if g else "-"
@@ -102,7 +109,9 @@ class BenchResult:
             mr = f"{mg / ml:.3f}" if mg and ml else "-"
             comp = f"{ms(st.compute_median('graphgen'))}/{ms(st.compute_median('llama.cpp'))}"
             over = f"{ms(st.overhead_median('graphgen'))}/{ms(st.overhead_median('llama.cpp'))}"
+            tg, tl = st.tokens_per_s("graphgen"), st.tokens_per_s("llama.cpp")
             out.append(f"  {st.label:<22} {gs:>16} {ls:>16} {f'{r:.3f}' if r else '-':>7} {mr:>9} "
+                       f"{f'{tg:.1f}' if tg else '-':>12} {f'{tl:.1f}' if tl else '-':>13} "
                        f"{comp:>15} {over:>15} {f'{b:.2f}' if b is not None else '-':>9}")
         if any(st.phases for st in self.steps):
             out.append("  graphgen's host overhead by phase, us (median): "
@@ -120,7 +129,9 @@ class BenchResult:
 
     def to_dict(self) -> dict:
         return {"model": self.model, "backend": self.backend, "repeat": self.repeat,
-                "steps": [{"step": st.label, "median_s": {e: st.median(e) for e in st.times},
+                "steps": [{"step": st.label, "n_tokens": st.n_tokens,
+                           "tokens_per_s": {e: st.tokens_per_s(e) for e in st.times},
+                           "median_s": {e: st.median(e) for e in st.times},
                            "min_s": {e: st.best(e) for e in st.times},
                            "iqr_s": {e: st.spread(e) for e in st.times}, "ratio": r,
                            "compute_median_s": {e: st.compute_median(e) for e in st.compute},
@@ -148,6 +159,12 @@ def multi_seq_scenario(base: Scenario, n_seq: int) -> Scenario:
     cells = sum(s["inject"]["n_tokens"] for s in steps if "inject" in s) + n_tok
     doc.update(steps=steps, n_seq=n_seq, n_ubatch=max(doc["n_ubatch"], n_tok), n_ctx=max(doc["n_ctx"], cells))
     return parse_scenario(doc)
+
+
+def _step_tokens(sc: Scenario) -> list[int]:
+    """Tokens of each timed step (the steps _labels names), in the same order."""
+    return [st.n_tokens if st.kind in ("inject", "encoder") else sum(len(b.tokens) for b in st.blocks)
+            for st in sc.steps if st.kind != "seq_rm"]
 
 
 def _labels(sc: Scenario) -> list[str]:
@@ -248,7 +265,7 @@ def run_bench(model, scenario: Scenario, *, repeat: int = 20, backend: str = "cp
     feats = {st.index: scenario.features(st, sess.hparams.n_embd_inp_enc)
              for st in scenario.steps if st.kind in ("inject", "encoder")}
     labels = _labels(scenario)
-    steps = [StepStats(lbl) for lbl in labels]
+    steps = [StepStats(lbl, n_tokens=n) for lbl, n in zip(labels, _step_tokens(scenario))]
     worker = None
     tmp = None
     try:

@@ -38,6 +38,9 @@ import numpy as np
 from graphgen.dump import N_OP_PARAMS, Dump, DumpError, Node, dump_files, load_dump
 from graphgen.importers import FORMAT_LABELS, SCHED_UNSEEN_WHY, VIEW_OPS, common_fields, import_file, import_format
 from graphgen.printed import compare_node, side_of
+from graphgen.layers import node_layers
+from graphgen.nodefilter import FilterError, NodeFilter
+from graphgen.probe import ProbeError, Target, find_pairs, format_probe, largest_errors, probe
 
 DEFAULT_NMSE = {"f32": 1e-7, "f16": 1e-7, "bf16": 1e-7, "i32": 0, "i64": 0}
 EXACT_TYPES = frozenset({"i8", "i16", "i32", "i64"})  # integers always compare exactly
@@ -257,17 +260,27 @@ class NumericResult:
     ok: bool
     reason: str | None = None      # NaN/Inf disagreement, when that is why it failed
     by_digest: bool = False        # compared through the bytes' digests (values not kept)
+    op: str = ""
+    # the element furthest apart (index, coord [i0..i3], ref, ours, abs); None when the values are
+    # equal or not kept
+    worst: dict[str, Any] | None = None
 
     def describe(self) -> str:
         why = self.reason or f"nmse {self.nmse:.3g} > {self.threshold:g}"
+        at = ""
+        if self.worst:
+            w = self.worst
+            at = f" at {w['coord']} (ref {w['ref']:.6g}, ours {w['ours']:.6g})"
         return (f"values ref #{self.ref_index} / ours #{self.ours_index} '{self.name}' ({self.type}): "
-                f"{why}, max abs {self.max_abs:.3g}")
+                f"{why}, max abs {self.max_abs:.3g}{at}")
 
     def to_dict(self) -> dict[str, Any]:
+        worst = None if self.worst is None else {k: _json_float(v) if isinstance(v, float) else v
+                                                 for k, v in self.worst.items()}
         return {"ref_index": self.ref_index, "ours_index": self.ours_index, "name": self.name,
-                "type": self.type, "n": self.n, "nmse": _json_float(self.nmse),
+                "op": self.op, "type": self.type, "n": self.n, "nmse": _json_float(self.nmse),
                 "max_abs": _json_float(self.max_abs), "threshold": self.threshold, "ok": self.ok,
-                "reason": self.reason, "by_digest": self.by_digest}
+                "reason": self.reason, "by_digest": self.by_digest, "worst": worst}
 
 
 @dataclass
@@ -301,11 +314,22 @@ class DiffResult:
     # nodes of one side the other side's format cannot show (a GGML_SCHED_DEBUG log's views), as
     # {side, index, name, op, why}: while any is left the result is PARTIAL, never IDENTICAL
     unseen: list[dict[str, Any]] = field(default_factory=list)
+    # the first structural change and the first value failure, each as first_divergence is
+    first_structural: dict[str, Any] | None = None
+    first_value: dict[str, Any] | None = None
+    layers: list[dict[str, Any]] = field(default_factory=list)  # the per-layer strip
+    probes: list[dict[str, Any]] = field(default_factory=list)  # what --at asked for
+    selection: str | None = None   # "-o MUL_MAT: 12 of 270 nodes" when a filter narrowed the diff
+    show_layers: bool = False      # print the per-layer strip even when every value agrees
+    nothing_selected: bool = False  # the filter selected no node of this graph: nothing was compared
 
     @property
     def status(self) -> str:
         """IDENTICAL, DIVERGED, or NOT COMPARED: structure equal and no value differs, but some
         nodes had neither values nor a digest on a side, so equality was not shown."""
+        if self.nothing_selected:
+            # the filter left nothing of this graph to compare: nothing diverged, nothing was shown
+            return "NOTHING SELECTED"
         if self.identical:
             return "IDENTICAL"
         if self.unpaired:
@@ -342,18 +366,23 @@ class DiffResult:
                 "not_compared": [{"ref_index": i, "ours_index": j, "name": n, "why": w}
                                  for i, j, n, w in self.not_compared],
                 "warnings": list(self.warnings), "provenance": self.provenance, "unpaired": self.unpaired,
-                "settings_differ": list(self.settings_differ), "unseen": list(self.unseen)}
+                "settings_differ": list(self.settings_differ), "unseen": list(self.unseen),
+                "first_structural": self.first_structural, "first_value": self.first_value,
+                "layers": [_json_row(r) for r in self.layers], "probes": [_json_row(p) for p in self.probes],
+                "selection": self.selection}
 
     def format_text(self) -> str:
         s = self.summary
         out = [f"graph-diff [{self.graph}]  ref: {self.ref_path or '-'}  ours: {self.ours_path or '-'}",
-               f"result: {self.status}"]
+               f"result: {self.status}" + (f" (only the nodes {self.selection})" if self.selection else "")]
         out += [f"warning: {w}" for w in self.warnings]
         if self.builds:
             out += [f"  {side:4s} build: {desc}" for side, desc in self.builds.items()]
-        fd = self.first_divergence
-        if fd:
-            out += ["", f"first divergence: {fd['detail']}"]
+        for title, fd in (("first structural change", self.first_structural),
+                          ("first value failure", self.first_value)):
+            if not fd:
+                continue
+            out += ["", f"{title}: {fd['detail']}"]
             for side in ("ref", "ours"):
                 out.append(f"  {side}:")
                 for row in fd["context"][side]:
@@ -371,6 +400,9 @@ class DiffResult:
                     f"  numeric          {s['numeric_compared']} compared ({s.get('by_digest', 0)} by digest, {s.get('from_printed', 0)} from printed values), "
                     f"{s['numeric_failed']} failed, {s.get('not_compared', 0)} not compared",
                     f"  values           {self._values_verdict()}"]
+        if self.layers and (self.show_layers or any(r["max_nmse"] for r in self.layers)):
+            out += ["", "per layer (where the error grows):"]
+            out += [f"  {_strip_line(r)}" for r in self.layers]
         if self.settings_differ:
             out += ["", "settings differ (the graphs ran under different settings):"]
             out += [f"  {d}" for d in self.settings_differ]
@@ -396,6 +428,8 @@ class DiffResult:
         if self.notes:
             out += ["", "notes:"]
             out += [f"  - {n}" for n in self.notes]
+        for pr in self.probes:
+            out += [""] + format_probe(pr)
         return "\n".join(out)
 
 
@@ -455,7 +489,58 @@ def _resolve_sources(nodes: list[Node]) -> list[list[int | None]]:
     return out
 
 
-def _thresholds(nmse: float | dict[str, float] | None):
+def _json_row(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: _json_float(v) if isinstance(v, float) else v for k, v in row.items()}
+
+
+def _bar(nmse: float | None) -> str:
+    # one '#' per decade above 1e-16, so a strip shows at a glance where the error grows
+    if not nmse:
+        return ""
+    if not math.isfinite(nmse):
+        return "#" * 16 + "!"
+    return "#" * max(1, min(16, int(math.log10(nmse)) + 17))
+
+
+def _strip_line(r: dict[str, Any]) -> str:
+    name = "global" if r["layer"] == "global" else f"layer {r['layer']}"
+    worst = r.get("worst")
+    at = f" at #{worst['ref_index']} '{worst['name']}'" if worst else ""
+    nm = "-" if r["max_nmse"] is None else f"{r['max_nmse']:.3g}"
+    return (f"{name:<10} {r['nodes']:>5} nodes {r['compared']:>5} compared {r['failed']:>4} failed "
+            f"{r['changed']:>3} changed  max nmse {nm:<9} {_bar(r['max_nmse']):<17}{at}")
+
+
+def _layer_strip(R: list[Node], numeric: list[NumericResult], structural: list[Difference]) -> list[dict[str, Any]]:
+    """One row per layer in the order layers first appear in ref (nodes outside any layer in a
+    'global' row): its nodes, how many were compared and failed, structural changes, and the
+    largest NMSE with the node that has it."""
+    layer_of = node_layers(R)
+    rows: dict[Any, dict[str, Any]] = {}
+    for node, il in zip(R, layer_of):
+        key = "global" if il is None else il
+        row = rows.setdefault(key, {"layer": key, "nodes": 0, "compared": 0, "failed": 0, "changed": 0,
+                                    "max_nmse": None, "worst": None})
+        row["nodes"] += 1
+    for d in structural:
+        if d.ref_index is not None:
+            il = layer_of[d.ref_index]
+            rows["global" if il is None else il]["changed"] += 1
+    for res in numeric:
+        row = rows["global" if layer_of[res.ref_index] is None else layer_of[res.ref_index]]
+        row["compared"] += 1
+        row["failed"] += not res.ok
+        nm = math.inf if math.isnan(res.nmse) else res.nmse
+        if nm > 0 and (row["max_nmse"] is None or nm > row["max_nmse"]):
+            row["max_nmse"] = nm
+            row["worst"] = {"ref_index": res.ref_index, "name": res.name}
+    for row in rows.values():
+        if row["max_nmse"] is None and row["compared"]:
+            row["max_nmse"] = 0.0
+    return list(rows.values())
+
+
+def _thresholds(nmse: float | dict[str, float] | None, per_op: dict[str, float] | None = None):
     table = dict(DEFAULT_NMSE)
     fallback = DEFAULT_NMSE["f32"]
     if isinstance(nmse, (int, float)) and not isinstance(nmse, bool):
@@ -467,10 +552,19 @@ def _thresholds(nmse: float | dict[str, float] | None):
     elif nmse is not None:
         raise TypeError(f"nmse must be a float or a dict of type -> float, got {nmse!r}")
 
-    def threshold(typ: str) -> float:
+    per_op = dict(per_op or {})
+    if "default" in per_op:
+        fallback = per_op["default"]
+        table = {t: (v if t in EXACT_TYPES else fallback) for t, v in table.items()}
+
+    def threshold(typ: str, op: str = "") -> float:
         # an integer node (indices, positions, argmax) is right or wrong: no threshold loosens it
         if typ in EXACT_TYPES:
             return 0.0
+        if op in per_op:
+            return per_op[op]
+        if typ in per_op:
+            return per_op[typ]
         return float(table[typ]) if typ in table else fallback
     return threshold
 
@@ -731,18 +825,23 @@ def _compare_run(i0: int, i1: int, j0: int, j1: int, rsrc: _Sources, osrc: _Sour
 
 
 def diff_dumps(ref: Dump, ours: Dump, nmse: float | dict[str, float] | None = None,
-               rules: Sequence[Rule] | str | os.PathLike | None = None, on_values=None) -> DiffResult:
+               rules: Sequence[Rule] | str | os.PathLike | None = None, on_values=None,
+               select: NodeFilter | None = None, per_op: dict[str, float] | None = None,
+               at: Sequence[Target] = ()) -> DiffResult:
     """Compare two dumps; `rules` is a list of Rule or the path of a rules file.
 
     When either side is imported (structure only), both are first cut down to the fields every
     import involved shows, and a note says so. `on_values(done, total)` follows the value
-    comparison, the slow part of a large graph."""
+    comparison, the slow part of a large graph. `select` keeps the comparison to the nodes it
+    selects (on either side); `per_op` bounds NMSE per op or type (graphgen.nodefilter); `at`
+    names nodes to probe (graphgen.probe)."""
     if isinstance(rules, (str, os.PathLike)):
         rules = load_rules(rules)
     rules = list(rules or ())
     full_ref, full_ours = ref, ours
     ref, ours, cut_note = common_fields(ref, ours)
-    threshold = _thresholds(nmse)
+    threshold = _thresholds(nmse, per_op)
+    select = select or NodeFilter()
     R, O = ref.nodes, ours.nodes
     steps = _align(R, O, rules)
 
@@ -864,15 +963,17 @@ def diff_dumps(ref: Dump, ours: Dump, nmse: float | dict[str, float] | None = No
             a, b = ref.values(i), ours.values(j)
             if a is not None and b is not None:
                 nm, max_abs, reason = compare_values(a, b)
-                thr = threshold(r.type)
+                thr = threshold(r.type, r.op)
                 ok = reason is None and nm <= thr
-                numeric.append(NumericResult(i, j, r.name, r.type, int(a.size), nm, max_abs, thr, ok, reason))
+                worst = largest_errors(a, b, r.ne, 1) if (nm or reason or max_abs) else []
+                numeric.append(NumericResult(i, j, r.name, r.type, int(a.size), nm, max_abs, thr, ok, reason,
+                                             op=r.op, worst=worst[0] if worst else None))
             elif r.digest and o.digest:
                 # values not kept (over --max-data): the bytes' digests still tell bit-exact equality
                 same = r.digest == o.digest
                 numeric.append(NumericResult(i, j, r.name, r.type, r.nelements, 0.0 if same else math.inf,
-                                             0.0 if same else math.inf, threshold(r.type), same,
-                                             None if same else _digest_reason(r, o), by_digest=True))
+                                             0.0 if same else math.inf, threshold(r.type, r.op), same,
+                                             None if same else _digest_reason(r, o), by_digest=True, op=r.op))
             else:
                 why = " and ".join(side for side, n, v in (("ref", r, a), ("ours", o, b))
                                    if v is None and not n.digest)
@@ -887,19 +988,43 @@ def diff_dumps(ref: Dump, ours: Dump, nmse: float | dict[str, float] | None = No
         notes += _build_notes(ref, ours)
         settings_differ = _settings_differ(ref, ours)
 
+    selection = None
+    nothing_selected = False
+    if select.active:
+        # a difference counts when a node it involves is selected, on either side
+        structural = [d for d in structural if (d.ref_index is not None and select(R[d.ref_index]))
+                      or (d.ours_index is not None and select(O[d.ours_index]))]
+        numeric = [r for r in numeric if select(R[r.ref_index]) or select(O[r.ours_index])]
+        not_compared = [c for c in not_compared if select(R[c[0]]) or select(O[c[1]])]
+        n_sel = sum(map(select, R))
+        selection = f"{select}: {n_sel} of {len(R)} ref nodes"
+        # a filter that selects nothing in this graph must not read as IDENTICAL (diff_paths
+        # refuses a filter that selects nothing in any graph)
+        nothing_selected = n_sel == 0 and not any(map(select, O))
+
     # First divergence in ref order; a structural difference precedes a value failure at the same
-    # node, and value failures propagate downstream, so the earliest one is the origin.
-    events = [((d.ref_pos, d.ours_pos, 0), d) for d in structural]
-    events += [((r.ref_index, r.ours_index, 1), r) for r in numeric if not r.ok]
-    first = None
-    if events:
-        _, ev = min(events, key=lambda e: e[0])
+    # node, and value failures propagate downstream, so the earliest one is the origin. The first
+    # structural change and the first value failure are also kept apart: a value failure before a
+    # later type change is where to look first.
+    def event(ev) -> dict[str, Any]:
         if isinstance(ev, Difference):
             rp, op_, kind, detail = ev.ref_pos, ev.ours_pos, ev.kind, ev.describe()
         else:
             rp, op_, kind, detail = ev.ref_index, ev.ours_index, "numeric", ev.describe()
-        first = {"kind": kind, "ref_index": ev.ref_index, "ours_index": ev.ours_index, "detail": detail,
-                 "context": {"ref": _context(R, rp, ev.ref_index), "ours": _context(O, op_, ev.ours_index)}}
+        return {"kind": kind, "ref_index": ev.ref_index, "ours_index": ev.ours_index, "detail": detail,
+                "context": {"ref": _context(R, rp, ev.ref_index), "ours": _context(O, op_, ev.ours_index)}}
+    s_events = [((d.ref_pos, d.ours_pos, 0), d) for d in structural]
+    v_events = [((r.ref_index, r.ours_index, 1), r) for r in numeric if not r.ok]
+    first = event(min(s_events + v_events, key=lambda e: e[0])[1]) if s_events or v_events else None
+    first_s = event(min(s_events, key=lambda e: e[0])[1]) if s_events else None
+    first_v = event(min(v_events, key=lambda e: e[0])[1]) if v_events else None
+
+    probes = []
+    for target in at:
+        nm_at = {r.ref_index: r for r in numeric}
+        for i, j in find_pairs(target, R, O, pair_map):
+            res = nm_at.get(i) if i is not None else None
+            probes.append(probe(ref, ours, i, j, res.nmse if res else None, res.threshold if res else None))
 
     fails = [r for r in numeric if not r.ok]
     finite = [r.nmse for r in numeric if math.isfinite(r.nmse)]
@@ -914,11 +1039,16 @@ def diff_dumps(ref: Dump, ours: Dump, nmse: float | dict[str, float] | None = No
         "by_digest": sum(r.by_digest for r in numeric), "from_printed": sum(id(r) in from_printed for r in numeric), "not_compared": len(not_compared),
         "max_nmse": max(finite) if finite else None, "settings_differ": len(settings_differ),
     }
+    # first_divergence is the earlier of the two below (kept for readers of older reports)
     return DiffResult(ref_path=str(ref.path), ours_path=str(ours.path), graph=ref.graph,
-                      identical=not structural and not fails and not not_compared and not settings_differ and not unseen,
+                      identical=(not structural and not fails and not not_compared and not settings_differ
+                                 and not unseen),
+                      nothing_selected=nothing_selected,
                       settings_differ=settings_differ, unseen=unseen, structural=structural,
                       numeric=numeric, not_compared=not_compared,
-                      first_divergence=first, rules_fired=dict(Counter(e.rule for e in explained)),
+                      first_divergence=first, first_structural=first_s, first_value=first_v,
+                      layers=_layer_strip(R, numeric, structural), probes=probes, selection=selection,
+                      rules_fired=dict(Counter(e.rule for e in explained)),
                       explained=explained, notes=notes, summary=summary,
                       builds={"ref": describe_build(ref), "ours": describe_build(ours)},
                       warnings=warnings, provenance=provenance)
@@ -1074,7 +1204,9 @@ def pair_graphs(refs: list[Dump], ours: list[Dump], single: bool = False
 
 def diff_paths(ref_path: str | os.PathLike, ours_path: str | os.PathLike,
                nmse: float | dict[str, float] | None = None,
-               rules_path: str | os.PathLike | None = None, progress=None) -> list[DiffResult]:
+               rules_path: str | os.PathLike | None = None, progress=None,
+               select: NodeFilter | None = None, per_op: dict[str, float] | None = None,
+               at: Sequence[Target] = (), show_layers: bool = False) -> list[DiffResult]:
     """Diff two sides, each a dump folder, a dump file or an importable file (see `load_side`).
 
     Graphs are paired by kind and step (`pair_graphs`); a graph without a partner gives a result
@@ -1117,12 +1249,22 @@ def diff_paths(ref_path: str | os.PathLike, ours_path: str | os.PathLike,
         def on_values(done, total, k=k, r=r, o=o):
             progress(k + 1, n, f"{r.path.name} / {o.path.name}", f"values {done}/{total}")
         try:
-            res = diff_dumps(r, o, nmse, rules, on_values=on_values if progress is not None else None)
+            res = diff_dumps(r, o, nmse, rules, on_values=on_values if progress is not None else None,
+                             select=select, per_op=per_op, at=at)
         finally:
             r.close()
             o.close()
+        res.show_layers = show_layers
         if skipped:
             res.notes.append(f"not compared, the other side being one graph: {', '.join(skipped)}")
         placed.append((place[id(r)], res))
-    return [res for _, res in sorted(placed, key=lambda x: x[0])]
+    results = [res for _, res in sorted(placed, key=lambda x: x[0])]
+    for target in at:
+        if not any(p["name"] == target.name if target.name is not None else
+                   p[f"{target.side}_index"] == target.index for res in results for p in res.probes):
+            raise ProbeError(f"--at {target.text}: no such node in "
+                             + ("either side" if target.name is not None else target.side))
+    if select is not None and select.active and results and all(r.nothing_selected or r.unpaired for r in results):
+        raise FilterError(f"{select}: selects no node of any graph compared")
+    return results
 

@@ -64,6 +64,7 @@ class Scenario:
     n_seq: int = 1
     n_threads: int = 1
     steps: list[Step] = field(default_factory=list)
+    n_batch: int | None = None  # llama.cpp's logical batch (-b); None: the micro-batch's size
 
     @property
     def type_kv(self) -> str:
@@ -92,7 +93,8 @@ class Scenario:
                     for b in s.blocks]}})
         types = ({"type_kv": self.type_k} if self.type_k == self.type_v
                  else {"type_k": self.type_k, "type_v": self.type_v})
-        return {"n_ctx": self.n_ctx, "n_ubatch": self.n_ubatch,
+        batch = {} if self.n_batch is None else {"n_batch": self.n_batch}
+        return {"n_ctx": self.n_ctx, **batch, "n_ubatch": self.n_ubatch,
                 "flash_attn": "on" if self.flash_attn else "off", **types,
                 "seed": self.seed, "n_seq": self.n_seq, "n_threads": self.n_threads, "steps": steps}
 
@@ -127,13 +129,17 @@ def _known(body: dict, keys: set, where: str) -> None:
 def parse_scenario(doc: dict, where: str = "scenario") -> Scenario:
     if not isinstance(doc, dict):
         raise ScenarioError(f"{where}: expected a JSON object")
-    known = {"n_ctx", "n_ubatch", "flash_attn", "type_kv", "type_k", "type_v", "seed", "n_seq", "n_threads", "steps"}
+    known = {"n_ctx", "n_batch", "n_ubatch", "flash_attn", "type_kv", "type_k", "type_v", "seed", "n_seq", "n_threads", "steps"}
     unknown = sorted(set(doc) - known)
     if unknown:
         raise ScenarioError(f"{where}: unknown field '{unknown[0]}'")
     sc = Scenario()
     sc.n_ctx = _int(doc, "n_ctx", where, 256, lo=1, hi=1 << 20)
     sc.n_ubatch = _int(doc, "n_ubatch", where, 64, lo=1, hi=8192)
+    if "n_batch" in doc:
+        # llama.cpp caps the micro-batch at the logical batch; each graph holds one micro-batch
+        sc.n_batch = _int(doc, "n_batch", where, lo=1, hi=1 << 20)
+        sc.n_ubatch = min(sc.n_ubatch, sc.n_batch)
     sc.seed = _int(doc, "seed", where, 1, lo=0)
     sc.n_seq = _int(doc, "n_seq", where, 1, lo=1, hi=256)
     sc.n_threads = _int(doc, "n_threads", where, 1, lo=1, hi=256)

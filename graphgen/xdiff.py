@@ -38,14 +38,17 @@ class XDiffResult:
     graphs: list = field(default_factory=list)   # per graph: dict(graph, nodes, structural, worst, first_bad)
     ok: bool = True
     nmse: float | None = None   # one bound for every inexact node instead of the per-op table
+    selection: str | None = None  # the -o / --name filter, when one narrowed the comparison
 
     def to_dict(self) -> dict:
-        return {"backends": list(self.backends), "ok": self.ok, "nmse": self.nmse, "graphs": self.graphs}
+        return {"backends": list(self.backends), "ok": self.ok, "nmse": self.nmse, "selection": self.selection,
+                "graphs": self.graphs}
 
     def format_text(self) -> str:
         ref, other = self.backends
         bound = f" (nmse bound {self.nmse:g} for every inexact node)" if self.nmse is not None else ""
-        out = [f"xdiff {ref} vs {other}: {'PASS' if self.ok else 'FAIL'}{bound}"]
+        only = f" (only the nodes {self.selection})" if self.selection else ""
+        out = [f"xdiff {ref} vs {other}: {'PASS' if self.ok else 'FAIL'}{bound}{only}"]
         for g in self.graphs:
             line = (f"  [{g['graph']}] {g['nodes']} nodes, structure {'identical' if not g['structural'] else 'DIFFERS'}, "
                     f"worst nmse {g['worst_nmse']:.3g} at {g['worst_name']}")
@@ -64,9 +67,11 @@ class XDiffResult:
         return "\n".join(out)
 
 
-def xdiff(model, scenario, backends, out=None, progress=None, nmse: float | None = None) -> XDiffResult:
+def xdiff(model, scenario, backends, out=None, progress=None, nmse: float | None = None,
+          select=None, per_op: dict[str, float] | None = None) -> XDiffResult:
     """Run `scenario` on both `backends` and compare them (see `compare_dirs`; `nmse` overrides the
-    per-op bounds)."""
+    per-op bounds, `per_op` (op or type -> bound) overrides both where it names the node's op or
+    type; `select` (graphgen.nodefilter.NodeFilter) keeps the comparison to the nodes it selects)."""
     if len(backends) != 2:
         raise ValueError("xdiff compares two backends, e.g. --backends cpu,vulkan")
     # both backends must open before either side runs: a missing one is reported at once
@@ -86,10 +91,11 @@ def xdiff(model, scenario, backends, out=None, progress=None, nmse: float | None
             # every value is kept: backends differ in the last bits, which a digest cannot weigh
             run_scenario(model, scenario, d, backend=b, progress=progress, max_data=1 << 62)
             dirs.append(d)
-        return compare_dirs(dirs[0], dirs[1], backends, nmse)
+        return compare_dirs(dirs[0], dirs[1], backends, nmse, select=select, per_op=per_op)
 
 
-def compare_dirs(dir_a, dir_b, backends, nmse: float | None = None) -> XDiffResult:
+def compare_dirs(dir_a, dir_b, backends, nmse: float | None = None, select=None,
+                 per_op: dict[str, float] | None = None) -> XDiffResult:
     """The comparison half of xdiff: two dump folders of one scenario, node by node, per-op bounds;
     `nmse` replaces them with one bound (as diff's --nmse), integer results staying exact."""
     if nmse is not None and not (isinstance(nmse, (int, float)) and not isinstance(nmse, bool) and nmse >= 0):
@@ -98,7 +104,12 @@ def compare_dirs(dir_a, dir_b, backends, nmse: float | None = None) -> XDiffResu
     res = XDiffResult(list(backends), nmse=bound)
     from .diff import compare_values
     from .dump import load_dump
-    for r in diff_paths(dir_a, dir_b, nmse=1.0):
+    from .nodefilter import NodeFilter
+    select = select or NodeFilter()
+    per_op = dict(per_op or {})
+    res.selection = str(select) if select.active else None
+    n_selected = 0
+    for r in diff_paths(dir_a, dir_b, nmse=1.0, select=select if select.active else None):
         if r.unpaired:  # one run evaluated a graph the other did not
             res.graphs.append({"graph": r.graph, "nodes": None, "structural": list(r.notes), "worst_nmse": 0.0,
                                "worst_name": "-", "first_bad": None, "order_dependent": 0, "not_compared": []})
@@ -111,6 +122,7 @@ def compare_dirs(dir_a, dir_b, backends, nmse: float | None = None) -> XDiffResu
         # compared as multisets of values
         reordered: set[str] = set()
         worst, worst_name, first_bad, n_perm = 0.0, "-", None, 0
+        n_selected += sum(map(select, ref.nodes))
         for n in sorted(r.numeric, key=lambda x: x.ref_index):
             node = nodes[n.ref_index]
             op, nmse, reason = node.op, n.nmse, n.reason
@@ -125,7 +137,12 @@ def compare_dirs(dir_a, dir_b, backends, nmse: float | None = None) -> XDiffResu
                 n_perm += 1
                 nmse, _, reason = compare_values(np.sort(a, axis=None), np.sort(b, axis=None))
             exact = op in EXACT_OPS or node.type in EXACT_TYPES
-            thr = 0.0 if exact else OP_NMSE.get(op, DEFAULT_NMSE) if bound is None else bound
+            if exact:
+                thr = 0.0
+            elif op in per_op or node.type in per_op or "default" in per_op:
+                thr = per_op.get(op, per_op.get(node.type, per_op.get("default")))
+            else:
+                thr = OP_NMSE.get(op, DEFAULT_NMSE) if bound is None else bound
             bad = (reason is not None) or nmse > thr
             if nmse > worst:
                 worst, worst_name = nmse, n.name
@@ -138,5 +155,10 @@ def compare_dirs(dir_a, dir_b, backends, nmse: float | None = None) -> XDiffResu
         res.graphs.append({"graph": r.graph, "nodes": r.summary.get("nodes_ref"), "structural": structural,
                            "worst_nmse": worst, "worst_name": worst_name, "first_bad": first_bad,
                            "order_dependent": n_perm, "not_compared": unseen})
-        res.ok &= not structural and first_bad is None and not unseen and bool(r.numeric)
+        # a graph compared on no node fails, unless the filter left none of its nodes to compare
+        idle_ok = select.active and not any(map(select, ref.nodes))
+        res.ok &= not structural and first_bad is None and not unseen and (bool(r.numeric) or idle_ok)
+    if select.active and not n_selected:
+        from .nodefilter import FilterError
+        raise FilterError(f"{select}: selects no node of any graph compared")
     return res

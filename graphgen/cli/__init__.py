@@ -28,8 +28,45 @@ COMMAND_MODULES: tuple[str, ...] = (
 )
 
 
+def default_text(action: argparse.Action) -> str | None:
+    """What a flag's help says of its default when the help text does not already: "off" for a
+    switch, the value, or "not set" for an option that does nothing unless given."""
+    if not action.option_strings or action.help == argparse.SUPPRESS:
+        return None
+    if action.default is argparse.SUPPRESS or isinstance(action, (argparse._HelpAction, argparse._VersionAction)):
+        return None
+    text = action.help or ""
+    if "default" in text or "(required)" in text or action.required:
+        return None
+    if isinstance(action, argparse._StoreTrueAction):
+        return "off"
+    if isinstance(action, argparse._StoreFalseAction):
+        return "on"
+    if action.default is None or action.default == []:
+        return "not set"
+    if isinstance(action.default, (list, tuple)):
+        return ",".join(map(str, action.default))
+    return str(action.default)
+
+
+class _Help(argparse.HelpFormatter):
+    """Every flag's help ends with its default (`default_text`)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if action.required and action.option_strings and "required" not in text:
+            return f"{text} (required)".lstrip()
+        d = default_text(action)
+        return text if d is None else f"{text} (default: {d})".lstrip()
+
+
 class _Parser(argparse.ArgumentParser):
-    """Usage errors in one line, pointing at --help, as every other graphgen error reads."""
+    """Usage errors in one line, pointing at --help, as every other graphgen error reads; every
+    flag's help gives its default."""
+
+    def __init__(self, *a, **kw):
+        kw.setdefault("formatter_class", _Help)
+        super().__init__(*a, **kw)
 
     def error(self, message):
         self.exit(2, f"graphgen: error: {message} (see '{self.prog} --help')\n")
@@ -47,12 +84,14 @@ def build_parser() -> argparse.ArgumentParser:
     for parser, default in [(ap, None)] + [(p, argparse.SUPPRESS) for p in sub.choices.values()]:
         parser.add_argument("--ggml", metavar="DIR", default=default,
                             help="compute on the libggml*.so in DIR (any llama.cpp build) instead of the "
-                                 "reference's ggml; also $GRAPHGEN_GGML_DIR")
+                                 "reference's ggml; also $GRAPHGEN_GGML_DIR (default: the reference wheel's ggml)")
         parser.add_argument("--llama", metavar="DIR", default=default,
                             help="run the reference engine on the libllama.so in DIR (a build with b11739's "
-                                 "C API); also $GRAPHGEN_LLAMA_DIR. Alone, graphgen also computes on its ggml")
+                                 "C API); also $GRAPHGEN_LLAMA_DIR. Alone, graphgen also computes on its ggml "
+                                 "(default: the reference wheel's libllama, b11739)")
     for parser, default in [(ap, False)] + [(p, argparse.SUPPRESS) for p in sub.choices.values()]:
-        for flag, text in (("--quiet", "nothing on stderr but warnings and errors (no progress, no per-round lines)"),
+        for flag, text in (("--quiet", "nothing on stderr but warnings and errors (no progress, no per-round "
+                                       "lines) (default: off)"),
                            ("--progress", "print progress lines on stderr even when it is not a terminal and the "
                                           "work is quick (by default, only work past 2 s on a terminal shows them)")):
             own = parser._option_string_actions.get(flag)
@@ -61,6 +100,13 @@ def build_parser() -> argparse.ArgumentParser:
                 own.default = default
                 continue
             parser.add_argument(flag, action="store_true", default=default, help=text)
+    # a flag given without help still says its default (argparse prints nothing for help=None)
+    for parser in (ap, *sub.choices.values()):
+        for action in parser._actions:
+            if action.help is None and action.option_strings and action.required:
+                action.help = "(required)"
+            elif action.help is None and default_text(action) is not None:
+                action.help = f"(default: {default_text(action)})"
     return ap
 
 

@@ -22,19 +22,26 @@ def _cmd_devices(args) -> int:
     for kind in ("cpu", "vulkan", "cuda", "metal", "rpc"):
         state = "yes" if has_backend(kind) else f"no (build with {BUILD_HINT[kind]})" if kind in BUILD_HINT else "no"
         print(f"  {kind:7s} {state}")
-    print("devices:")
+    print("devices (llama.cpp's names, as -dev takes them):")
     for d in devices():
-        print(f"  {d.name:12s} {d.kind:6s} {d.description}")
+        mem = (f"{d.memory_free / 2**20:,.0f} MiB free of {d.memory_total / 2**20:,.0f} MiB"
+               if d.memory_total else "memory not reported")
+        print(f"  {d.name:12s} {d.kind:6s} {mem:<32} {d.description}")
     return 0
 
 
 def _cmd_xdiff(args) -> int:
-    from ..scenario import load_scenario
     from ..xdiff import xdiff
+    from .dump import filter_options
     from .kvtypes import apply_to_scenario
-    sc = load_scenario(args.scenario)
+    from .llamaflags import backend_of, model_path, scenario_from_args
+    model = model_path(args)
+    sc = scenario_from_args(args, model)
     apply_to_scenario(args, sc)
-    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    if not args.backends:
+        raise ValueError("xdiff compares two devices: give them with -dev A,B (e.g. -dev CPU,Vulkan0)")
+    backends = [backend_of(b) for b in args.backends.split(",") if b.strip()]
+    filters = filter_options(args)
 
     from .. import progress
     out = args.out or tempfile.mkdtemp(prefix="graphgen-xdiff-")
@@ -43,7 +50,7 @@ def _cmd_xdiff(args) -> int:
             def on_step(step):
                 if step.kind != "seq_rm":
                     task.update(f"step {step.index}: {step.kind}")
-            res = xdiff(args.model, sc, backends, out, on_step, nmse=args.nmse)
+            res = xdiff(model, sc, backends, out, on_step, nmse=args.nmse, **filters)
     except BaseException:
         if not args.out:
             shutil.rmtree(out, ignore_errors=True)
@@ -69,7 +76,8 @@ def _cmd_rpc_server(args) -> int:
     def ready():
         print(f"ggml RPC server on {args.host}:{args.port} ({args.backend}), Ctrl-C to stop", file=sys.stderr,
               flush=True)
-    start_rpc_server(args.host, args.port, args.threads, args.backend, on_ready=ready)
+    from .llamaflags import backend_of
+    start_rpc_server(args.host, args.port, args.threads, backend_of(args.backend), on_ready=ready)
     return 0
 
 
@@ -83,26 +91,32 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true", help="print it as JSON")
     p.set_defaults(fn=_cmd_devices)
 
-    p = sub.add_parser("xdiff", help="run a scenario on two backends and graph-diff them node by node")
-    p.add_argument("model")
-    p.add_argument("--scenario", required=True)
-    p.add_argument("--backends", required=True, help="two backends, e.g. cpu,vulkan")
+    from .dump import add_filter_args
     from .kvtypes import add_kv_type_flags
+    from .llamaflags import add_context_flags, add_device, add_model
+    p = sub.add_parser("xdiff", help="run a scenario on two backends and graph-diff them node by node")
+    add_model(p)
+    add_context_flags(p)
+    add_device(p, default=None, many=True)
     add_kv_type_flags(p)
     p.add_argument("--out", help="folder for the per-backend dumps (default: a temp folder, removed after "
                                  "the comparison unless --keep)")
     p.add_argument("--keep", action="store_true", help="without --out: keep the temp folder and say where")
     p.add_argument("--nmse", type=_nmse_arg, default=None,
-                   help="one NMSE bound for every node instead of the per-op ones (matmuls 5e-4, f16 "
+                   help="one NMSE bound for every node instead of the per-op ones (default: matmuls 5e-4, f16 "
                         "attention 5e-3, ...); integer results (argmax, argsort, top-k) stay exact")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_filter_args(p)
     p.set_defaults(fn=_cmd_xdiff)
     from .mmapflag import add_mmap_flag
     add_mmap_flag(p)  # --no-mmap
 
     p = sub.add_parser("rpc-server", help="serve a ggml backend over RPC")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=50052)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--backend", default="cpu")
+    p.add_argument("-H", "--host", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1; anything else is reachable from the network, "
+                        "and the RPC protocol has no authentication)")
+    p.add_argument("-p", "--port", type=int, default=50052, help="TCP port (default 50052)")
+    p.add_argument("-t", "--threads", type=int, default=1, help="CPU threads of the served backend (default 1)")
+    p.add_argument("-dev", "--device", "--backend", dest="backend", default="cpu", metavar="DEV",
+                   help="the backend to serve: CPU, Vulkan0, CUDA0 ... or cpu, vulkan:0 ... (default cpu)")
     p.set_defaults(fn=_cmd_rpc_server)

@@ -13,23 +13,15 @@ from .kvtypes import FA_FLAG, FA_SCENARIO, add_kv_type_flags, apply_to_scenario
 def _cmd_bench(args) -> int:
     from ..bench import ScalePoint, context_scenario, machine_description, multi_seq_scenario, run_bench
     from ..progress import task as progress_task
-    from ..scenario import default_scenario, load_scenario
-    from ..runtime.model import load
+    from .llamaflags import backend_of, model_path, scenario_from_args
 
-    if args.scenario and args.prompt is not None:
-        raise ValueError("--prompt sets the inject length of the default scenario; it cannot change --scenario")
+    model_path(args)
+    args.backend = backend_of(args.backend)
     if args.n_kv and args.scenario:
         raise ValueError("--n-kv builds its own prompts; it cannot be combined with --scenario")
-    if args.scenario:
-        base = load_scenario(args.scenario)
-    else:
-        hp = load(args.model).hparams
-        base = default_scenario(block_size=hp.block_size or 4, mask_token=max(hp.mask_token_id, 0),
-                                n_prompt=64 if args.prompt is None else args.prompt)
-    if args.threads:
-        base.n_threads = args.threads
-    if args.flash_attn is not None:
-        base.flash_attn = args.flash_attn == "on"
+    if not args.scenario and args.n_prompt is None:
+        args.n_prompt = DEFAULT_PROMPT
+    base = scenario_from_args(args, args.model)
     apply_to_scenario(args, base, FA_FLAG + " or " + FA_SCENARIO)
     # each run: (label, axis, value, scenario); the n_seq runs come first, as the command lists them
     runs = [(f"n_seq {n}", "n_seq", n, base if n == 1 else multi_seq_scenario(base, n)) for n in args.n_seq]
@@ -144,19 +136,20 @@ def _engines(text: str) -> tuple[str, ...]:
     return engines
 
 
+DEFAULT_PROMPT = 64  # the inject bench times without --scenario
+
+
 def register(sub) -> None:
+    from .llamaflags import add_context_flags, add_device, add_model
     p = sub.add_parser("bench", help="time graphgen against llama.cpp on the same draft and scenario")
-    p.add_argument("model")
-    p.add_argument("--scenario", help="scenario JSON (default: inject --prompt rows, then one block)")
-    p.add_argument("--prompt", type=_positive, default=None, help="inject length of the default scenario (64)")
-    p.add_argument("--backend", default="cpu")
-    p.add_argument("--repeat", type=_positive, default=20)
-    p.add_argument("--threads", type=_positive, default=None, help="override the scenario's n_threads")
+    add_model(p)
+    add_context_flags(p, parallel=False, default_prompt=DEFAULT_PROMPT)
+    add_device(p)
+    p.add_argument("--repeat", type=_positive, default=20, help="timed repetitions of each step (default 20)")
     p.add_argument("--engines", type=_engines, default=("graphgen", "llama.cpp"),
                    help="graphgen, llama.cpp or both (default both)")
-    p.add_argument("--n-seq", type=_n_seq, default=[1], help="block batches of this many sequences, e.g. 1,4,16")
-    p.add_argument("--flash-attn", choices=("on", "off"), default=None,
-                   help="override the scenario's flash attention (a quantized V cache needs it on)")
+    p.add_argument("-np", "--n-seq", dest="n_seq", type=_n_seq, default=[1],
+                   help="block batches of this many sequences, e.g. 1,4,16 (default 1)")
     add_kv_type_flags(p, fa_hint=FA_FLAG)
     p.add_argument("--n-kv", type=_n_kv, default=None, metavar="N,...",
                    help="also time the block after a prompt filling the cache to N cells (multiples of 256), "

@@ -31,10 +31,10 @@ def _tokens_arg(text: str, what: str) -> list[int]:
     return toks
 
 
-def _features(args, n_rows: int, width: int):
+def _features(args, n_rows: int, width: int, seq: int = 0):
     import numpy as np
     if args.features is None:
-        return np.random.default_rng(args.features_seed).standard_normal((n_rows, width), dtype=np.float32)
+        return np.random.default_rng(args.features_seed + seq).standard_normal((n_rows, width), dtype=np.float32)
     path = Path(args.features)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such features file")
@@ -71,9 +71,17 @@ def _cmd_draft(args) -> int:
 
 
 def _run(args, DraftParams, SimulatedVerifier, open_drafter, run_speculative, default_seed) -> int:
+    from .llamaflags import backend_of, model_path, resolve_fa
+    model_path(args)
+    args.backend = backend_of(args.backend)
     if not Path(args.model).is_file():
         raise FileNotFoundError(f"{args.model}: no such model file")
     prompt = _tokens_arg(args.prompt_tokens, "--prompt-tokens")
+    n_seq = args.n_parallel or 1
+    flash_attn = bool(resolve_fa(args.flash_attn))
+    n_ubatch = args.n_ubatch or 64
+    if args.n_batch is not None:
+        n_ubatch = min(n_ubatch, args.n_batch)  # llama.cpp caps the micro-batch at the batch
     target = _tokens_arg(args.target_tokens, "--target-tokens") if args.target_tokens else None
     if args.n_predict < 1:
         raise GraphgenError(f"--n-predict must be at least 1, got {args.n_predict}")
@@ -85,18 +93,20 @@ def _run(args, DraftParams, SimulatedVerifier, open_drafter, run_speculative, de
         raise GraphgenError(f"--spec-draft-n-max must be >= 0, got {args.spec_draft_n_max}")
     if args.seed is not None and not 0 <= args.seed <= 0xFFFFFFFF:
         raise GraphgenError(f"--seed must be in [0, 2^32-1], got {args.seed}")
-    n_ctx = args.n_ctx or max(256, len(prompt) + args.n_predict + 2 * max(args.spec_draft_n_max or 0, 64) + 16)
+    # every sequence keeps its own rows in the one cache
+    n_ctx = args.n_ctx or n_seq * max(256, len(prompt) + args.n_predict + 2 * max(args.spec_draft_n_max or 0, 64) + 16)
     from .. import progress
     with progress.task(f"draft {Path(args.model).name}") as task:
         task.update("loading the draft's weights")
-        drafter = open_drafter(args.model, args.spec_type, params, n_ctx=n_ctx, n_ubatch=args.n_ubatch,
-                               flash_attn=args.flash_attn == "on", n_threads=args.threads,
-                               **dict(zip(("type_k", "type_v"), kv_types(args, "f16", "f16", args.flash_attn == "on"))),
+        drafter = open_drafter(args.model, args.spec_type, params, n_ctx=n_ctx, n_ubatch=n_ubatch,
+                               flash_attn=flash_attn, n_threads=args.threads or 1, n_seq=n_seq,
+                               **dict(zip(("type_k", "type_v"), kv_types(args, "f16", "f16", flash_attn))),
                                backend=args.backend, engine=args.engine)
     try:
         hp = drafter.session.hparams
         need = len(prompt) + args.n_predict + drafter.n_max - 1
-        feats = _features(args, need, hp.n_embd_inp_enc)
+        # one prompt for every sequence (-np), each with features of its own unless a file gives them
+        seqs = [(prompt, _features(args, need, hp.n_embd_inp_enc, s)) for s in range(n_seq)]
         accept = _int_list(args.accept)
         if not accept or any(a < -1 for a in accept):
             raise GraphgenError(f"--accept takes counts >= 0, or -1 for the whole draft; got {args.accept!r}")
@@ -120,7 +130,7 @@ def _run(args, DraftParams, SimulatedVerifier, open_drafter, run_speculative, de
                   f"({1e3 * (r.t_draft + r.t_process):.1f} ms){extra}", file=sys.stderr)
 
         seed = default_seed if args.seed is None else args.seed
-        res = run_speculative(drafter, [(prompt, feats)], n_predict=args.n_predict, verifier=verifier,
+        res = run_speculative(drafter, seqs, n_predict=args.n_predict, verifier=verifier,
                               temp=args.temp, seed=seed, progress=progress)
     finally:
         drafter.session.close()
@@ -133,6 +143,8 @@ def _run(args, DraftParams, SimulatedVerifier, open_drafter, run_speculative, de
         why = f"--n-predict {args.n_predict} reached"
     if args.json:
         s["tokens"] = res.tokens[0]
+        if n_seq > 1:
+            s["tokens_per_sequence"] = [res.tokens[q] for q in range(n_seq)]
         print(json.dumps(s, indent=1))
         return 0
     print(f"spec type        {s['spec_type']} (draft head {s['variant']}, n_max {s['n_max']})")
@@ -144,7 +156,9 @@ def _run(args, DraftParams, SimulatedVerifier, open_drafter, run_speculative, de
     print(f"time per round   {s['ms_per_round']:.2f} ms (draft {s['ms_draft_per_round']:.2f} ms, "
           f"inject {s['ms_process_per_round']:.2f} ms); prefill {s['ms_prefill']:.2f} ms, total {s['ms_total']:.1f} ms")
     print(f"stopped          {why}")
-    print(f"tokens           {','.join(str(t) for t in res.tokens[0])}")
+    for q in range(n_seq):
+        label = "tokens" if n_seq == 1 else f"tokens seq {q}"
+        print(f"{label:<17}{','.join(str(t) for t in res.tokens[q])}")
     return 0
 
 
@@ -153,37 +167,38 @@ def register(subparsers) -> None:
         "draft", help="draft with a DFlash family model against a simulated verifier",
         description="Speculative rounds: inject the prompt's target features, then per round draft a block, "
                     "let a simulated verifier accept a prefix and inject the verified positions' features.")
-    p.add_argument("model", help="the draft GGUF")
+    from .llamaflags import add_context_flags, add_device, add_model
+    add_model(p)
     p.add_argument("--spec-type", default=None,
                    help="draft-dflash (any DFlash family head), draft-dflash2, draft-dspark or draft-lilicorr "
                         "(comma-separated list as upstream; default: detected from the GGUF)")
     p.add_argument("--prompt-tokens", required=True, help="prompt token ids, comma-separated, or @FILE")
     p.add_argument("--features", help="a .npy of [n_positions, len(target_layers) * n_embd] target features, "
                                       "one row per position (default: random, --features-seed)")
-    p.add_argument("--features-seed", type=int, default=0, help="seed of the random features (default 0)")
+    p.add_argument("--features-seed", type=int, default=0,
+                   help="seed of the random features; sequence s of -np uses seed + s (default 0)")
     p.add_argument("--n-predict", type=int, default=32, help="tokens to generate (default 32)")
     p.add_argument("--accept", default="-1",
                    help="draft tokens the verifier accepts per round, comma-separated values cycle; -1 accepts "
                         "the whole draft (default)")
     p.add_argument("--target-tokens", help="instead of --accept: the target's continuation (ids or @FILE); the "
                                            "verifier accepts the longest matching draft prefix")
-    p.add_argument("--verifier-seed", type=int, default=0, help="seed of the simulated target's own tokens")
+    p.add_argument("--verifier-seed", type=int, default=0,
+                   help="seed of the simulated target's own tokens (default 0)")
     p.add_argument("--spec-draft-n-max", type=int, default=None,
                    help="longest draft, clamped to what the trained block yields (default: that)")
     p.add_argument("--spec-draft-n-min", type=int, default=0, help="shorter drafts are dropped (default 0)")
     p.add_argument("--spec-draft-p-min", type=float, default=0.0,
                    help="truncate the draft below this probability (DSpark: confidence) (default 0)")
     p.add_argument("--spec-draft-sampling", choices=("greedy", "probabilistic"), default="greedy",
-                   help="probabilistic: DFlash2 samples its lattice walk at --temp and keeps q")
-    p.add_argument("--temp", type=float, default=1.0, help="the target's temperature (probabilistic sampling)")
+                   help="probabilistic: DFlash2 samples its lattice walk at --temp and keeps q (default greedy)")
+    p.add_argument("--temp", type=float, default=1.0,
+                   help="the target's temperature (probabilistic sampling; default 1.0)")
     p.add_argument("--seed", type=int, default=None,
                    help="the target's seed (probabilistic sampling; default: random, as LLAMA_DEFAULT_SEED)")
-    p.add_argument("--n-ctx", type=int, default=0, help="draft KV cache size (default: what the run needs)")
-    p.add_argument("--n-ubatch", type=int, default=64, help="injection chunk and batch limit (default 64)")
-    p.add_argument("--flash-attn", choices=("on", "off"), default="off")
-    add_kv_type_flags(p, default="f16", fa_hint="--flash-attn on")
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--backend", default="cpu", help="cpu, vulkan[:N], cuda[:N], metal, rpc://HOST:PORT or auto")
+    add_context_flags(p, scenario=False, threads_default="1")
+    add_kv_type_flags(p, default="f16", fa_hint="-fa on")
+    add_device(p)
     p.add_argument("--engine", choices=("graphgen", "llama.cpp"), default="graphgen",
                    help="where the drivers' batches run: graphgen's graphs, or llama.cpp b11739 (CPU, in a child "
                         "process) for the same drivers on the reference's graphs (default graphgen)")

@@ -8,25 +8,38 @@ import sys
 from pathlib import Path
 
 from ..diff import RulesError, diff_paths, exit_code
+from ..nodefilter import FilterError
+from ..probe import ProbeError
 from ..dump import DumpError
 from .kvtypes import add_kv_type_flags, apply_to_scenario
 
 
 def _cmd_dump(args) -> int:
     from .. import progress
-    from ..scenario import load_scenario
     from ..staging import staged_dump_dir
-    sc = load_scenario(args.scenario)
-    retyped = apply_to_scenario(args, sc)
+    from .llamaflags import backend_of, model_path, scenario_from_args
+    model = model_path(args)
+    args.backend = backend_of(args.backend)
     if args.engine == "torch":
+        from ..scenario import load_scenario
         from .authors import _cmd_dump_torch
+        if not args.scenario:
+            raise ValueError("--engine torch runs a --scenario file")
+        sc = load_scenario(args.scenario)
+        apply_to_scenario(args, sc)
         return _cmd_dump_torch(args, sc)
     if args.target is not None:
         raise ValueError("--target is for --engine torch (the authors' model reads the target's embeddings)")
-    if not Path(args.model).is_file():
-        raise FileNotFoundError(f"{args.model}: no such model file")
+    if not Path(model).is_file():
+        raise FileNotFoundError(f"{model}: no such model file")
+    sc = scenario_from_args(args, model)
+    apply_to_scenario(args, sc)
+    # the reference reads a scenario file: given the file unchanged, that one; else the one the
+    # flags made
+    from ..scenario import load_scenario
+    retyped = not args.scenario or sc.to_dict() != load_scenario(args.scenario).to_dict()
     if args.engine == "llama.cpp" and args.backend != "cpu":
-        raise ValueError("the llama.cpp reference runs on the CPU; drop --backend or use --engine graphgen")
+        raise ValueError("the llama.cpp reference runs on the CPU; drop -dev/--backend or use --engine graphgen")
     out = Path(args.out)
     # the dumps land in OUT only when every graph is done: a failed or interrupted run leaves
     # OUT as it was
@@ -37,7 +50,7 @@ def _cmd_dump(args) -> int:
             if retyped:  # the reference reads a scenario file: give it the one the flags made
                 scenario_path = tmp / ".scenario.json"
                 scenario_path.write_text(json.dumps(sc.to_dict()))
-            paths = run_reference(args.model, scenario_path, tmp, args.max_data, announce_dir=out)
+            paths = run_reference(model, scenario_path, tmp, args.max_data, announce_dir=out)
             if retyped:
                 scenario_path.unlink()
         else:
@@ -49,7 +62,7 @@ def _cmd_dump(args) -> int:
                     if step.kind != "seq_rm":
                         done[0] += 1
                         task.update(f"graph {done[0]} of {n}: {step.kind} (step {step.index})")
-                paths = [p for _, _, p in run_scenario(args.model, sc, tmp, args.max_data, on_step,
+                paths = [p for _, _, p in run_scenario(model, sc, tmp, args.max_data, on_step,
                                                        backend=args.backend, scenario_path=args.scenario)]
     for p in paths:
         p = out / Path(p).name
@@ -80,7 +93,37 @@ def add_diff_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--rules", metavar="FILE", default=None,
                         help="equivalence rules (JSON) that explain known structural differences")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_filter_args(parser)
+    parser.add_argument("--at", metavar="NODE", action="append", default=[],
+                        help="show where NODE's values differ: its largest errors (flat index, "
+                             "[i0, i1, i2, i3], both values), both sides around the worst one, and "
+                             "stats; NODE is a name, a ref index (12 or #12) or ours#12; repeatable "
+                             "(default: none)")
+    parser.add_argument("--layers", action="store_true",
+                        help="print the per-layer strip even when every value agrees (default: only "
+                             "when some value differs; --json always has it)")
     return parser
+
+
+def add_filter_args(parser: argparse.ArgumentParser) -> None:
+    """-o / --name / --thresholds, shared by diff and xdiff."""
+    parser.add_argument("-o", "--op", dest="ops", metavar="OP", action="append", default=[],
+                        help="compare only nodes of this op (e.g. MUL_MAT; comma-separated or "
+                             "repeated; default: every op)")
+    parser.add_argument("--name", dest="names", metavar="REGEX", action="append", default=[],
+                        help="compare only nodes whose name matches (repeatable: any of them; "
+                             "default: every node)")
+    parser.add_argument("--thresholds", metavar="FILE", default=None,
+                        help="NMSE bound per op or type, JSON like {\"MUL_MAT\": 5e-4, \"f16\": 1e-5, "
+                             "\"default\": 1e-7}: op first, then type, then default (default: none, "
+                             "--nmse or the per-type bounds)")
+
+
+def filter_options(args) -> dict:
+    """The filter flags as diff_paths / xdiff take them."""
+    from ..nodefilter import NodeFilter, load_thresholds
+    return {"select": NodeFilter.build(args.ops, args.names),
+            "per_op": load_thresholds(args.thresholds) if args.thresholds else None}
 
 
 def run_diff(args: argparse.Namespace) -> int:
@@ -96,8 +139,11 @@ def run_diff(args: argparse.Namespace) -> int:
         try:
             if _torch_side(args.ref) or _torch_side(args.ours):
                 return _authors_diff(args)
-            results = diff_paths(args.ref, args.ours, nmse=args.nmse, rules_path=args.rules, progress=report)
-        except (DumpError, RulesError) as e:
+            from ..probe import parse_target
+            results = diff_paths(args.ref, args.ours, nmse=args.nmse, rules_path=args.rules, progress=report,
+                                 at=[parse_target(a) for a in args.at], show_layers=args.layers,
+                                 **filter_options(args))
+        except (DumpError, RulesError, ProbeError, FilterError) as e:
             print(f"graphgen: error: {' '.join(str(e).split())}", file=sys.stderr)
             return 2
     code = exit_code(results)
@@ -153,18 +199,20 @@ def _cmd_diff(args) -> int:
 
 
 def register(sub) -> None:
+    from .llamaflags import add_context_flags, add_device, add_model
     p = sub.add_parser("dump", help="run a scenario and dump every graph evaluation")
-    p.add_argument("model", help="a draft GGUF; with --engine torch a checkpoint folder in its authors' format")
-    p.add_argument("--scenario", required=True)
-    p.add_argument("--out", required=True)
+    add_model(p, "a draft GGUF; with --engine torch a checkpoint folder in its authors' format")
+    add_context_flags(p)
+    p.add_argument("--out", required=True, help="the folder the dumps go to (required)")
     p.add_argument("--engine", choices=("graphgen", "llama.cpp", "torch"), default="graphgen",
                    help="graphgen (default), llama.cpp b11739, or torch: the draft authors' own model "
                         "(needs graphgen[torch])")
     p.add_argument("--target", metavar="DIR", default=None,
                    help="with --engine torch: the target's folder (default: MODEL/target)")
-    p.add_argument("--max-data", type=int, default=262144, help="store values of nodes up to this many elements")
+    p.add_argument("--max-data", type=int, default=262144,
+                   help="store values of nodes up to this many elements (default 262144; larger ones keep a digest)")
     add_kv_type_flags(p)
-    p.add_argument("--backend", default="cpu", help="cpu, vulkan[:N], cuda[:N], metal, rpc://HOST:PORT or auto")
+    add_device(p)
     p.set_defaults(fn=_cmd_dump)
     from .mmapflag import add_mmap_flag
     add_mmap_flag(p)  # --no-mmap

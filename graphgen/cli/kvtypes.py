@@ -1,4 +1,4 @@
-"""--type-kv / --type-k / --type-v: the KV cache types, as llama.cpp's -ctk / -ctv take them."""
+"""-ctk / -ctv (llama.cpp's spelling; also --type-k / --type-v) and --type-kv: the KV cache types."""
 
 from __future__ import annotations
 
@@ -6,21 +6,22 @@ from ..scenario import KV_QUANTIZED, KV_TYPES
 
 
 # how each command turns flash attention on: a flag, or the scenario's field
-FA_FLAG = "--flash-attn on"
+FA_FLAG = "-fa on"
 FA_SCENARIO = '"flash_attn": "on" in the scenario'
 
 
-def add_kv_type_flags(p, default: str | None = None, fa_hint: str = FA_SCENARIO) -> None:
+def add_kv_type_flags(p, default: str | None = None, fa_hint: str = FA_FLAG) -> None:
     """--type-kv sets both caches; --type-k and --type-v set one each and win over it.
     default None: the scenario's types stand unless a flag is given. fa_hint: how this command
     turns flash attention on, for the help text."""
     both = f" (default {default})" if default else " (default: the scenario's)"
     p.add_argument("--type-kv", choices=KV_TYPES, default=default, metavar="TYPE",
                    help=f"K and V cache type: {', '.join(KV_TYPES)}{both}")
-    p.add_argument("--type-k", choices=KV_TYPES, default=None, metavar="TYPE",
-                   help="K cache type (wins over --type-kv)")
-    p.add_argument("--type-v", choices=KV_TYPES, default=None, metavar="TYPE",
-                   help=f"V cache type (wins over --type-kv); a quantized V needs flash attention ({fa_hint})")
+    p.add_argument("-ctk", "--cache-type-k", "--type-k", dest="type_k", choices=KV_TYPES, default=None,
+                   metavar="TYPE", help=f"K cache type (wins over --type-kv){both}")
+    p.add_argument("-ctv", "--cache-type-v", "--type-v", dest="type_v", choices=KV_TYPES, default=None,
+                   metavar="TYPE", help=f"V cache type (wins over --type-kv); a quantized V needs flash attention "
+                                        f"({fa_hint}){both}")
 
 
 def kv_types(args, type_k: str, type_v: str, flash_attn: bool, fa_hint: str = FA_FLAG) -> tuple[str, str]:
@@ -35,7 +36,7 @@ def kv_types(args, type_k: str, type_v: str, flash_attn: bool, fa_hint: str = FA
     return type_k, type_v
 
 
-def apply_to_scenario(args, sc, fa_hint: str = FA_SCENARIO) -> bool:
+def apply_to_scenario(args, sc, fa_hint: str = f"{FA_FLAG} or {FA_SCENARIO}") -> bool:
     """Lay the flags over a scenario; True when they changed it."""
     k, v = kv_types(args, sc.type_k, sc.type_v, sc.flash_attn, fa_hint)
     changed = (k, v) != (sc.type_k, sc.type_v)

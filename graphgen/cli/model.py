@@ -37,7 +37,7 @@ def add_make_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--heads", type=int, help="default 4")
     parser.add_argument("--heads-kv", type=int, default=None)
     parser.add_argument("--head-dim", type=int, default=None)
-    parser.add_argument("--n-rot", type=int, default=None, help="rope.dimension_count")
+    parser.add_argument("--n-rot", type=int, default=None, help="rope.dimension_count (default: the head size)")
     parser.add_argument("--n-ff", type=int, help="default 128")
     parser.add_argument("--vocab", type=int, help="default 256")
     parser.add_argument("--block-size", type=int, help="default 4")
@@ -45,7 +45,8 @@ def add_make_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--wtype", choices=WTYPES, default="f32", help="type of the matmul weights")
     parser.add_argument("--preset", choices=tuple(PRESETS), default=None,
-                        help="realistic: n_embd 2048, 5 layers, 32/8 heads of 64, n_ff 6144, vocab 32000, block 16")
+                        help="realistic: n_embd 2048, 5 layers, 32/8 heads of 64, n_ff 6144, vocab 32000, block 16 "
+                             "(default: none, the tiny draft)")
     parser.add_argument("--context-length", type=int, default=4096)
     parser.add_argument("--rope-freq-base", type=float, default=10000.0)
     parser.add_argument("--rms-eps", type=float, default=1e-6)

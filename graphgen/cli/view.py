@@ -169,16 +169,20 @@ def align_imports(refs: list[Dump], ours: list[Dump]) -> tuple[list[Dump], list[
 def _cmd_trace(args) -> int:
     import re
 
-    from ..scenario import load_scenario
     from ..view.trace import run_trace
+    from .kvtypes import apply_to_scenario
+    from .llamaflags import backend_of, model_path, scenario_from_args
     for p in args.filter or []:
         try:
             re.compile(p)
         except re.error as e:
             raise ValueError(f"bad --filter regex {p!r}: {e}") from None
-    if not Path(args.model).is_file():
-        raise FileNotFoundError(f"{args.model}: no such model file")
-    sc = load_scenario(args.scenario)
+    model = model_path(args)
+    args.backend = backend_of(args.backend)
+    if not Path(model).is_file():
+        raise FileNotFoundError(f"{model}: no such model file")
+    sc = scenario_from_args(args, model)
+    apply_to_scenario(args, sc)
     if args.dump is None:
         return run_trace(args.model, sc, sys.stdout, args.filter, args.abort_on_nan, None, args.backend,
                          as_json=args.json)
@@ -213,7 +217,8 @@ def register(sub) -> None:
     p.add_argument("--rules", metavar="FILE", default=None,
                    help="with two dumps: equivalence rules (JSON) that explain known structural differences, "
                         "as for diff")
-    p.add_argument("--out", help="output file (dot/svg/html) or folder (several graphs, explorer)")
+    p.add_argument("--out", help="output file (dot/svg/html) or folder (several graphs, explorer) (default: "
+                                 "stdout for one dot or svg graph, model-explorer/ for explorer)")
     p.add_argument("--graph", help="only this graph of a folder: NN, kind (inject/block/encoder) or file stem")
     p.add_argument("--layer", help="dot/svg: only this layer (N, or 'global' for nodes outside layers)")
     p.add_argument("--around", metavar="NAME", help="dot/svg: only nodes within --depth edges of NAME (or #index)")
@@ -222,14 +227,18 @@ def register(sub) -> None:
     p.add_argument("--no-leaves", action="store_true", help="dot/svg: leave out weights and inputs")
     p.set_defaults(fn=_cmd_view)
 
+    from .kvtypes import add_kv_type_flags
+    from .llamaflags import add_context_flags, add_device, add_model
     p = sub.add_parser("trace", help="run a scenario, printing every node as llama.cpp's eval-callback does")
-    p.add_argument("model")
-    p.add_argument("--scenario", required=True)
+    add_model(p)
+    add_context_flags(p)
+    add_kv_type_flags(p)
     p.add_argument("--filter", action="append", metavar="REGEX",
-                   help="only nodes whose name matches (anchored at the start, as upstream); repeatable")
+                   help="only nodes whose name matches (anchored at the start, as upstream); repeatable "
+                        "(default: every node)")
     p.add_argument("--abort-on-nan", action="store_true", help="stop (exit 1) at the first node whose sum is NaN")
-    p.add_argument("--dump", metavar="DIR", help="also write the graphs as dumps")
-    p.add_argument("--backend", default="cpu", help="ggml backend to compute on (as for dump)")
+    p.add_argument("--dump", metavar="DIR", help="also write the graphs as dumps (default: none)")
+    add_device(p)
     p.add_argument("--json", action="store_true",
                    help="one JSON object a node (JSON Lines: graph, name, op, type, ne, src, op_params, digest, "
                         "stats, first values) instead of the eval-callback text")

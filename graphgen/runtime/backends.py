@@ -36,6 +36,8 @@ class Device:
     name: str
     description: str
     kind: str
+    memory_free: int | None = None   # bytes, as the device reports them (host RAM for the CPU)
+    memory_total: int | None = None
 
 
 def _fn(name: str):
@@ -65,8 +67,11 @@ def devices() -> list[Device]:
     n = G.ggml_backend_dev_count()
     for i in range(n):
         d = G.ggml_backend_dev_get(i)
+        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        G.ggml_backend_dev_memory(d, ctypes.byref(free), ctypes.byref(total))
         out.append(Device(G.ggml_backend_dev_name(d).decode(), G.ggml_backend_dev_description(d).decode(),
-                          DEV_TYPE.get(G.ggml_backend_dev_type(d), "?")))
+                          DEV_TYPE.get(G.ggml_backend_dev_type(d), "?"),
+                          int(free.value) if total.value else None, int(total.value) or None))
     return out
 
 

@@ -143,6 +143,7 @@ class TraceRecorder:
         vals = read_values(t, 1 << 62, rb, addr) if rb else read_values(t, 1 << 62)
         if self.as_json:
             node = dict(self._rec.nodes[-1].to_dict(), graph=self.graph)
+            node["params"] = _decoded(node["op"], node["op_params"], node["ne"])
             if vals is not None and vals.size:
                 node["first"] = [float(v) if np.isfinite(v) else str(v) for v in vals.ravel()[:8]]
             print(json.dumps(node), file=self.out)
@@ -157,6 +158,20 @@ class TraceRecorder:
             # are ignored and run_trace stops after this graph
             print("encountered NaN - aborting", file=self.out)
             self.aborted = True
+
+
+def _decoded(op: str, params: list[int], ne: list[int]) -> dict:
+    """op_params by name (eps, modes, scales, offsets), in JSON's terms: a float JSON cannot
+    spell (NaN, Inf) as its string."""
+    from graphgen.opparams import decode_op_params
+
+    def plain(v):
+        if isinstance(v, float) and not math.isfinite(v):
+            return str(v)
+        if isinstance(v, (list, tuple)):
+            return [plain(x) for x in v]
+        return v if isinstance(v, (int, float, str, bool, type(None))) else str(v)
+    return {k: plain(v) for k, v in decode_op_params(op, params, ne).items()}
 
 
 def _embd_state(sess, scenario, step, context_rows):

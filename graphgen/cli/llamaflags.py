@@ -1,0 +1,218 @@
+"""llama.cpp's own flags for the commands that run a draft (dump, trace, xdiff, bench, draft):
+`-m`, `-fa on|off|auto`, `-c`, `-b`, `-ub`, `-t`, `-np`, `-dev`, and (graphgen/cli/kvtypes.py)
+`-ctk` / `-ctv`, with graphgen's longer spellings kept beside them.
+
+Without --scenario, the scenario comes from the flags: every sequence (-np) injects a prompt of
+--prompt rows (in chunks of the micro-batch, as llama_decode splits a batch), then --steps drafting
+rounds: one block of --block tokens for all sequences in one batch, the block removed and as
+many accepted rows injected, as the drafting loop does. Given a scenario file, the flags that are
+set override its fields.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+from ..errors import GraphgenError
+
+FA_CHOICES = ("on", "off", "auto")
+DEFAULT_PROMPT = 6
+DEFAULT_STEPS = 1
+FIRST_TOKEN = 7  # a block starts with the last accepted token: any id the vocabulary has
+
+
+def _count(lo: int):
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if v < lo:
+            raise argparse.ArgumentTypeError(f"must be at least {lo}, got {v}")
+        return v
+    return parse
+
+
+def add_model(p, help_text: str = "the draft GGUF") -> None:
+    """The model, as a positional argument or llama.cpp's -m."""
+    p.add_argument("model", nargs="?", default=None, help=f"{help_text} (or -m)")
+    p.add_argument("-m", "--model", dest="model_flag", metavar="FILE", default=None,
+                   help=f"{help_text}, as llama.cpp takes it (instead of the positional argument)")
+
+
+def model_path(args) -> str:
+    given = [m for m in (args.model, getattr(args, "model_flag", None)) if m is not None]
+    if not given:
+        raise GraphgenError("no model: give the draft GGUF as an argument or with -m FILE")
+    if len(given) == 2 and given[0] != given[1]:
+        raise GraphgenError(f"two models given ({given[0]} and -m {given[1]}): give one")
+    args.model = given[0]
+    return given[0]
+
+
+def add_device(p, default: str | None = "cpu", many: bool = False) -> None:
+    """-dev with llama.cpp's device names (CPU, Vulkan0, CUDA0, Metal, RPC[host:port]), one
+    option with graphgen's --backend spelling (cpu, vulkan:0, cuda:0, metal, rpc://host:port, auto)."""
+    if many:
+        p.add_argument("-dev", "--device", "--backends", dest="backends", metavar="DEV,DEV", default=default,
+                       help="the two devices to compare, llama.cpp's names (CPU,Vulkan0; CUDA0; RPC[host:port]) "
+                            "or graphgen's (cpu,vulkan:0; rpc://host:port)"
+                            + (f" (default: {default})" if default else " (required)"))
+    else:
+        p.add_argument("-dev", "--device", "--backend", dest="backend", metavar="DEV", default=default,
+                       help="where to compute: llama.cpp's device names (CPU, Vulkan0, CUDA0, Metal, "
+                            "RPC[host:port]) or graphgen's (cpu, vulkan[:N], cuda[:N], metal, rpc://HOST:PORT, "
+                            f"auto) (default: {default})")
+
+
+_DEV = [(re.compile(r"(?i)(cpu|none)"), lambda m: "cpu"),
+        (re.compile(r"(?i)vulkan(\d+)"), lambda m: f"vulkan:{m.group(1)}"),
+        (re.compile(r"(?i)cuda(\d+)"), lambda m: f"cuda:{m.group(1)}"),
+        (re.compile(r"(?i)(metal|mtl\d*)"), lambda m: "metal"),
+        (re.compile(r"(?i)rpc\[(.+)\]"), lambda m: f"rpc://{m.group(1)}")]
+
+
+def backend_of(dev: str) -> str:
+    """graphgen's backend spec for a -dev value; graphgen's own specs pass through."""
+    dev = dev.strip()
+    for pat, to in _DEV:
+        m = pat.fullmatch(dev)
+        if m:
+            return to(m)
+    return dev
+
+
+def add_context_flags(p, *, scenario: bool = True, threads_default: str = "the scenario's, else 1",
+                      parallel: bool = True, default_prompt: int = DEFAULT_PROMPT) -> None:
+    """-fa, -c, -b, -ub, -t and (with `parallel`) -np; with `scenario`, also --scenario, --prompt,
+    --block, --steps and --seed for a run without a scenario file. Unset flags are None: the
+    scenario file's value (or the built scenario's default) stands."""
+    src = "the scenario's" if scenario else None
+    p.add_argument("-fa", "--flash-attn", dest="flash_attn", choices=FA_CHOICES, default=None,
+                   help="flash attention; auto turns it on where the device has the kernels, as llama.cpp "
+                        f"(default: {src + ', else off' if src else 'off'})")
+    p.add_argument("-c", "--ctx-size", "--n-ctx", dest="n_ctx", type=_count(1), default=None, metavar="N",
+                   help=f"KV cache size (default: {src + ', else what the run needs, at least 256' if src else 'what the run needs'})")
+    p.add_argument("-b", "--batch-size", dest="n_batch", type=_count(1), default=None, metavar="N",
+                   help="logical batch; the micro-batch is capped at it, as llama.cpp caps -ub at -b "
+                        "(default: the micro-batch)")
+    p.add_argument("-ub", "--ubatch-size", "--n-ubatch", dest="n_ubatch", type=_count(1), default=None, metavar="N",
+                   help=f"micro-batch: the most tokens one graph takes (default: {src + ', else ' if src else ''}"
+                        "64, or what one step needs)")
+    p.add_argument("-t", "--threads", dest="threads", type=_count(1), default=None, metavar="N",
+                   help=f"CPU threads (default: {threads_default})")
+    if parallel:
+        p.add_argument("-np", "--parallel", dest="n_parallel", type=_count(1), default=None, metavar="N",
+                       help=f"sequences drafted together (default: {src + ', else 1' if src else '1'})")
+    if scenario:
+        p.add_argument("--scenario", default=None, metavar="FILE",
+                       help="what to run, as JSON (default: built from --prompt, --block, --steps and -np)")
+        p.add_argument("--prompt", dest="n_prompt", type=_count(1), default=None, metavar="N",
+                       help=f"without --scenario: prompt rows injected per sequence (default {default_prompt})")
+        p.add_argument("--block", dest="block", type=_count(1), default=None, metavar="N",
+                       help="without --scenario: block size (default: the draft's dflash.block_size, else 4)")
+        p.add_argument("--steps", dest="steps", type=_count(1), default=None, metavar="N",
+                       help=f"without --scenario: drafting rounds (default {DEFAULT_STEPS})")
+        p.add_argument("--seed", dest="scenario_seed", type=_count(0), default=None, metavar="N",
+                       help="seed of the injected features (default: the scenario's, else 1)")
+
+
+def resolve_fa(value: str | None) -> bool | None:
+    """-fa auto as llama.cpp resolves it: on when the device runs the attention kernels, which
+    every ggml backend graphgen computes on does for these drafts."""
+    if value is None:
+        return None
+    return value != "off"
+
+
+def _draft_shape(model: str) -> tuple[int, int]:
+    """(block size, mask token id) of a draft, read from its GGUF keys only."""
+    from gguf import GGUFReader
+
+    from ..runtime.model import read_hparams
+    hp = read_hparams(GGUFReader(str(model), "r"), model)[0]
+    return hp.block_size or 4, max(hp.mask_token_id, 0)
+
+
+def build_scenario_doc(n_prompt: int, block: int, steps: int, n_seq: int, mask_token: int,
+                       n_ubatch: int | None, n_ctx: int | None, seed: int) -> dict:
+    """The scenario the flags describe (see the module's docstring)."""
+    ub = n_ubatch or max(64, n_seq * block)
+    steps_out: list[dict] = []
+    for s in range(n_seq):
+        for p0 in range(0, n_prompt, ub):
+            steps_out.append({"inject": {"n_tokens": min(ub, n_prompt - p0), "pos0": p0, "seq": s}})
+    pos = n_prompt
+    for r in range(steps):
+        steps_out.append({"block": {"seqs": [{"seq": s, "pos0": pos, "tokens": [FIRST_TOKEN + s] + [mask_token] * (block - 1)}
+                                             for s in range(n_seq)]}})
+        if r + 1 < steps:
+            # the verifier accepted the whole block: its rows replace the block's cells
+            steps_out.append({"seq_rm": {"seq": -1, "p0": pos, "p1": -1}})
+            steps_out += [{"inject": {"n_tokens": block, "pos0": pos, "seq": s}} for s in range(n_seq)]
+            pos += block
+    need = n_seq * (pos + block)
+    ctx = n_ctx or max(256, -(-need // 256) * 256)
+    return {"n_ctx": ctx, "n_ubatch": ub, "seed": seed, "n_seq": n_seq, "steps": steps_out}
+
+
+def scenario_from_args(args, model: str):
+    """The scenario a command runs: the file's, or the one the flags build, with the flags that
+    are set laid over it. Errors name the flag or the scenario field."""
+    from ..scenario import load_scenario, parse_scenario
+    n_parallel = getattr(args, "n_parallel", None)
+    if args.scenario:
+        for flag, v in (("--prompt", args.n_prompt), ("--block", args.block), ("--steps", args.steps)):
+            if v is not None:
+                raise GraphgenError(f"{flag} builds a scenario; it cannot change --scenario {args.scenario}")
+        doc = load_scenario(args.scenario).to_dict()
+        where = args.scenario
+    else:
+        block, mask = _draft_shape(model)
+        doc = build_scenario_doc(args.n_prompt or DEFAULT_PROMPT, args.block or block, args.steps or DEFAULT_STEPS,
+                                 n_parallel or 1, mask, args.n_ubatch if args.n_batch is None else
+                                 min(args.n_batch, args.n_ubatch or args.n_batch), args.n_ctx,
+                                 1 if args.scenario_seed is None else args.scenario_seed)
+        where = "the scenario built from the flags"
+    over = {"n_ctx": args.n_ctx, "n_ubatch": args.n_ubatch, "n_threads": args.threads,
+            "n_seq": n_parallel, "seed": args.scenario_seed}
+    for k, v in over.items():
+        if v is not None:
+            doc[k] = v
+    if args.n_batch is not None:
+        # llama.cpp caps the micro-batch at the logical batch; a graph holds one micro-batch
+        doc["n_batch"] = args.n_batch
+        doc["n_ubatch"] = min(args.n_batch, doc.get("n_ubatch", 64))
+    fa = resolve_fa(args.flash_attn)
+    if fa is not None:
+        doc["flash_attn"] = "on" if fa else "off"
+    try:
+        return parse_scenario(doc, where=where)
+    except ValueError as e:
+        raise GraphgenError(_flag_names(str(e))) from None
+
+
+_FIELD_FLAG = {"n_ctx": "-c", "n_ubatch": "-ub", "n_batch": "-b", "n_seq": "-np", "n_threads": "-t",
+               "flash_attn": "-fa"}
+
+
+def _flag_names(msg: str) -> str:
+    """A scenario error about a field a flag sets also names the flag."""
+    for field, flag in _FIELD_FLAG.items():
+        if f"'{field}'" in msg or f" {field} " in msg:
+            return f"{msg} ({flag} sets {field})"
+    return msg
+
+
+def scenario_label(args) -> str | None:
+    """The scenario's path for dump provenance, or None when the flags built it."""
+    return args.scenario if args.scenario else None
+
+
+def exists(path: str) -> Path:
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"{p}: no such model file")
+    return p
