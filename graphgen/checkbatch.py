@@ -686,6 +686,7 @@ def check_batch(model, n_seqs=DEFAULT_N_SEQ, block: int | None = None, prompt: i
                                            + (f" of sequence {i}" if i >= 0 else "") + f": {why}")
         if parity is not None and parity["graphs"] == 0:
             raise CheckBatchError("no case ran: nothing was compared between the engines")
+        report.parity = parity
     finally:
         if worker is not None:
             worker.close()

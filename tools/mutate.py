@@ -134,6 +134,7 @@ AUTHORS = ("tests/test_authors.py",)
 VIEWER = ("tests/test_viewer_browser.py",)
 
 IMPORT_VALUES = ("tests/test_import_values.py",)
+CHECK_BATCH = ("tests/test_check_batch.py",)
 MUTATIONS = [
     # --- the base backbone (graph_base) ---
     Mutation("kq_scale_sqrt_dropped", "GraphBase.build_layers",
@@ -462,6 +463,29 @@ MUTATIONS = [
              "for k, n in enumerate(full.nodes) if n.op in VIEW_OPS]", "for k, n in enumerate(full.nodes) if n.op == \"VIEW\"]",
              IMPORT_VALUES),
     Mutation("import_build_line_as_a_full_dump", "describe_build", "if fmt:", "if False:", IMPORT_VALUES),
+    # --- check-batch: cutting a sequence's rows, NMSE, the cache views, own cache, parity; the mask's batch code ---
+    Mutation("checkbatch_offset_ignored", "rows_of", "((n_tokens, n_alone, offset), (n_seq, 1, i))",
+             "((n_tokens, n_alone, 0), (n_seq, 1, i))", CHECK_BATCH),
+    Mutation("checkbatch_nmse_of_the_batched_side", "graphgen/checkbatch.py:_nmse",
+             "compare_values(alone, batched)", "compare_values(batched, alone)", CHECK_BATCH),
+    Mutation("checkbatch_bits_as_allclose", "_same_bits",
+             "np.array_equal(a.view(np.uint32), b.view(np.uint32))", "np.allclose(a, b)", CHECK_BATCH),
+    Mutation("checkbatch_cache_state_compared", "compare_sequence",
+             'if how == "whole" and nb.name.startswith(CACHE_PREFIX) and nb.op != "SET_ROWS":', "if False:",
+             CHECK_BATCH),
+    Mutation("checkbatch_no_output_passes", "compare_sequence", "if not any(is_out for *_, is_out in got):",
+             "if False:", CHECK_BATCH),
+    Mutation("checkbatch_own_cache_ignored", "compare_case", "res.own_outputs_identical &= same_bits", "pass",
+             CHECK_BATCH),
+    Mutation("checkbatch_filler_is_the_sequence", "case_scenario", "f = 1 if i == 0 else 0", "f = i", CHECK_BATCH),
+    Mutation("checkbatch_parity_by_shape_only", "graphs_equal", "if x.digest != y.digest:", "if False:",
+             CHECK_BATCH),
+    Mutation("checkbatch_mask_of_the_first_sequence", "KVCache.kq_mask_values",
+             "groups = [(s0, slice(None))] if (seq == s0).all() else",
+             "groups = [(s0, slice(None))] if True else", CHECK_BATCH),
+    Mutation("checkbatch_mask_sees_every_sequence", "KVCache.kq_mask_values",
+             "base = self.seq_mask[s, :n_kv] & held", "base = self.seq_mask[:, :n_kv].any(axis=0) & held",
+             CHECK_BATCH),
 ]
 
 

@@ -1,0 +1,205 @@
+"""graphgen check-batch: a sequence's block batched with others against the same block alone.
+
+The command on a tiny DFlash draft in both engines (exit code, JSON, the two engines bit for bit,
+b11739's own batch dependence pinned), the comparison on hand-made graphs whose differences are
+planted with numpy, and planted batch dependences in graphgen's mask that it must report.
+"""
+
+import json
+
+import numpy as np
+import pytest
+
+from graphgen import checkbatch as cb
+from graphgen.cli import main
+from graphgen.dump import Node
+from graphgen.runtime import kvcache
+from graphgen.synth import make_model
+
+
+@pytest.fixture(scope="module")
+def draft(tmp_path_factory):
+    path = tmp_path_factory.mktemp("checkbatch") / "dflash.gguf"
+    make_model(path, "dflash", "base")
+    return path
+
+
+def _graphs_per_case(n_seq: int) -> int:
+    # the batched block, then per sequence: alone, batched again, own cache, batched again
+    return 1 + 4 * n_seq
+
+
+@pytest.mark.reference
+def test_cli_both_engines_json(draft, capsys):
+    rc = main(["check-batch", str(draft), "--n-seq", "1,2,4", "--json", "--quiet"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 == out["exit_code"]
+    assert out["engines"] == ["graphgen", "llama.cpp"]
+    # the two engines bit for bit on every block graph of every case
+    ran = [(1, "equal"), (2, "equal"), (2, "unequal"), (4, "equal"), (4, "unequal")]
+    assert out["parity"]["identical"] is True
+    assert out["parity"]["graphs"] == sum(_graphs_per_case(n) for n, _ in ran)
+    assert [(c["n_seq"], c["blocks"]) for c in out["cases"]] == [
+        (1, "equal"), (1, "unequal"), (2, "equal"), (2, "unequal"), (4, "equal"), (4, "unequal")]
+    assert out["cases"][1]["note"] == "one sequence: no unequal blocks"
+    by_engine = {e: [c["engines"][e] for c in out["cases"] if "engines" in c] for e in out["engines"]}
+    assert by_engine["graphgen"] == by_engine["llama.cpp"]
+    # b11739 on the tiny draft (measured, FA off, seed 0): equal blocks come out bit-identical
+    # alone and batched; unequal blocks change the last bits of some sequences (matmuls over
+    # another number of rows), outputs NMSE 4e-14 measured, pinned below 1e-12
+    for (n, kind), c in zip(ran, by_engine["llama.cpp"]):
+        assert c["reproducible"] is True
+        assert len(c["sequences"]) == n
+        for s in c["sequences"]:
+            assert s["nodes_compared"] >= 70, s  # every node with a token axis, of 84
+            assert s["outputs_nmse"] < 1e-12 and s["own_cache_outputs_nmse"] < 1e-12
+            if kind == "equal":
+                assert s["identical"], (n, kind, s)
+    unequal4 = by_engine["llama.cpp"][-1]["sequences"]
+    assert any(not s["identical"] for s in unequal4)
+    assert all(s["worst_node"] for s in unequal4 if not s["identical"])
+    assert out["batch_dependent"] == {"graphgen": True, "llama.cpp": True}
+
+
+def _node(i, name, ne, src=()):
+    return Node(index=i, name=name, op="MUL_MAT", type="f32", ne=list(ne) + [1] * (4 - len(ne)), src=list(src))
+
+
+def _graph(nodes, values):
+    return cb.Graph(nodes, dict(enumerate(values)))
+
+
+def test_comparison_cuts_each_sequence_rows():
+    # two sequences of 3 and 2 tokens; a per-token node [8, T] and an output [5, T] reading it
+    case = cb.Case(2, "unequal", prompts=[4, 6], blocks=[[1, 9, 9], [2, 9]])
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((5, 8), dtype=np.float32)       # numpy order: [T, 8]
+    y = rng.standard_normal((5, 5), dtype=np.float32)
+    batched = _graph([_node(0, "x", (8, 5)), _node(1, "out", (5, 5), ["x"])], [x[None, None], y[None, None]])
+    alone0 = _graph([_node(0, "x", (8, 3)), _node(1, "out", (5, 3), ["x"])], [x[None, None, :3], y[None, None, :3]])
+    y1 = y[3:].copy()
+    y1[1, 2] += 1e-3   # sequence 1's last row, one value
+    alone1 = _graph([_node(0, "x", (8, 2)), _node(1, "out", (5, 2), ["x"])], [x[None, None, 3:], y1[None, None]])
+    got0, skipped0 = cb.compare_sequence(batched, alone0, case, 0)
+    assert skipped0 == 0 and [(n, s) for n, _, s, _ in got0] == [("x", True), ("out", True)]
+    got1, _ = cb.compare_sequence(batched, alone1, case, 1)
+    assert [(n, s, o) for n, _, s, o in got1] == [("x", True, False), ("out", False, True)]
+    want = float(np.sum((y1 - y[3:]).astype(np.float64) ** 2) / np.sum(y1.astype(np.float64) ** 2))
+    assert got1[1][1] == pytest.approx(want, rel=1e-9)
+    res = cb.SeqResult(1, 2, 6)
+    cb.summarize(res, got1, 0)
+    assert (res.identical, res.worst_node, res.first_node, res.nodes_differ) == (False, "out", "out", 1)
+    assert res.outputs_nmse == pytest.approx(want, rel=1e-9)
+
+
+def test_comparison_refuses_when_no_output_can_be_cut():
+    case = cb.Case(2, "equal", prompts=[4, 4], blocks=[[1, 9], [2, 9]])
+    v = np.zeros((1, 1, 3, 3), dtype=np.float32)
+    batched = _graph([_node(0, "out", (3, 3))], [v])   # no axis of 4 tokens: cannot be cut
+    alone = _graph([_node(0, "out", (3, 2))], [v[:, :, :2]])
+    with pytest.raises(cb.CheckBatchError, match="no output"):
+        cb.compare_sequence(batched, alone, case, 0)
+
+
+def test_rows_of_token_and_block_axes():
+    # [64, T] with T = 7 (blocks 4 and 3): sequence 1 is rows 4..7
+    assert cb.rows_of([64, 7, 1, 1], [64, 3, 1, 1], 7, 3, 4, 2, 1) == (2, 4, 7)
+    # [1, 64 T] token-major: 64 values a token
+    assert cb.rows_of([1, 448, 1, 1], [1, 192, 1, 1], 7, 3, 4, 2, 1) == (2, 256, 448)
+    # [4, n_blocks] per block: block 1 of 2
+    assert cb.rows_of([4, 2, 1, 1], [4, 1, 1, 1], 8, 4, 4, 2, 1) == (2, 1, 2)
+    assert cb.rows_of([64, 7, 2, 1], [64, 3, 1, 1], 7, 3, 4, 2, 1) is None
+    assert cb.rows_of([64, 256, 1, 1], [64, 256, 1, 1], 7, 3, 4, 2, 1) == "whole"
+
+
+def _run(draft, n_seq, fa=False):
+    return cb.check_batch(draft, n_seqs=[n_seq], flash_attn=fa, engines=("graphgen",))
+
+
+def test_graphgen_alone_is_independent_of_the_batch(draft):
+    rep = _run(draft, 2)
+    eq = rep.cases[0]
+    assert [s.identical for s in eq.seqs["graphgen"]] == [True, True]
+    assert rep.exit_code() == 0 and not rep.dependent("graphgen")
+
+
+def test_planted_batch_mask_is_reported(draft, monkeypatch):
+    """Every row of a batch takes the first sequence's mask: a dependence on the batch's make-up."""
+    real = kvcache.KVCache.kq_mask_values
+
+    def first_seq_mask(self, ub, n_kv, causal, dtype, block_uniform=False, out=None):
+        full = real(self, ub, n_kv, causal, dtype, block_uniform)
+        full[:] = full[0]
+        if out is None:
+            return full
+        out[...] = full
+        return out
+    monkeypatch.setattr(kvcache.KVCache, "kq_mask_values", first_seq_mask)
+    rep = _run(draft, 2)
+    seqs = rep.cases[0].seqs["graphgen"]
+    assert seqs[0].identical                     # the first sequence's own mask: unchanged
+    assert not seqs[1].identical and seqs[1].outputs_nmse > 1e-3
+    assert seqs[1].first_node == "kq_soft_max-0"  # the mask enters at the first softmax
+    assert rep.dependent("graphgen") and rep.exit_code() == 1
+    assert "DEPEND" in rep.format_text()
+
+
+def test_planted_cross_sequence_leak_is_reported(draft, monkeypatch):
+    """A sequence that sees every sequence's cells: the same in the same cache, but not in a
+    cache of its own, where the others' cells hold other values."""
+    real = kvcache.KVCache.kq_mask_values
+
+    def leak(self, ub, n_kv, causal, dtype, block_uniform=False, out=None):
+        saved = self.seq_mask.copy()
+        self.seq_mask[:] = saved.any(axis=0)
+        try:
+            return real(self, ub, n_kv, causal, dtype, block_uniform, out)
+        finally:
+            self.seq_mask[:] = saved
+    monkeypatch.setattr(kvcache.KVCache, "kq_mask_values", leak)
+    rep = _run(draft, 2)
+    seqs = rep.cases[0].seqs["graphgen"]
+    assert all(s.nodes_differ == 0 for s in seqs)
+    assert all(not s.own_outputs_identical and s.own_outputs_nmse > 1e-3 for s in seqs)
+    assert rep.exit_code() == 1
+
+
+@pytest.mark.reference
+def test_planted_dependence_breaks_parity(draft, monkeypatch, capsys):
+    real = kvcache.KVCache.kq_mask_values
+
+    def first_seq_mask(self, ub, n_kv, causal, dtype, block_uniform=False, out=None):
+        full = real(self, ub, n_kv, causal, dtype, block_uniform)
+        full[:] = full[0]
+        if out is None:
+            return full
+        out[...] = full
+        return out
+    monkeypatch.setattr(kvcache.KVCache, "kq_mask_values", first_seq_mask)
+    assert main(["check-batch", str(draft), "--n-seq", "2", "--quiet"]) == 1
+    text = capsys.readouterr().out
+    assert "graphgen vs llama.cpp b11739" in text and "DIFFER" in text
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--n-seq", "0"], "--n-seq"),
+    (["--n-seq", "a,b"], "--n-seq"),
+    (["--block", "0"], "--block"),
+    (["--prompt", "0"], "--prompt"),
+    (["--type-v", "q8_0"], "--type-v"),
+])
+def test_bad_input_one_line(draft, capsys, argv, needle):
+    assert main(["check-batch", str(draft), "--engine", "graphgen", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("graphgen: error:") and needle in err[0]
+
+
+def test_lattice_head_refuses_unequal_blocks_by_name(tmp_path):
+    path = tmp_path / "dflash2.gguf"
+    make_model(path, "dflash2", "base")
+    rep = cb.check_batch(path, n_seqs=[2], engines=("graphgen",))
+    unequal = rep.cases[1]
+    assert unequal.kind == "unequal" and unequal.note.startswith("unequal blocks: not allowed by this head")
+    assert "not allowed by this head" in rep.format_text()
+    with pytest.raises(cb.CheckBatchError, match="--block 5"):
+        cb.check_batch(path, n_seqs=[2], block=5, engines=("graphgen",))
