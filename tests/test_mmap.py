@@ -294,3 +294,14 @@ def test_dump_no_mmap_loads_copies_and_dumps_the_same(tiny, tmp_path, uploads):
         assert sorted(x.files) == sorted(y.files) and x.files
         for k in x.files:
             assert np.array_equal(x[k], y[k]), k
+
+
+def test_llama_cpp_engine_takes_no_mmap(tiny, tmp_path):
+    """--no-mmap reaches b11739 in its child process (its load_mode none, the older --no-mmap);
+    its own log says how it loaded."""
+    for flag, mode, buffer in (([], "mmap", "CPU_Mapped model buffer"), (["--no-mmap"], "none", " CPU model buffer")):
+        out = tmp_path / (mode + "-ref")
+        assert main(["--quiet", "dump", str(tiny), "--scenario", str(SCENARIO), "--out", str(out),
+                     "--engine", "llama.cpp"] + flag) == 0
+        log = (out / "llama.cpp.log").read_text()
+        assert f"(load_mode = {mode})" in log and buffer in log, log[-2000:]

@@ -414,6 +414,8 @@ MUTATIONS = [
              'if not getattr(args, "no_mmap", False):', "if True:", ("tests/test_mmap.py",)),
     Mutation("no_mmap_left_set_after_command", "no_mmap",
              "os.environ.pop(ENV_NO_MMAP, None)", "pass", ("tests/test_mmap.py",)),
+    Mutation("no_mmap_not_passed_to_llama_cpp", "llama_model_params",
+             "params.load_mode = 0", "pass", ("tests/test_mmap.py",)),
     Mutation("bindings_compiled_at_each_import", "activate",
              '_compile_bindings(root / "ggml")', "pass", ("tests/test_bindings_bytecode.py",)),
     # --- the HTML viewer (its script is matched as a whole file) ---

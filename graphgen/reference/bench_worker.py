@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from ..scenario import load_scenario
+from ..runtime.mmapfile import llama_model_params
 from .compute_timer import ComputeTimer
 from ..libload import load_llama
 from .runner import GGML_TYPE_IDS, _model_meta
@@ -35,7 +36,7 @@ def main(argv) -> int:
         logs.append(ffi.string(text).decode(errors="replace"))
     lib.llama_log_set(on_log, ffi.NULL)
     lib.llama_backend_init()
-    mdl = lib.llama_model_load_from_file(str(model).encode(), lib.llama_model_default_params())
+    mdl = lib.llama_model_load_from_file(str(model).encode(), llama_model_params(lib))
     if mdl == ffi.NULL:
         print(json.dumps({"error": f"llama.cpp could not load {model}"}), flush=True)
         return 4

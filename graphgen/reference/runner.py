@@ -24,6 +24,7 @@ import numpy as np
 
 from ..record import NodeRecorder, cpu_features, n_kv_from_nodes
 from ..scenario import KV_TYPE_IDS, Scenario, load_scenario
+from ..runtime.mmapfile import llama_model_params
 from ..libload import (REFERENCE_BUILD, REFERENCE_VERSION, ReferenceUnavailable, custom_llama_dir, lib_file, load_llama,
                       reference_label)
 
@@ -146,7 +147,7 @@ class ReferenceContext:
             self.cb_eval = cb_eval
 
         lib.llama_backend_init()
-        mparams = lib.llama_model_default_params()
+        mparams = llama_model_params(lib)
         self.mdl = lib.llama_model_load_from_file(str(model).encode(), mparams)
         if self.mdl == ffi.NULL:
             raise ReferenceFailed(f"{reference_label()} could not load {model}")

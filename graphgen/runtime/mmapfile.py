@@ -88,3 +88,14 @@ class MappedFile:
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
+
+
+def llama_model_params(lib):
+    """llama.cpp's default model parameters, with use_mmap as this process's default: the
+    llama.cpp engine's child processes honour --no-mmap too."""
+    params = lib.llama_model_default_params()
+    if not mmap_default():
+        # b11739 names its loading by mode; LLAMA_LOAD_MODE_NONE reads into buffers (the older
+        # --no-mmap, now --load-mode none); the default, AUTO, maps where the devices allow
+        params.load_mode = 0
+    return params
