@@ -305,3 +305,23 @@ def test_llama_cpp_engine_takes_no_mmap(tiny, tmp_path):
                      "--engine", "llama.cpp"] + flag) == 0
         log = (out / "llama.cpp.log").read_text()
         assert f"(load_mode = {mode})" in log and buffer in log, log[-2000:]
+
+
+def test_reader_reads_what_gguf_py_reads(tiny):
+    """The loader's faster reader gives every field's parts, data indices, types and contents,
+    and every tensor's placement, exactly as gguf-py's own reader."""
+    ours, theirs = M._bounded_reader_class()(str(tiny), "r"), gguf.GGUFReader(str(tiny))
+    kinds = {tuple(f.types) for f in theirs.fields.values()}
+    # string and number arrays, the two the reader reads its own way
+    assert (gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.STRING) in kinds
+    assert (gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.FLOAT32) in kinds
+    assert list(ours.fields) == list(theirs.fields)
+    for name, want in theirs.fields.items():
+        got = ours.fields[name]
+        assert (got.offset, got.data, got.types) == (want.offset, want.data, want.types), name
+        assert len(got.parts) == len(want.parts), name
+        for a, b in zip(got.parts, want.parts):
+            assert a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes(), name
+        assert got.contents() == want.contents(), name
+    assert [(t.name, int(t.data_offset), int(t.n_bytes), t.data.shape) for t in ours.tensors] == \
+        [(t.name, int(t.data_offset), int(t.n_bytes), t.data.shape) for t in theirs.tensors]

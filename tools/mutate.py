@@ -416,6 +416,10 @@ MUTATIONS = [
              "os.environ.pop(ENV_NO_MMAP, None)", "pass", ("tests/test_mmap.py",)),
     Mutation("no_mmap_not_passed_to_llama_cpp", "llama_model_params",
              "params.load_mode = 0", "pass", ("tests/test_mmap.py",)),
+    Mutation("reader_string_index_on_its_length", "_bounded_reader_class.BoundedReader._get_field_parts",
+             "idxs.append(len(parts) + 1)", "idxs.append(len(parts))", ("tests/test_mmap.py",)),
+    Mutation("reader_number_parts_shifted", "_bounded_reader_class.BoundedReader._get_field_parts",
+             "list(range(2, 2 + n))", "list(range(1, 1 + n))", ("tests/test_mmap.py",)),
     Mutation("bindings_compiled_at_each_import", "activate",
              '_compile_bindings(root / "ggml")', "pass", ("tests/test_bindings_bytecode.py",)),
     # --- the HTML viewer (its script is matched as a whole file) ---
