@@ -425,10 +425,18 @@ def compare_sequence(batched: Graph, alone: Graph, case: Case, i: int, outputs_o
     """Sequence i's rows of the batched graph against its graph alone: [(node name, nmse, bits
     equal, is output)] for every node compared, and the count of nodes that could not be cut."""
     offset, n_alone = case.offsets[i], len(case.blocks[i])
-    outs = set(output_indices(alone.nodes))
+    outs, outs_b = set(output_indices(alone.nodes)), set(output_indices(batched.nodes))
+    pairs = pair_nodes(alone.nodes, batched.nodes)
     got, skipped = [], 0
-    for ia, ib in pair_nodes(alone.nodes, batched.nodes):
-        if outputs_only and ia not in outs:
+    # an output one graph has and the other lacks (a head that builds its lattice only for some
+    # batches) is a difference in what the caller reads
+    for k in sorted(outs - {ia for ia, _ in pairs}):
+        got.append((f"{alone.nodes[k].name} (absent batched)", math.inf, False, True))
+    for k in sorted(outs_b - {ib for _, ib in pairs}):
+        got.append((f"{batched.nodes[k].name} (absent alone)", math.inf, False, True))
+    for ia, ib in pairs:
+        is_out = ia in outs or ib in outs_b
+        if outputs_only and not is_out:
             continue
         na, nb = alone.nodes[ia], batched.nodes[ib]
         how = rows_of(nb.ne, na.ne, case.n_tokens, n_alone, offset, case.n_seq, i)
@@ -442,7 +450,7 @@ def compare_sequence(batched: Graph, alone: Graph, case: Case, i: int, outputs_o
             if na.digest is None or nb.digest is None:
                 skipped += 1
                 continue
-            got.append((na.name, 0.0 if na.digest == nb.digest else math.inf, na.digest == nb.digest, ia in outs))
+            got.append((na.name, 0.0 if na.digest == nb.digest else math.inf, na.digest == nb.digest, is_out))
             continue
         if how is None or va is None or vb is None:
             skipped += 1
@@ -452,7 +460,7 @@ def compare_sequence(batched: Graph, alone: Graph, case: Case, i: int, outputs_o
             skipped += 1
             continue
         same = _same_bits(va, part)
-        got.append((na.name, 0.0 if same else _nmse(va, part), same, ia in outs))
+        got.append((na.name, 0.0 if same else _nmse(va, part), same, is_out))
     if not any(is_out for *_, is_out in got):
         raise CheckBatchError(f"n_seq {case.n_seq} {case.kind} blocks, sequence {i}: no output of the block graph "
                               "could be cut to the sequence's rows; nothing to compare")
