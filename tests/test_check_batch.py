@@ -210,3 +210,15 @@ def test_lattice_head_refuses_unequal_blocks_by_name(tmp_path):
     assert "not allowed by this head" in rep.format_text()
     with pytest.raises(cb.CheckBatchError, match="--block 5"):
         cb.check_batch(path, n_seqs=[2], block=5, engines=("graphgen",))
+
+
+def test_an_output_missing_in_the_batch_is_a_difference(tmp_path):
+    # LiliCorr builds its lattice only for a batch of full blocks: batched with a shorter block,
+    # a full block gets logits alone; by itself it gets its lattice
+    path = tmp_path / "lilicorr.gguf"
+    make_model(path, "lilicorr", "base")
+    rep = cb.check_batch(path, n_seqs=[2], engines=("graphgen",))
+    full, short = rep.cases[1].seqs["graphgen"]
+    assert (full.n_tokens, short.n_tokens) == (4, 3)
+    assert full.outputs_nmse == np.inf and full.first_node.endswith("(absent batched)")
+    assert short.identical

@@ -486,6 +486,8 @@ MUTATIONS = [
     Mutation("checkbatch_filler_is_the_sequence", "case_scenario", "f = 1 if i == 0 else 0", "f = i", CHECK_BATCH),
     Mutation("checkbatch_parity_by_shape_only", "graphs_equal", "if x.digest != y.digest:", "if False:",
              CHECK_BATCH),
+    Mutation("checkbatch_absent_output_ignored", "compare_sequence",
+             "for k in sorted(outs - {ia for ia, _ in pairs}):", "for k in []:", CHECK_BATCH),
     Mutation("checkbatch_mask_of_the_first_sequence", "KVCache.kq_mask_values",
              "groups = [(s0, slice(None))] if (seq == s0).all() else",
              "groups = [(s0, slice(None))] if True else", CHECK_BATCH),
