@@ -489,8 +489,13 @@ def _resolve_sources(nodes: list[Node]) -> list[list[int | None]]:
     return out
 
 
-def _json_row(row: dict[str, Any]) -> dict[str, Any]:
-    return {k: _json_float(v) if isinstance(v, float) else v for k, v in row.items()}
+def _json_row(row: Any) -> Any:
+    """A report row with every float JSON cannot spell (NaN, Inf), however deep, as its string."""
+    if isinstance(row, dict):
+        return {k: _json_row(v) for k, v in row.items()}
+    if isinstance(row, (list, tuple)):
+        return [_json_row(v) for v in row]
+    return _json_float(row) if isinstance(row, float) else row
 
 
 def _bar(nmse: float | None) -> str:

@@ -23,7 +23,7 @@ import numpy as np
 KV_TYPE_IDS = {"f32": 0, "f16": 1, "q8_0": 8, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "iq4_nl": 20}
 KV_TYPES = tuple(KV_TYPE_IDS)
 KV_QUANTIZED = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
-FLASH_ATTN = ("off", "on")
+FLASH_ATTN = ("off", "on", "auto")
 
 
 class ScenarioError(ValueError):
@@ -58,6 +58,9 @@ class Scenario:
     n_ctx: int = 256
     n_ubatch: int = 64
     flash_attn: bool = False
+    # "auto" asked: llama.cpp turns flash attention on where the device runs its kernels, which the
+    # CPU and every backend graphgen computes on do for these drafts; the reference decides itself
+    flash_attn_auto: bool = False
     type_k: str = "f16"
     type_v: str = "f16"
     seed: int = 1
@@ -95,7 +98,7 @@ class Scenario:
                  else {"type_k": self.type_k, "type_v": self.type_v})
         batch = {} if self.n_batch is None else {"n_batch": self.n_batch}
         return {"n_ctx": self.n_ctx, **batch, "n_ubatch": self.n_ubatch,
-                "flash_attn": "on" if self.flash_attn else "off", **types,
+                "flash_attn": "auto" if self.flash_attn_auto else "on" if self.flash_attn else "off", **types,
                 "seed": self.seed, "n_seq": self.n_seq, "n_threads": self.n_threads, "steps": steps}
 
 
@@ -145,8 +148,9 @@ def parse_scenario(doc: dict, where: str = "scenario") -> Scenario:
     sc.n_threads = _int(doc, "n_threads", where, 1, lo=1, hi=256)
     fa = doc.get("flash_attn", "off")
     if fa not in FLASH_ATTN and not isinstance(fa, bool):
-        raise ScenarioError(f"{where}: 'flash_attn' must be 'on' or 'off', got {fa!r}")
-    sc.flash_attn = fa is True or fa == "on"
+        raise ScenarioError(f"{where}: 'flash_attn' must be 'on', 'off' or 'auto', got {fa!r}")
+    sc.flash_attn = fa is True or fa in ("on", "auto")
+    sc.flash_attn_auto = fa == "auto"
     both = doc.get("type_kv", "f16")
     for key in ("type_kv", "type_k", "type_v"):
         v = doc.get(key, both)

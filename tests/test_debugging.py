@@ -304,7 +304,7 @@ def test_flags_against_b11739(tmp_path):
     """The same flags on both engines: bit-identical graphs."""
     model = tmp_path / "d.gguf"
     assert run("make-model", model).returncode == 0
-    flags = ["-fa", "on", "-np", 3, "--steps", 2, "--prompt", 9, "-ub", 16, "-b", 64, "-c", 300]
+    flags = ["-fa", "auto", "-np", 3, "--steps", 2, "--prompt", 9, "-ub", 16, "-b", 64, "-c", 300]
     a = run("dump", "-m", model, *flags, "--out", tmp_path / "ours")
     b = run("dump", model, *flags, "--engine", "llama.cpp", "--out", tmp_path / "ref")
     assert a.returncode == 0 and b.returncode == 0, a.stderr + b.stderr
@@ -439,3 +439,44 @@ def test_help_gives_every_default(name, parser):
 def test_rpc_server_help_shows_host_and_port():
     text = run("rpc-server", "--help").stdout
     assert "--host" in text and "127.0.0.1" in text and "--port" in text and "50052" in text
+
+
+def test_worst_error_is_the_largest_in_its_layer(pair):
+    """Two errors in one layer: the strip names the larger, wherever it comes."""
+    ref, ours = pair
+    nodes = _nodes(ours)
+    early, late = _index(nodes, "kq_soft_max-1"), _index(nodes, "ffn_out-1")
+    assert early < late
+    _plant(ours, "01-block", early, 0, 1e-2)
+    _plant(ours, "01-block", late, 0, 1.0)
+    p = run("diff", ref / "01-block.json", ours / "01-block.json", "--json")
+    row = [r for r in json.loads(p.stdout)["results"][0]["layers"] if r["layer"] == 1][0]
+    assert row["failed"] == 2 and row["worst"] == {"ref_index": late, "name": "ffn_out-1"}
+
+
+def test_first_value_failure_after_a_structural_change(pair):
+    """A structural change first, a value failure later: each first names its own node."""
+    ref, ours = pair
+    nodes = _nodes(ours)
+    ks, kv = _index(nodes, "ffn_out-0"), _index(nodes, "ffn_out-1")
+    _plant(ours, "01-block", kv, 0, 1.0)
+    doc = json.loads((ours / "01-block.json").read_text())
+    doc["nodes"][ks]["op_params"][0] = 7
+    (ours / "01-block.json").write_text(json.dumps(doc))
+    r = json.loads(run("diff", ref / "01-block.json", ours / "01-block.json", "--json").stdout)["results"][0]
+    assert r["first_divergence"]["ref_index"] == ks
+    assert r["first_structural"]["ref_index"] == ks and r["first_value"]["ref_index"] == kv
+
+
+def test_at_ranks_a_nan_first(pair):
+    ref, ours = pair
+    nodes = _nodes(ours)
+    k = _index(nodes, "ffn_out-1")
+    _plant(ours, "01-block", k, 3, 5.0)
+    _plant(ours, "01-block", k, 11, float("nan"))
+    out = run("diff", ref, ours, "--at", "ffn_out-1", "--json").stdout
+    # strict JSON: NaN and Inf spelt as strings
+    pr = json.loads(out, parse_constant=lambda c: pytest.fail(f"bare {c} in the JSON"))["results"][1]["probes"][0]
+    first, second = pr["largest"][:2]
+    assert first["index"] == 11 and first["ours"] == "nan" and first["abs"] == "inf"
+    assert second["index"] == 3

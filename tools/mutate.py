@@ -123,6 +123,7 @@ RANDOM = ("tests/test_reference_random.py",)
 HEADS = ("tests/test_reference_random_heads.py",)
 ROPE = ("tests/test_reference_rope.py",)
 DIFF = ("tests/test_diff.py",)
+DEBUGGING = ("tests/test_debugging.py",)
 SEEDREF = ("tests/test_seed_reference.py",)
 KVCACHE = ("tests/test_kvcache.py",)
 SESSION = ("tests/test_session.py",)
@@ -273,11 +274,11 @@ MUTATIONS = [
              "(p[0] & 0xFFFFFFFF) | ((p[1] & 0xFFFFFFFF) << 32)", "p[0] | ((p[1] & 0xFFFFFFFF) << 32)",
              ("tests/test_opparams.py",)),
     Mutation("xdiff_not_compared_ignored", "compare_dirs",
-             "res.ok &= not structural and first_bad is None and not unseen and bool(r.numeric)",
+             "res.ok &= not structural and first_bad is None and not unseen and (bool(r.numeric) or idle_ok)",
              "res.ok &= not structural and first_bad is None", DIFF),
     Mutation("xdiff_integer_nodes_loose", "compare_dirs",
              "exact = op in EXACT_OPS or node.type in EXACT_TYPES", "exact = op in EXACT_OPS", DIFF),
-    Mutation("stats_sumsq_is_the_sum", "summarize",
+    Mutation("stats_sumsq_is_the_sum", "graphgen/record.py:summarize",
              '"sumsq": float(np.dot(finite, finite))', '"sumsq": float(finite.sum())', ("tests/test_dump.py",)),
     Mutation("rope_base_default_wrong", "read_hparams",
              'hp.rope_freq_base = m.get(k("rope.freq_base"), 10000.0, kind="float")',
@@ -494,6 +495,40 @@ MUTATIONS = [
     Mutation("checkbatch_mask_sees_every_sequence", "KVCache.kq_mask_values",
              "base = self.seq_mask[s, :n_kv] & held", "base = self.seq_mask[:, :n_kv].any(axis=0) & held",
              CHECK_BATCH),
+    # --- finding where graphs part: diff --at, the strip, filters, thresholds; llama.cpp's flags ---
+    Mutation("probe_coord_slowest_first", "graphgen/probe.py:coord",
+             "for n in list(ne) + [1] * (4 - len(ne)):", "for n in list(reversed(ne)) + [1] * (4 - len(ne)):",
+             DEBUGGING),
+    Mutation("probe_largest_smallest_first", "largest_errors",
+             "top = nz[np.argsort(-err[nz], kind=\"stable\")[:k]]", "top = nz[np.argsort(err[nz], kind=\"stable\")[:k]]",
+             DEBUGGING),
+    Mutation("probe_nan_on_one_side_ignored", "largest_errors",
+             "err[np.isnan(err)] = np.inf", "err[np.isnan(err)] = 0.0", DEBUGGING),
+    Mutation("first_value_is_the_first_divergence", "diff_dumps",
+             "first_v = event(min(v_events, key=lambda e: e[0])[1]) if v_events else None", "first_v = first",
+             DEBUGGING),
+    Mutation("layer_strip_keeps_the_first_error", "_layer_strip",
+             "if nm > 0 and (row[\"max_nmse\"] is None or nm > row[\"max_nmse\"]):",
+             "if nm > 0 and row[\"max_nmse\"] is None:", DEBUGGING),
+    Mutation("filter_keeps_every_value", "diff_dumps",
+             "numeric = [r for r in numeric if select(R[r.ref_index]) or select(O[r.ours_index])]", "numeric = numeric",
+             DEBUGGING),
+    Mutation("filter_selecting_nothing_passes", "diff_paths",
+             "if select is not None and select.active and results and all(r.nothing_selected or r.unpaired for r in results):",
+             "if False:", DEBUGGING),
+    Mutation("thresholds_type_before_op", "_thresholds.threshold",
+             "if op in per_op:", "if op in per_op and typ not in per_op:", DEBUGGING),
+    Mutation("device_index_dropped", "backend_of", "for pat, to in _DEV:", "for pat, to in _DEV[:2]:", DEBUGGING),
+    Mutation("batch_does_not_cap_ubatch", "parse_scenario",
+             "sc.n_ubatch = min(sc.n_ubatch, sc.n_batch)", "sc.n_ubatch = sc.n_ubatch", DEBUGGING),
+    Mutation("flag_scenario_prompt_not_chunked", "build_scenario_doc",
+             "steps_out.append({\"inject\": {\"n_tokens\": min(ub, n_prompt - p0), \"pos0\": p0, \"seq\": s}})",
+             "steps_out.append({\"inject\": {\"n_tokens\": n_prompt - p0, \"pos0\": p0, \"seq\": s}})", DEBUGGING),
+    Mutation("bench_block_tokens_of_one_sequence", "_step_tokens",
+             "sum(len(b.tokens) for b in st.blocks)", "len(st.blocks[0].tokens)", DEBUGGING),
+    Mutation("fa_auto_read_as_off", "parse_scenario",
+             "sc.flash_attn = fa is True or fa in (\"on\", \"auto\")", "sc.flash_attn = fa is True or fa == \"on\"",
+             DEBUGGING),
 ]
 
 

@@ -185,9 +185,8 @@ def scenario_from_args(args, model: str):
         # llama.cpp caps the micro-batch at the logical batch; a graph holds one micro-batch
         doc["n_batch"] = args.n_batch
         doc["n_ubatch"] = min(args.n_batch, doc.get("n_ubatch", 64))
-    fa = resolve_fa(args.flash_attn)
-    if fa is not None:
-        doc["flash_attn"] = "on" if fa else "off"
+    if args.flash_attn is not None:
+        doc["flash_attn"] = args.flash_attn
     try:
         return parse_scenario(doc, where=where)
     except ValueError as e:

@@ -1,5 +1,6 @@
 """`graphgen view`, `graphgen trace` and `graphgen import`, and the loading of eval-callback text,
-ggml dot files and GGML_SCHED_DEBUG logs (structure only) that `view` and `diff` share."""
+ggml dot files and GGML_SCHED_DEBUG logs (structure, and eval-callback's printed values) that
+`view` and `diff` share."""
 
 from __future__ import annotations
 
@@ -203,8 +204,10 @@ def _cmd_import(args) -> int:
         paths = [Path(args.out) / p.name for p in write_imported(dumps, tmp)]
     for p, d in zip(paths, dumps):
         imp = d.source["import"]
-        print(f"{p}: {d.graph}, {len(d.nodes)} nodes ({imp['format']}, structure only: "
-              f"{', '.join(f for f in imp['fields'] if f != 'backend')})")
+        fields = ", ".join(f for f in imp["fields"] if f != "backend")
+        values = ("printed values of " + str(len(imp["printed"])) + " nodes" if imp.get("printed")
+                  else "no values")
+        print(f"{p}: {d.graph}, {len(d.nodes)} nodes ({imp['format']}: {fields}; {values})")
     return 0
 
 
@@ -247,7 +250,7 @@ def register(sub) -> None:
     add_mmap_flag(p)  # --no-mmap
 
     p = sub.add_parser("import", help="convert eval-callback text, a ggml dot file or a GGML_SCHED_DEBUG log "
-                                      "to a dump folder (structure only)")
+                                      "to a dump folder (structure; eval-callback text also its printed values)")
     p.add_argument("file")
     p.add_argument("--out", required=True)
     p.add_argument("--format", choices=FORMATS, help="default: detected from the content")

@@ -46,7 +46,7 @@ def main(argv) -> int:
     cp.n_ctx, cp.n_batch, cp.n_ubatch = sc.n_ctx, sc.n_ubatch, sc.n_ubatch
     cp.n_seq_max, cp.kv_unified = sc.n_seq, True
     cp.n_threads = cp.n_threads_batch = sc.n_threads
-    cp.flash_attn_type = 1 if sc.flash_attn else 0
+    cp.flash_attn_type = -1 if sc.flash_attn_auto else 1 if sc.flash_attn else 0
     cp.type_k, cp.type_v = GGML_TYPE_IDS[sc.type_k], GGML_TYPE_IDS[sc.type_v]
     ctx = lib.llama_init_from_model(mdl, cp)
     if ctx == ffi.NULL:

@@ -165,7 +165,8 @@ class ReferenceContext:
             cparams.kv_unified = True  # one stream: graphgen keeps a unified cache
             cparams.n_threads = scenario.n_threads
             cparams.n_threads_batch = scenario.n_threads
-            cparams.flash_attn_type = 1 if scenario.flash_attn else 0
+            # LLAMA_FLASH_ATTN_TYPE_AUTO (-1): b11739 decides, and the diff shows what it chose
+            cparams.flash_attn_type = -1 if scenario.flash_attn_auto else 1 if scenario.flash_attn else 0
             cparams.type_k = GGML_TYPE_IDS[scenario.type_k]
             cparams.type_v = GGML_TYPE_IDS[scenario.type_v]
             cparams.cb_eval = self.cb_eval
