@@ -122,6 +122,17 @@ def _run(draft, n_seq, fa=False):
     return cb.check_batch(draft, n_seqs=[n_seq], flash_attn=fa, engines=("graphgen",))
 
 
+def test_flash_attention_tiles_from_64_rows(draft):
+    """The CPU's flash-attention kernel takes its tiled path from 64 query rows: 8 blocks of 4
+    (32 rows) stay bit-identical to each block alone, 16 (64 rows) change every sequence's last
+    bits and no more (b11739 measured the same, bit for bit; README)."""
+    eight = _run(draft, 8, fa=True).cases[0].seqs["graphgen"]
+    assert all(s.identical for s in eight)
+    sixteen = _run(draft, 16, fa=True).cases[0].seqs["graphgen"]
+    assert not any(s.outputs_identical for s in sixteen)
+    assert all(0 < s.outputs_nmse < 1e-6 for s in sixteen)
+
+
 def test_graphgen_alone_is_independent_of_the_batch(draft):
     rep = _run(draft, 2)
     eq = rep.cases[0]
