@@ -421,6 +421,12 @@ MUTATIONS = [
              "idxs.append(len(parts) + 1)", "idxs.append(len(parts))", ("tests/test_mmap.py",)),
     Mutation("reader_number_parts_shifted", "_bounded_reader_class.BoundedReader._get_field_parts",
              "list(range(2, 2 + n))", "list(range(1, 1 + n))", ("tests/test_mmap.py",)),
+    Mutation("memory_shared_pages_counted_twice", "tools/memory.py:run_measured.sample",
+             'pss += st["Pss"]', 'pss += st["VmRSS"]', ("tests/test_memory_tool.py",)),
+    Mutation("memory_grandchildren_missed", "tools/memory.py:run_measured.sample",
+             "for p in _tree(proc.pid):", "for p in [proc.pid]:", ("tests/test_memory_tool.py",)),
+    Mutation("memory_failed_run_measured", "tools/memory.py:run_measured",
+             "if proc.returncode != 0:", "if False:", ("tests/test_memory_tool.py",)),
     Mutation("bindings_compiled_at_each_import", "activate",
              '_compile_bindings(root / "ggml")', "pass", ("tests/test_bindings_bytecode.py",)),
     # --- the HTML viewer (its script is matched as a whole file) ---
