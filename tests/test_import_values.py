@@ -9,7 +9,6 @@ tensors b11739 computed.
 """
 
 import json
-import math
 import os
 import re
 import shutil

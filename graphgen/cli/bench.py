@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from .kvtypes import FA_FLAG, FA_SCENARIO, add_kv_type_flags, apply_to_scenario
+from .llamaflags import count_arg
 
 
 def _cmd_bench(args) -> int:
@@ -106,14 +107,7 @@ def markdown_section(args, results) -> str:
 ENGINES = ("graphgen", "llama.cpp")
 
 
-def _positive(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
-    return v
+_positive = count_arg(1)
 
 
 def _n_seq(text: str) -> list[int]:

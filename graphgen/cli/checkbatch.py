@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
@@ -29,13 +28,8 @@ def _cmd_check_batch(args) -> int:
 
 
 def _nonneg(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {v}")
-    return v
+    from .llamaflags import count_arg
+    return count_arg(0)(text)
 
 
 def register(sub) -> None:

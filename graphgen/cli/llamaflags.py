@@ -23,7 +23,8 @@ DEFAULT_STEPS = 1
 FIRST_TOKEN = 7  # a block starts with the last accepted token: any id the vocabulary has
 
 
-def _count(lo: int):
+def count_arg(lo: int):
+    """An argparse type: a whole number of at least lo."""
     def parse(text: str) -> int:
         try:
             v = int(text)
@@ -93,29 +94,29 @@ def add_context_flags(p, *, scenario: bool = True, threads_default: str = "the s
     p.add_argument("-fa", "--flash-attn", dest="flash_attn", choices=FA_CHOICES, default=None,
                    help="flash attention; auto turns it on where the device has the kernels, as llama.cpp "
                         f"(default: {src + ', else off' if src else 'off'})")
-    p.add_argument("-c", "--ctx-size", "--n-ctx", dest="n_ctx", type=_count(1), default=None, metavar="N",
+    p.add_argument("-c", "--ctx-size", "--n-ctx", dest="n_ctx", type=count_arg(1), default=None, metavar="N",
                    help=f"KV cache size (default: {src + ', else what the run needs, at least 256' if src else 'what the run needs'})")
-    p.add_argument("-b", "--batch-size", dest="n_batch", type=_count(1), default=None, metavar="N",
+    p.add_argument("-b", "--batch-size", dest="n_batch", type=count_arg(1), default=None, metavar="N",
                    help="logical batch; the micro-batch is capped at it, as llama.cpp caps -ub at -b "
                         "(default: the micro-batch)")
-    p.add_argument("-ub", "--ubatch-size", "--n-ubatch", dest="n_ubatch", type=_count(1), default=None, metavar="N",
+    p.add_argument("-ub", "--ubatch-size", "--n-ubatch", dest="n_ubatch", type=count_arg(1), default=None, metavar="N",
                    help=f"micro-batch: the most tokens one graph takes (default: {src + ', else ' if src else ''}"
                         "64, or what one step needs)")
-    p.add_argument("-t", "--threads", dest="threads", type=_count(1), default=None, metavar="N",
+    p.add_argument("-t", "--threads", dest="threads", type=count_arg(1), default=None, metavar="N",
                    help=f"CPU threads (default: {threads_default})")
     if parallel:
-        p.add_argument("-np", "--parallel", dest="n_parallel", type=_count(1), default=None, metavar="N",
+        p.add_argument("-np", "--parallel", dest="n_parallel", type=count_arg(1), default=None, metavar="N",
                        help=f"sequences drafted together (default: {src + ', else 1' if src else '1'})")
     if scenario:
         p.add_argument("--scenario", default=None, metavar="FILE",
                        help="what to run, as JSON (default: built from --prompt, --block, --steps and -np)")
-        p.add_argument("--prompt", dest="n_prompt", type=_count(1), default=None, metavar="N",
+        p.add_argument("--prompt", dest="n_prompt", type=count_arg(1), default=None, metavar="N",
                        help=f"without --scenario: prompt rows injected per sequence (default {default_prompt})")
-        p.add_argument("--block", dest="block", type=_count(1), default=None, metavar="N",
+        p.add_argument("--block", dest="block", type=count_arg(1), default=None, metavar="N",
                        help="without --scenario: block size (default: the draft's dflash.block_size, else 4)")
-        p.add_argument("--steps", dest="steps", type=_count(1), default=None, metavar="N",
+        p.add_argument("--steps", dest="steps", type=count_arg(1), default=None, metavar="N",
                        help=f"without --scenario: drafting rounds (default {DEFAULT_STEPS})")
-        p.add_argument("--seed", dest="scenario_seed", type=_count(0), default=None, metavar="N",
+        p.add_argument("--seed", dest="scenario_seed", type=count_arg(0), default=None, metavar="N",
                        help="seed of the injected features (default: the scenario's, else 1)")
 
 
