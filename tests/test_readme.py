@@ -26,7 +26,8 @@ README = (ROOT / "README.md").read_text()
 PLACEHOLDERS = re.compile(r"\b(DUMP|REF|OURS|FILE|DIR|HOST|PORT|IDS|F\.npy|NAME|WORD)\b|<")
 OWN_JOBS = ("tools/setup.sh", "python tools/mutate.py", "python -m pytest", "make fuzz", "make sessions", "fuzz_main.py",
             "tools/soak.py")
-GPU = re.compile(r"\b(vulkan|cuda|metal)\b")
+# graphgen's backend names and llama.cpp's device names (Vulkan0, CUDA0, Metal)
+GPU = re.compile(r"\b(vulkan|cuda|metal)(\b|\d)", re.I)
 
 
 def _scenario() -> str:

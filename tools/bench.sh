@@ -38,5 +38,7 @@ for w in f16 q8_0; do
   graphgen make-model "$work/realistic-$w.gguf" --variant dflash --preset realistic --wtype "$w" >/dev/null
   graphgen --quiet bench "$work/realistic-$w.gguf" --repeat "$repeat" --prompt 64 --n-seq 1,4 --threads "$threads" --markdown "$out"
 done
-graphgen --quiet bench "$work/realistic-f16.gguf" --repeat "$repeat" --prompt 64 --n-seq 1 --threads "$threads" --flash-attn on --type-kv q8_0 --markdown "$out"
+graphgen --quiet bench "$work/realistic-f16.gguf" --repeat "$repeat" --prompt 64 --n-seq 1 --threads "$threads" -fa on --type-kv q8_0 --markdown "$out"
+# peak memory and wall time per command, both engines (its own section of the file)
+python3 tools/memory.py --markdown "$out"
 echo "wrote $out" >&2
