@@ -174,7 +174,7 @@ def test_cli_refuses_in_one_line(d128, d16, tmp_path):
     r = run("draft", d128, "--prompt-tokens", "1,2,3", "--type-kv", "q8_0")
     assert r.returncode == 2
     assert r.stderr.strip() == ("graphgen: error: --type-v q8_0: a quantized V cache requires flash attention "
-                                "(--flash-attn on)")
+                                "(-fa on)")
     r = run("dump", d16, "--scenario", scenario_file(tmp_path), "--type-k", "q4_1", "--out", tmp_path / "o")
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [
