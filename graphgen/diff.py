@@ -15,7 +15,7 @@ is reported as "changed".
 Values: aligned nodes stored on both sides are compared with the NMSE of llama.cpp's
 test-backend-ops, sum((a-b)^2) / sum(a^2) with a = ref; NaN and Inf positions must agree.
 
-One module of about a thousand lines: the alignment, the per-node comparison, the rules and the
+One module of about 1,300 lines: the alignment, the per-node comparison, the rules and the
 report share the pairing of nodes and its result types; split, each part would pass them all to the
 next.
 """
