@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -234,8 +235,9 @@ def _Recorder(*args):
 _RECORDER = None
 
 
-def run_graphgen(model, sc: Scenario, backend: str = "cpu") -> list[Graph]:
-    """The scenario in graphgen's engine, in a fresh Session; the block graphs, recorded."""
+def run_graphgen(model, sc: Scenario, backend: str = "cpu"):
+    """The scenario in graphgen's engine, in a fresh Session; yields the block graphs, recorded,
+    one at a time (a realistic draft's graphs of 16 sequences would not all fit in memory)."""
     from .engine import block_states
     from .ops import ggml as G
     from .runtime.session import Session
@@ -243,7 +245,6 @@ def run_graphgen(model, sc: Scenario, backend: str = "cpu") -> list[Graph]:
     sess = Session(model, n_ctx=sc.n_ctx, n_ubatch=sc.n_ubatch, flash_attn=sc.flash_attn, type_k=sc.type_k,
                    type_v=sc.type_v, n_seq=sc.n_seq, n_threads=sc.n_threads, backend=backend)
     context_rows: dict = {}
-    graphs = []
     try:
         for step in sc.steps:
             if step.kind == "seq_rm":
@@ -257,10 +258,9 @@ def run_graphgen(model, sc: Scenario, backend: str = "cpu") -> list[Graph]:
                 rec = _Recorder(G.op_desc, G.type_name, MAX_DATA, G.read_tensor_bytes)
                 sess.block_multi([(b.seq, b.tokens, b.pos0) for b in step.blocks], recorder=rec,
                                  embd_state=block_states(sess, sc, step, context_rows))
-                graphs.append(Graph(rec.nodes, rec.values))
+                yield Graph(rec.nodes, rec.values)
     finally:
         sess.close()
-    return graphs
 
 
 class ReferenceWorker:
@@ -275,7 +275,8 @@ class ReferenceWorker:
                                      bufsize=1)
         self.n = 0
 
-    def run(self, model, sc: Scenario) -> list[Graph]:
+    def run(self, model, sc: Scenario):
+        """The scenario in b11739; yields the block graphs one at a time, as run_graphgen."""
         from .dump import load_dump_dir
         from .reference.runner import ReferenceFailed, _error_text
 
@@ -304,13 +305,14 @@ class ReferenceWorker:
                                   f"{headline}")
         if not res["ok"]:
             raise ReferenceFailed(f"llama.cpp b11739: {res['error']}")
-        graphs = []
-        for d in load_dump_dir(out):
-            if d.graph == "block":
-                with d:
-                    values = {k: d.values(k) for k in range(len(d.nodes))}
-                    graphs.append(Graph(d.nodes, {k: v for k, v in values.items() if v is not None}))
-        return graphs
+        try:
+            for d in load_dump_dir(out):
+                if d.graph == "block":
+                    with d:
+                        values = {k: d.values(k) for k in range(len(d.nodes))}
+                    yield Graph(d.nodes, {k: v for k, v in values.items() if v is not None})
+        finally:
+            shutil.rmtree(out, ignore_errors=True)
 
     def close(self):
         if self.proc is not None:
@@ -497,23 +499,36 @@ def graphs_equal(a: Graph, b: Graph, cache_state: bool = True) -> str | None:
     return None
 
 
-def compare_case(case: Case, graphs: list, roles: list) -> tuple[list, bool]:
-    """Every sequence's results (SeqResult) from one case's graphs, and whether every batched
-    block came out the same."""
-    batched = [g for g, (role, _) in zip(graphs, roles) if role == "batched"]
-    reproducible = all(graphs_equal(batched[0], g, cache_state=False) is None for g in batched[1:])
-    seqs = []
-    for i in range(case.n_seq):
-        res = SeqResult(i, len(case.blocks[i]), case.prompts[i])
-        alone = graphs[roles.index(("alone", i))]
-        own = graphs[roles.index(("own", i))]
-        got, skipped = compare_sequence(batched[0], alone, case, i)
-        summarize(res, got, skipped)
-        for _name, nmse, same_bits, _ in compare_sequence(batched[0], own, case, i, outputs_only=True)[0]:
-            res.own_outputs_nmse = max(res.own_outputs_nmse, nmse)
-            res.own_outputs_identical &= same_bits
-        seqs.append(res)
-    return seqs, reproducible
+def compare_case(case: Case, graphs, roles: list, engine: str = "") -> tuple[list, bool, list]:
+    """Every sequence's results (SeqResult) from one case's graphs, whether every batched block
+    came out the same, and the graphs with their nodes and digests (the engines' parity needs no
+    more). `graphs` may be an iterator: each graph is compared as it comes and its values let go,
+    the first batched block's aside, which every other graph is compared with."""
+    seqs = [SeqResult(i, len(case.blocks[i]), case.prompts[i]) for i in range(case.n_seq)]
+    first, reproducible, kept = None, True, []
+    for g in graphs:
+        if len(kept) == len(roles):
+            raise CheckBatchError(f"{label(engine)} computed more block graphs than the case's {len(roles)}")
+        role, i = roles[len(kept)]
+        if role == "batched":
+            if first is None:
+                first = g
+            else:
+                reproducible &= graphs_equal(first, g, cache_state=False) is None
+        elif first is None:
+            raise CheckBatchError(f"the case's first block graph must be the batched one, not {role}")
+        elif role == "alone":
+            got, skipped = compare_sequence(first, g, case, i)
+            summarize(seqs[i], got, skipped)
+        else:
+            res = seqs[i]
+            for _name, nmse, same_bits, _ in compare_sequence(first, g, case, i, outputs_only=True)[0]:
+                res.own_outputs_nmse = max(res.own_outputs_nmse, nmse)
+                res.own_outputs_identical &= same_bits
+        kept.append(g if g is first else Graph(g.nodes, {}))
+    if len(kept) != len(roles):
+        raise CheckBatchError(f"{label(engine)} computed {len(kept)} block graphs where the case has {len(roles)}")
+    return seqs, reproducible, kept
 
 
 # ---- the whole check --------------------------------------------------------------------------
@@ -677,11 +692,7 @@ def check_batch(model, n_seqs=DEFAULT_N_SEQ, block: int | None = None, prompt: i
                 if progress:
                     progress(f"n_seq {case.n_seq} {case.kind} blocks: {label(e)}, {len(roles)} block graphs")
                 graphs = run_graphgen(model, sc) if e == "graphgen" else worker.run(model, sc)
-                if len(graphs) != len(roles):
-                    raise CheckBatchError(f"{label(e)} computed {len(graphs)} block graphs where the case has "
-                                          f"{len(roles)}")
-                runs[e] = graphs
-                cr.seqs[e], cr.reproducible[e] = compare_case(case, graphs, roles)
+                cr.seqs[e], cr.reproducible[e], runs[e] = compare_case(case, graphs, roles, e)
             if parity is not None:
                 for k, (x, y) in enumerate(zip(runs["graphgen"], runs["llama.cpp"])):
                     parity["graphs"] += 1

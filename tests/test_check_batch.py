@@ -5,6 +5,7 @@ b11739's own batch dependence pinned), the comparison on hand-made graphs whose 
 planted with numpy, and planted batch dependences in graphgen's mask that it must report.
 """
 
+import hashlib
 import json
 
 import numpy as np
@@ -96,6 +97,33 @@ def test_comparison_cuts_each_sequence_rows():
     cb.summarize(res, got1, 0)
     assert (res.identical, res.worst_node, res.first_node, res.nodes_differ) == (False, "out", "out", 1)
     assert res.outputs_nmse == pytest.approx(want, rel=1e-9)
+
+
+def test_case_graphs_compared_as_they_come():
+    """A case's graphs arrive one at a time: each is compared with the first batched block and
+    its values let go (16 sequences of a realistic draft would not fit in memory otherwise); a
+    wrong number of graphs is refused."""
+    case = cb.Case(1, "equal", prompts=[4], blocks=[[1, 9]])
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((2, 8), dtype=np.float32)
+    y = rng.standard_normal((2, 5), dtype=np.float32)
+    nodes = [_node(0, "x", (8, 2)), _node(1, "out", (5, 2), ["x"])]
+    for n, v in zip(nodes, (x, y)):
+        n.digest = hashlib.sha256(v.tobytes()).hexdigest()
+    roles = [("batched", -1), ("alone", 0), ("batched", -1), ("own", 0), ("batched", -1)]
+    made = []
+
+    def graphs(n):
+        for _ in range(n):
+            made.append(_graph(nodes, [x[None, None].copy(), y[None, None].copy()]))
+            yield made[-1]
+    seqs, reproducible, kept = cb.compare_case(case, graphs(5), roles)
+    assert reproducible and seqs[0].identical and seqs[0].own_outputs_identical
+    assert kept[0] is made[0] and kept[0].values
+    assert all(k.values == {} and k.nodes is g.nodes for k, g in zip(kept[1:], made[1:]))
+    for n in (4, 6):
+        with pytest.raises(cb.CheckBatchError, match="block graphs"):
+            cb.compare_case(case, graphs(n), roles, "graphgen")
 
 
 def test_comparison_refuses_when_no_output_can_be_cut():

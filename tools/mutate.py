@@ -488,6 +488,8 @@ MUTATIONS = [
              CHECK_BATCH),
     Mutation("checkbatch_no_output_passes", "compare_sequence", "if not any(is_out for *_, is_out in got):",
              "if False:", CHECK_BATCH),
+    Mutation("checkbatch_keeps_every_graphs_values", "compare_case",
+             "kept.append(g if g is first else Graph(g.nodes, {}))", "kept.append(g)", CHECK_BATCH),
     Mutation("checkbatch_own_cache_ignored", "compare_case", "res.own_outputs_identical &= same_bits", "pass",
              CHECK_BATCH),
     Mutation("checkbatch_filler_is_the_sequence", "case_scenario", "f = 1 if i == 0 else 0", "f = i", CHECK_BATCH),
