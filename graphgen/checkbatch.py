@@ -315,14 +315,9 @@ class ReferenceWorker:
             shutil.rmtree(out, ignore_errors=True)
 
     def close(self):
-        if self.proc is not None:
-            try:
-                self.proc.stdin.close()
-                self.proc.wait(timeout=60)
-            except (OSError, subprocess.TimeoutExpired):
-                self.proc.kill()
-                self.proc.wait()
-            self.proc = None
+        from .reference.session import end_child
+        end_child(self.proc)
+        self.proc = None
         self.err.close()
 
 

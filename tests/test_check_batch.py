@@ -168,8 +168,8 @@ def test_graphgen_alone_is_independent_of_the_batch(draft):
     assert rep.exit_code() == 0 and not rep.dependent("graphgen")
 
 
-def test_planted_batch_mask_is_reported(draft, monkeypatch):
-    """Every row of a batch takes the first sequence's mask: a dependence on the batch's make-up."""
+def _plant_first_seq_mask(monkeypatch):
+    """Every row of a batch gets the first sequence's mask."""
     real = kvcache.KVCache.kq_mask_values
 
     def first_seq_mask(self, ub, n_kv, causal, dtype, block_uniform=False, out=None):
@@ -180,6 +180,11 @@ def test_planted_batch_mask_is_reported(draft, monkeypatch):
         out[...] = full
         return out
     monkeypatch.setattr(kvcache.KVCache, "kq_mask_values", first_seq_mask)
+
+
+def test_planted_batch_mask_is_reported(draft, monkeypatch):
+    """Every row of a batch takes the first sequence's mask: a dependence on the batch's make-up."""
+    _plant_first_seq_mask(monkeypatch)
     rep = _run(draft, 2)
     seqs = rep.cases[0].seqs["graphgen"]
     assert seqs[0].identical                     # the first sequence's own mask: unchanged
@@ -211,16 +216,7 @@ def test_planted_cross_sequence_leak_is_reported(draft, monkeypatch):
 
 @pytest.mark.reference
 def test_planted_dependence_breaks_parity(draft, monkeypatch, capsys):
-    real = kvcache.KVCache.kq_mask_values
-
-    def first_seq_mask(self, ub, n_kv, causal, dtype, block_uniform=False, out=None):
-        full = real(self, ub, n_kv, causal, dtype, block_uniform)
-        full[:] = full[0]
-        if out is None:
-            return full
-        out[...] = full
-        return out
-    monkeypatch.setattr(kvcache.KVCache, "kq_mask_values", first_seq_mask)
+    _plant_first_seq_mask(monkeypatch)
     assert main(["check-batch", str(draft), "--n-seq", "2", "--quiet"]) == 1
     text = capsys.readouterr().out
     assert "graphgen vs llama.cpp b11739" in text and "DIFFER" in text

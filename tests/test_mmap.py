@@ -7,10 +7,6 @@ compared with the file's bytes read with plain file reads at the offset the GGUF
 import ctypes
 import os
 import shutil
-import socket
-import subprocess
-import sys
-import time
 
 import gguf
 import numpy as np
@@ -21,10 +17,10 @@ from graphgen.cli import build_parser, main
 from graphgen.errors import GGUFModelError
 from graphgen.ops import ggml as G
 from graphgen.runtime import model as M
-from graphgen.runtime.backends import has_backend
 from graphgen.runtime.mmapfile import ENV_NO_MMAP
 from graphgen.runtime.session import Session
 from graphgen.synth import make_model
+from test_backends import rpc_server  # noqa: F401  (fixture)
 
 ALIGN = 32  # ggml's TENSOR_ALIGNMENT, the CPU buffer type's alignment
 
@@ -208,34 +204,7 @@ def test_mapping_lives_with_the_model(tiny):
     assert open_fds_to(tiny) == fds - 1   # the mapping's own descriptor (gguf-py keeps its own)
 
 
-@pytest.fixture
-def rpc_server():
-    if not has_backend("rpc"):
-        pytest.fail("the reference's ggml has no rpc backend")
-    with socket.socket() as sk:
-        sk.bind(("127.0.0.1", 0))
-        port = sk.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "graphgen.cli", "rpc-server", "--host", "127.0.0.1",
-                             "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.time() + 30
-    while time.time() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            break
-        except OSError:
-            if proc.poll() is not None:
-                pytest.fail("rpc-server exited: " + proc.stderr.read().decode()[-500:])
-            time.sleep(0.2)
-    yield f"rpc://127.0.0.1:{port}"
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
-def test_device_backend_uploads_then_unmaps(tiny, rpc_server):
+def test_device_backend_uploads_then_unmaps(tiny, rpc_server):  # noqa: F811
     """A backend whose memory is not the host's gets the weights uploaded from the mapping, which
     is then released (upstream uploads likewise)."""
     for use_mmap in (True, False):

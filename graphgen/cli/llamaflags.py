@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import re
-from pathlib import Path
 
 from ..errors import GraphgenError
 
@@ -130,10 +129,10 @@ def resolve_fa(value: str | None) -> bool | None:
 
 def _draft_shape(model: str) -> tuple[int, int]:
     """(block size, mask token id) of a draft, read from its GGUF keys only."""
-    from gguf import GGUFReader
+    from pathlib import Path
 
-    from ..runtime.model import read_hparams
-    hp = read_hparams(GGUFReader(str(model), "r"), model)[0]
+    from ..runtime.model import open_reader, read_hparams
+    hp = read_hparams(open_reader(Path(model)), model)[0]
     return hp.block_size or 4, max(hp.mask_token_id, 0)
 
 
@@ -204,15 +203,3 @@ def _flag_names(msg: str) -> str:
         if f"'{field}'" in msg or f" {field} " in msg:
             return f"{msg} ({flag} sets {field})"
     return msg
-
-
-def scenario_label(args) -> str | None:
-    """The scenario's path for dump provenance, or None when the flags built it."""
-    return args.scenario if args.scenario else None
-
-
-def exists(path: str) -> Path:
-    p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"{p}: no such model file")
-    return p

@@ -30,6 +30,19 @@ class ReferenceResult:
         self.logits, self.h_nextn, self.embd = logits, h_nextn, None
 
 
+def end_child(proc) -> None:
+    """End a `runner --serve` child: closing its input ends its loop; one that does not end within
+    a minute is killed. None: nothing to end."""
+    if proc is None:
+        return
+    try:
+        proc.stdin.close()
+        proc.wait(timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        proc.kill()
+        proc.wait()
+
+
 class ReferenceSession:
     def __init__(self, model, *, n_ctx: int = 256, n_ubatch: int = 64, flash_attn: bool = False,
                  type_kv: str = "f16", n_seq: int = 1, n_threads: int = 1, type_k: str | None = None,
@@ -104,14 +117,8 @@ class ReferenceSession:
         return int(self._ask({"op": "seq_pos_max", "seq": int(seq)})["value"])
 
     def close(self):
-        if self.proc is not None:
-            try:
-                self.proc.stdin.close()
-                self.proc.wait(timeout=60)
-            except (OSError, subprocess.TimeoutExpired):
-                self.proc.kill()
-                self.proc.wait()
-            self.proc = None
+        end_child(self.proc)
+        self.proc = None
         if getattr(self, "model", None) is not None:
             self.model.close()
             self.model = None

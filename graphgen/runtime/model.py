@@ -141,6 +141,20 @@ def read_hparams(reader, path) -> tuple[HParams, str, str]:
     return hp, variant, backbone
 
 
+def open_reader(path: Path):
+    """The GGUF's reader (metadata and tensor table; the data stays on disk), its errors naming
+    the file."""
+    # the magic, then every count bounded by the file's size: gguf-py trusts the counts and can
+    # loop for hours
+    V.check_gguf_layout(path)
+    try:
+        return _bounded_reader_class()(str(path), "r")
+    except GGUFModelError as e:
+        raise GGUFModelError(f"{path}: {e}") from None
+    except Exception as e:  # gguf-py raises ValueError/IndexError/struct.error on truncation
+        raise GGUFModelError(f"{path}: malformed or truncated GGUF ({type(e).__name__}: {e})") from None
+
+
 @functools.lru_cache(maxsize=None)
 def _bounded_reader_class():
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType
@@ -227,17 +241,9 @@ class Model:
             raise GGUFModelError(f"{self.path}: is a folder, not a GGUF file")
         if not self.path.is_file():
             raise GGUFModelError(f"{self.path}: no such file")
-        # the magic, then every count bounded by the file's size: gguf-py trusts the counts and can
-        # loop for hours
-        V.check_gguf_layout(self.path)
         st = self.path.stat()
         self._stamp = (st.st_size, st.st_mtime_ns)
-        try:
-            reader = _bounded_reader_class()(str(self.path), "r")
-        except GGUFModelError as e:
-            raise GGUFModelError(f"{self.path}: {e}") from None
-        except Exception as e:  # gguf-py raises ValueError/IndexError/struct.error on truncation
-            raise GGUFModelError(f"{self.path}: malformed or truncated GGUF ({type(e).__name__}: {e})") from None
+        reader = open_reader(self.path)
         self.hparams, self.variant, self.backbone = read_hparams(reader, self.path)
         self.head = arch.HEADS[self.variant]
         self._reader = reader
