@@ -1025,8 +1025,8 @@ def diff_dumps(ref: Dump, ours: Dump, nmse: float | dict[str, float] | None = No
     first_v = event(min(v_events, key=lambda e: e[0])[1]) if v_events else None
 
     probes = []
+    nm_at = {r.ref_index: r for r in numeric}
     for target in at:
-        nm_at = {r.ref_index: r for r in numeric}
         for i, j in find_pairs(target, R, O, pair_map):
             res = nm_at.get(i) if i is not None else None
             probes.append(probe(ref, ours, i, j, res.nmse if res else None, res.threshold if res else None))

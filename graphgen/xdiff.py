@@ -122,7 +122,8 @@ def compare_dirs(dir_a, dir_b, backends, nmse: float | None = None, select=None,
         # compared as multisets of values
         reordered: set[str] = set()
         worst, worst_name, first_bad, n_perm = 0.0, "-", None, 0
-        n_selected += sum(map(select, ref.nodes))
+        selected_here = sum(map(select, ref.nodes)) if select.active else len(ref.nodes)
+        n_selected += selected_here
         for n in sorted(r.numeric, key=lambda x: x.ref_index):
             node = nodes[n.ref_index]
             op, nmse, reason = node.op, n.nmse, n.reason
@@ -156,7 +157,7 @@ def compare_dirs(dir_a, dir_b, backends, nmse: float | None = None, select=None,
                            "worst_nmse": worst, "worst_name": worst_name, "first_bad": first_bad,
                            "order_dependent": n_perm, "not_compared": unseen})
         # a graph compared on no node fails, unless the filter left none of its nodes to compare
-        idle_ok = select.active and not any(map(select, ref.nodes))
+        idle_ok = select.active and not selected_here
         res.ok &= not structural and first_bad is None and not unseen and (bool(r.numeric) or idle_ok)
     if select.active and not n_selected:
         from .nodefilter import FilterError
