@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .ops import ggml as G
-from .ops.cmath import logf
+from .ops.cmath import inv_sqrtf, logf
 from .ops.ggml import (ggml_add, ggml_build_forward_expand, ggml_cast, ggml_cont, ggml_cont_2d,
                        ggml_flash_attn_ext, ggml_flash_attn_ext_add_sinks, ggml_geglu_split, ggml_mul,
                        ggml_mul_mat, ggml_permute, ggml_prec_set_acc, ggml_reshape_2d, ggml_rms_norm,
@@ -183,7 +183,7 @@ def hadamard(n: int) -> np.ndarray:
     """The orthonormal Sylvester-Hadamard matrix of order n (a power of two), float32 as
     llama.cpp fills it: every entry is +-(1 / sqrtf(n)) rounded once. Read-only: it is shared by
     every graph that sets a rotation input."""
-    h = np.ones((1, 1), dtype=np.float32) * np.float32(1.0 / float(np.sqrt(np.float32(n))))
+    h = np.ones((1, 1), dtype=np.float32) * np.float32(inv_sqrtf(n))
     while h.shape[0] < n:
         h = np.block([[h, h], [h, -h]])
     h = np.ascontiguousarray(h, dtype=np.float32)

@@ -146,3 +146,25 @@ def test_two_blocks_in_one_batch(tmp_path, backbone):
             sess.seq_rm(1, 6, -1)
             alone = sess.block([tok, 255, 255, 255], 6, seq=seq).logits
             np.testing.assert_allclose(both[4 * seq:4 * seq + 4], alone, rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("backbone, key, head", [("dsv41", "head_dim", 24), ("dsv41", "head_dim", 136),
+                                                 ("mistral-large4", "k_head_dim_mla", 72),
+                                                 ("mistral-large4", "k_head_dim_mla", 112)])
+@pytest.mark.parametrize("fa", [False, True])
+def test_seed_attention_scale_is_worked_in_float(tmp_path, backbone, key, head, fa):
+    """The seed's graph_dsv41 / graph_mistral_large4 scale attention by 1.0f/sqrtf(head) worked in
+    float: for these head sizes the double-worked value is another float. No llama.cpp runs these
+    backbones, so the softmax's op_params are checked against the seed's expression here."""
+    import struct
+    kw = {key: head, "n_rot": 8, "n_layer": 1, "joint": backbone == "mistral-large4"}
+    path = make_model(tmp_path / "m.gguf", "dspark", backbone, **kw)["path"]
+    run_scenario(path, scenario(flash_attn=fa), tmp_path / "out")
+    want = np.float32(1.0) / np.sqrt(np.float32(head))
+    assert float(want) != float(np.float32(1.0 / np.sqrt(float(head))))  # the case is one that parts
+    with load_dump(next((tmp_path / "out").glob("*-block.json"))) as d:
+        attn = [n for n in d.nodes if n.op == ("FLASH_ATTN_EXT" if fa else "SOFT_MAX")]
+        assert attn, [n.op for n in d.nodes]
+        for n in attn:
+            got = struct.unpack("<f", struct.pack("<i", n.op_params[0]))[0]
+            assert got == float(want), f"{n.name}: scale {got!r}, the seed's {float(want)!r}"

@@ -9,6 +9,8 @@ import json
 import numpy as np
 import pytest
 
+import draws
+
 from graphgen.diff import diff_paths
 from graphgen.dump import load_dump
 from graphgen.synth import make_model
@@ -23,20 +25,21 @@ N_CONFIGS = 30
 def random_dsv4_config(seed: int):
     rng = np.random.default_rng(7000 + seed)
     n_layer = int(rng.integers(1, 4))
-    head_dim = int(rng.choice([16, 32, 64]))
+    head_dim = int(rng.choice(draws.ULP_HEAD_SIZES)) if seed % 10 == 0 else draws.head_size(rng, 16, 128)
     o_groups = int(rng.choice([1, 2]))
     n_head = o_groups * int(rng.choice([1, 2, 4]))
     n_expert = int(rng.integers(2, 7))
     kw = {"n_embd": int(rng.choice([32, 64, 96])), "n_layer": n_layer, "n_head": n_head,
           "n_vocab": int(rng.choice([64, 256])), "block_size": int(rng.integers(2, 9)),
           "target_layers": list(range(1, int(rng.integers(1, 4)) + 1)), "seed": seed,
-          "head_dim": head_dim, "n_rot": int(rng.choice([d for d in (8, 16) if d <= head_dim])),
+          "head_dim": head_dim, "n_rot": 2 * int(rng.integers(1, min(head_dim, 32) // 2 + 1)),
           "q_lora_rank": int(rng.choice([16, 32])), "o_groups": o_groups, "o_lora_rank": int(rng.choice([8, 16])),
           "n_expert": n_expert, "n_expert_used": int(rng.integers(1, n_expert + 1)),
           "n_ff_exp": int(rng.choice([16, 32])), "swa_window": int(rng.integers(3, 33)),
-          "hc_sinkhorn_iters": int(rng.integers(1, 6)), "hc_eps": float(rng.choice([1e-6, 1e-3])),
-          "swiglu_clamp": float(rng.choice([0.0, 0.5, 2.0, 7.0])),
-          "expert_weights_scale": float(rng.choice([1.0, 1.5, 2.5])),
+          "hc_sinkhorn_iters": int(rng.integers(1, 6)), "hc_eps": draws.log_uniform(rng, 1e-8, 1e-2),
+          "swiglu_clamp": float(rng.choice([0.0, draws.log_uniform(rng, 0.1, 20.0)])),
+          "rms_eps": draws.rms_eps(rng), "rope_freq_base": draws.rope_base(rng),
+          "expert_weights_scale": float(rng.choice([1.0, draws.scale(rng, 0.1, 10.0)])),
           "expert_weights_norm": bool(rng.random() < 0.5), "conf": bool(rng.random() < 0.5)}
     n_prompt = int(rng.integers(1, 21))
     mask = kw["n_vocab"] - 1

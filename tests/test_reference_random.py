@@ -8,6 +8,8 @@ both engines and must be structurally identical and bit-exact (graphgen computes
 import numpy as np
 import pytest
 
+import draws
+
 from kv_draw import draw_kv_types
 from parity_check import assert_parity, run_both_engines
 
@@ -20,16 +22,17 @@ def random_config(seed: int):
     rng = np.random.default_rng(1000 + seed)
     n_head_kv = int(rng.choice([1, 2, 4]))
     n_head = n_head_kv * int(rng.choice([1, 2, 4]))
-    head_dim = int(rng.choice([16, 32, 64]))
+    # every tenth configuration takes a head size where a double-worked scale is one ulp off
+    head_dim = int(rng.choice(draws.ULP_HEAD_SIZES)) if seed % 10 == 0 else draws.head_size(rng)
     n_layer = int(rng.integers(1, 4))
-    kw = {"n_embd": n_head * head_dim if rng.random() < 0.7 else int(rng.choice([64, 128])),
+    kw = {"n_embd": n_head * head_dim if rng.random() < 0.7 else int(rng.choice([64, 96, 128])),
           "n_layer": n_layer, "n_head": n_head, "n_head_kv": n_head_kv,
           "n_ff": int(rng.choice([64, 128, 192])), "n_vocab": int(rng.choice([64, 256, 300])),
           "block_size": int(rng.integers(2, 9)), "target_layers": list(range(int(rng.integers(1, 4)))),
-          "seed": seed}
+          "seed": seed, "rms_eps": draws.rms_eps(rng), "rope_freq_base": draws.rope_base(rng)}
     if kw["n_embd"] != n_head * head_dim:
         kw["head_dim"] = head_dim
-    n_rot = head_dim if rng.random() < 0.7 else head_dim // 2
+    n_rot = head_dim if rng.random() < 0.7 else 2 * int(rng.integers(1, head_dim // 2 + 1))
     if n_rot != head_dim:
         kw["n_rot"] = n_rot
     r = rng.random()
@@ -48,20 +51,20 @@ def random_config(seed: int):
     if rng.random() < 0.3:
         kw["sinks"] = True
     if rng.random() < 0.3:
-        kw["attention_scale"] = float(rng.uniform(0.05, 0.3))
+        kw["attention_scale"] = draws.scale(rng, 0.01, 1.0)
     if rng.random() < 0.3:
-        kw["embedding_scale"] = float(rng.uniform(0.5, 2.0))
+        kw["embedding_scale"] = draws.scale(rng, 0.1, 50.0)
     if rng.random() < 0.2:
         kw["weight_scales"] = True
     if rng.random() < 0.2:
         kw["causal"] = True
     # the remaining options b11739 reads for a DFlash decoder, each drawn on its own
     if rng.random() < 0.3:
-        kw["value_scale"] = float(rng.uniform(0.5, 2.0))
+        kw["value_scale"] = draws.scale(rng, 0.1, 10.0)
     if rng.random() < 0.3:
-        kw["logit_scale"] = float(rng.uniform(0.2, 3.0))
+        kw["logit_scale"] = draws.scale(rng, 0.05, 10.0)
     if rng.random() < 0.3:
-        kw["final_softcap"] = float(rng.uniform(2.0, 30.0))
+        kw["final_softcap"] = draws.softcap(rng)
     if rng.random() < 0.3:
         kw["post_norms"] = True
     if rng.random() < 0.3:

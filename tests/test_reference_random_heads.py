@@ -5,6 +5,8 @@ import json
 import numpy as np
 import pytest
 
+import draws
+
 from graphgen.diff import diff_paths
 from graphgen.dump import load_dump
 from graphgen.engine import run_scenario
@@ -21,11 +23,12 @@ N_PER_HEAD = 30
 def random_head_config(variant: str, seed: int):
     rng = np.random.default_rng(5000 + 97 * seed + len(variant))
     n_head = int(rng.choice([2, 4]))
-    n_embd = n_head * int(rng.choice([16, 32]))
+    n_embd = n_head * (int(rng.choice(draws.ULP_HEAD_SIZES)) if seed % 10 == 0 else draws.head_size(rng, 8, 128, 8))
     kw = {"n_embd": n_embd, "n_layer": int(rng.integers(1, 3)), "n_head": n_head,
           "n_head_kv": int(rng.choice([1, n_head])), "n_ff": int(rng.choice([64, 128])),
           "n_vocab": int(rng.choice([128, 256])), "block_size": int(rng.integers(2, 7)),
-          "target_layers": list(range(int(rng.integers(1, 3)))), "seed": seed}
+          "target_layers": list(range(int(rng.integers(1, 3)))), "seed": seed,
+          "rms_eps": draws.rms_eps(rng), "rope_freq_base": draws.rope_base(rng)}
     full_block = True
     if variant == "dflash2":
         top_k = int(rng.integers(1, 4))
@@ -52,9 +55,9 @@ def random_head_config(variant: str, seed: int):
     # output transforms: the DFlash2 selector reads the scaled, soft-capped logits; the other
     # heads must leave them alone, as b11739 does
     if rng.random() < 0.4:
-        kw["logit_scale"] = float(rng.uniform(0.2, 3.0))
+        kw["logit_scale"] = draws.scale(rng, 0.05, 10.0)
     if rng.random() < 0.4:
-        kw["final_softcap"] = float(rng.uniform(2.0, 30.0))
+        kw["final_softcap"] = draws.softcap(rng)
     n_blocks = int(rng.integers(1, 4))
     mask = kw["n_vocab"] - 1
     bs = kw["block_size"] if full_block else int(rng.integers(2, kw["block_size"] + 1))

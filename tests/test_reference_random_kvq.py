@@ -35,7 +35,10 @@ def quantized_config(seed: int):
         kw, sc = random_head_config(kind, 500 + seed)
         variant, backbone = kind, "base"
     rng = np.random.default_rng(9000 + seed)
-    kw["head_dim"] = int(rng.choice([64, 128]))
+    # the rotations need a power of two; the head still holds the drawn rotary dims (other
+    # quantized head sizes are drawn by the suites above)
+    need = max(kw.get("n_rot", 0), sum(kw.get("mrope_sections", [0])))
+    kw["head_dim"] = int(rng.choice([d for d in (64, 128, 256) if d >= need][:2]))
     if kind == "dsv4":
         sc["flash_attn"] = "on"  # V is read from the quantized K cache
     for key in ("type_kv", "type_k", "type_v"):

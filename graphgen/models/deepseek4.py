@@ -14,10 +14,10 @@ dims (rope_set_offset), attention sinks, de-rope of the output and a grouped low
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from ..ops import ggml as G
+from ..ops.cmath import inv_sqrtf
 from ..ops.ggml import (ggml_add, ggml_cont_2d, ggml_dsv4_hc_comb, ggml_dsv4_hc_post, ggml_dsv4_hc_pre,
                         ggml_mul, ggml_mul_mat, ggml_permute, ggml_reshape_2d, ggml_reshape_3d, ggml_rms_norm,
                         ggml_rope_ext, ggml_rope_ext_back, ggml_rope_set_offset, ggml_scale, ggml_scale_bias,
@@ -174,7 +174,7 @@ def build_attention(g, inp_attn, cur, inp_pos, il: int, q_norm: bool = True, nam
     g.cb(kv, "kv", il)
 
     out = g.build_attn_k(inp_attn, None, None, None, q, kv, kv, layer.attn_sinks,
-                         1.0 / math.sqrt(float(n_embd_head)), il)
+                         inv_sqrtf(n_embd_head), il)
     g.cb(out, "attn_raw", il)
 
     out = ggml_reshape_3d(ctx, out, n_embd_head, g.n_head, nt)

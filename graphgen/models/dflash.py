@@ -17,6 +17,7 @@ import math
 from ..errors import GGUFModelError
 from ..graph import GraphContext, GraphParams, mul_mat_hadamard
 from ..ops import ggml as G
+from ..ops.cmath import inv_sqrtf, recipf
 from ..ops.ggml import (ggml_add, ggml_build_forward_expand, ggml_fill, ggml_get_rows, ggml_mul,
                         ggml_new_tensor_1d, ggml_new_tensor_2d, ggml_new_tensor_3d, ggml_reshape_2d,
                         ggml_reshape_3d, ggml_rms_norm, ggml_rope_ext, ggml_rope_multi, ggml_scale,
@@ -198,7 +199,7 @@ class GraphBase(GraphContext):
 
     def build_layers(self, inp_tokens):
         ctx, hp, model = self.ctx0, self.hparams, self.model
-        kq_scale = hp.f_attention_scale if hp.f_attention_scale != 0.0 else 1.0 / math.sqrt(float(self.n_embd_head))
+        kq_scale = hp.f_attention_scale if hp.f_attention_scale != 0.0 else inv_sqrtf(self.n_embd_head)
         inpL = ggml_get_rows(ctx, get_tok_embd(self, model), inp_tokens)
         if hp.f_embedding_scale != 0.0:
             inpL = ggml_scale(ctx, inpL, hp.f_embedding_scale)
@@ -277,7 +278,7 @@ class GraphBase(GraphContext):
             if hp.f_logit_scale != 0.0:
                 cur = ggml_scale(ctx, cur, hp.f_logit_scale)
             if hp.f_final_logit_softcapping > 0.0:
-                cur = ggml_scale(ctx, cur, 1.0 / hp.f_final_logit_softcapping)
+                cur = ggml_scale(ctx, cur, recipf(hp.f_final_logit_softcapping))
                 cur = ggml_tanh(ctx, cur)
                 cur = ggml_scale(ctx, cur, hp.f_final_logit_softcapping)
         # reduced-draft-vocab exports: scatter the draft logits to the target vocabulary via d2t

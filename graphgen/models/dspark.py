@@ -16,13 +16,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import math
 
 import numpy as np
 
 from ..errors import GGUFModelError
 from ..graph import GraphContext, GraphParams, mul_mat_hadamard
 from ..ops import ggml as G
+from ..ops.cmath import inv_sqrtf, recipf
 from ..ops.ggml import (ggml_add, ggml_argmax, ggml_build_forward_expand, ggml_cast, ggml_concat, ggml_cont,
                         ggml_cont_1d, ggml_cont_2d, ggml_fill, ggml_get_rows, ggml_mul, ggml_mul_mat,
                         ggml_new_tensor_1d, ggml_new_tensor_2d, ggml_new_tensor_3d, ggml_permute, ggml_repeat,
@@ -653,7 +653,7 @@ class GraphMistralLarge4(_GraphBackbone):
         rank, n_rot, n_head, n_tokens = hp.n_lora_kv, self.n_rot, self.n_head, self.n_tokens
         k_mla, v_mla = hp.n_embd_head_k_mla, hp.n_embd_head_v_mla
         nope = k_mla - n_rot
-        kq_scale = 1.0 / math.sqrt(float(k_mla))
+        kq_scale = inv_sqrtf(k_mla)
         inp_tokens = self.build_inp_tokens()
         inpL = self.build_inp_noise(inp_tokens)
         # every query of a block attends like its anchor does (block-uniform mask)
@@ -710,7 +710,7 @@ class GraphMistralLarge4(_GraphBackbone):
         # the Markov bias is added after the softcap, not squashed by it
         cap = hp.f_final_logit_softcapping
         if cap:
-            logits = ggml_scale(ctx, logits, 1.0 / cap)
+            logits = ggml_scale(ctx, logits, recipf(cap))
             logits = ggml_tanh(ctx, logits)
             logits = ggml_scale(ctx, logits, cap)
         self.cb(logits, "result_output", -1)

@@ -20,6 +20,7 @@ import numpy as np
 from ..errors import GGUFModelError
 from ..graph import GraphParams
 from ..ops import ggml as G
+from ..ops.cmath import inv_sqrtf
 from ..ops.ggml import (ggml_add, ggml_arange, ggml_argsort, ggml_build_forward_expand, ggml_cast, ggml_concat,
                         ggml_cont, ggml_cont_2d, ggml_get_rows, ggml_l2_norm, ggml_log, ggml_mul, ggml_mul_mat,
                         ggml_new_tensor_2d, ggml_norm, ggml_out_prod, ggml_pad, ggml_pad_ext, ggml_permute,
@@ -257,7 +258,7 @@ def build_lilicorr_scores(g, model, tok_embd, anchors):
 
     head_dim = hidden // heads
     # 1.0f / std::sqrt(float(head_dim)), in float
-    kq_scale = float(np.float32(1.0) / np.sqrt(np.float32(head_dim)))
+    kq_scale = inv_sqrtf(head_dim)
     for layer in range(hparams.lilicorr_layers):
         weights = model.layers[layer]
         attn_input = ggml_mul(ctx0, ggml_rms_norm(ctx0, x, hparams.f_norm_rms_eps), weights.lilicorr_attn_norm)

@@ -21,3 +21,19 @@ def _load(name: str, fallback):
 
 expf = _load("expf", np.exp)
 logf = _load("logf", np.log)
+
+
+def sqrtf(x) -> np.float32:
+    """IEEE sqrt is correctly rounded in any precision, so numpy's float32 sqrt is sqrtf."""
+    return np.sqrt(np.float32(x))
+
+
+def inv_sqrtf(n) -> float:
+    """1.0f/sqrtf(float(n)): the attention scales. Worked in double, 1/sqrt(n) lands one float
+    ulp away for many head sizes (24, 72, 96, 112, 136...), which a graph-diff sees in op_params."""
+    return float(np.float32(1.0) / sqrtf(n))
+
+
+def recipf(x) -> float:
+    """1.0f / x with x a float (softcaps)."""
+    return float(np.float32(1.0) / np.float32(x))
