@@ -10,16 +10,16 @@ ggml computes: ggml calls Python back (the eval callback) and ctypes prints and 
 raised there, so around a compute (`deferred()`) a signal is only noted, the callback stops the
 compute when it sees one, and `raise_pending()` raises it once ggml returns: the command ends with
 exit 130 (143) all the same.
+
+The command's entry point imports this module first thing, so it imports only what the handlers
+need; the rest is imported where it is used.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
-import tempfile
-from pathlib import Path
 
 
 class NotAFolder(ValueError):
@@ -126,7 +126,7 @@ def _umask() -> int:
     return mask
 
 
-def _made_parents(path: Path) -> list[Path]:
+def _made_parents(path) -> list:
     """Create path's missing parent folders; the ones made, innermost first (to undo)."""
     missing = []
     p = path.parent
@@ -140,7 +140,7 @@ def _made_parents(path: Path) -> list[Path]:
     return missing
 
 
-def _undo_parents(made: list[Path]) -> None:
+def _undo_parents(made: list) -> None:
     for d in made:
         try:
             d.rmdir()
@@ -152,6 +152,8 @@ def _undo_parents(made: list[Path]) -> None:
 def staged_file(path: str | os.PathLike):
     """Yield a temporary path beside `path`; when the block completes, rename it onto `path`.
     On failure or interrupt the temporary file goes and `path` is as it was."""
+    import tempfile
+    from pathlib import Path
     path = Path(path)
     made = _made_parents(path)
     fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
@@ -174,9 +176,10 @@ def staged_file(path: str | os.PathLike):
 _ABANDON = ".abandon"
 
 
-def abandon(staged: Path) -> None:
+def abandon(staged) -> None:
     """Leave the dump folder as it was although the block ends normally (a run that stopped
     short on purpose, as trace --abort-on-nan does)."""
+    from pathlib import Path
     (Path(staged) / _ABANDON).touch()
 
 
@@ -185,6 +188,10 @@ def staged_dump_dir(out: str | os.PathLike):
     """Yield a temporary folder beside `out` to write dumps into; when the block completes, the
     earlier graphgen dumps in `out` are removed and the new files moved in (other files stay).
     A folder that holds an `NN-*.json` that is no graphgen dump is refused before anything runs."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
     from .dump import DumpError, check_dump_dir, prepare_dump_dir
     out = Path(out)
     if out.exists() and not out.is_dir():

@@ -177,3 +177,86 @@ def test_draft_stops_at_n_predict_and_says_why(tmp_path):
     assert p.returncode == 0 and p.stderr == ""
     assert "stopped          --target-tokens ran out after 3 of --n-predict 32 tokens" in p.stdout
     assert p.stdout.rstrip().endswith("tokens           1,2,3,4,5,6,9,8,7")
+
+
+# ---- llama.cpp's short flags, and no abbreviations -------------------------------------------
+
+# what each llama.cpp short flag means there (common/arg.cpp; rpc-server's own for -H and -p),
+# as the dest graphgen stores it under
+LLAMA_SHORT = {"-m": {"model_flag"}, "-fa": {"flash_attn"}, "-c": {"n_ctx"}, "-b": {"n_batch"},
+               "-ub": {"n_ubatch"}, "-t": {"threads"}, "-np": {"n_parallel", "n_seq"},
+               "-dev": {"backend", "backends"}, "-ctk": {"type_k"}, "-ctv": {"type_v"}, "-n": {"n_predict"}}
+RPC_SERVER_SHORT = {"-H": {"host"}, "-p": {"port"}}
+# graphgen's own, on commands llama.cpp does not have: diff's and xdiff's op filter
+OWN_SHORT = {("diff", "-o"), ("xdiff", "-o")}
+
+
+def _subcommands():
+    from graphgen.cli import build_parser
+    ap = build_parser()
+    sub = next(a for a in ap._actions if isinstance(getattr(a, "choices", None), dict))
+    return ap, sub.choices
+
+
+def test_every_llama_cpp_short_flag_means_what_it_means_in_llama_cpp():
+    _, cmds = _subcommands()
+    seen = set()
+    for name, p in cmds.items():
+        for a in p._actions:
+            for o in a.option_strings:
+                if o.startswith("--") or o == "-h" or (name, o) in OWN_SHORT:
+                    continue
+                meaning = RPC_SERVER_SHORT.get(o) if name == "rpc-server" and o in RPC_SERVER_SHORT else LLAMA_SHORT.get(o)
+                assert meaning is not None, f"{name} {o}: a short flag llama.cpp does not have"
+                assert a.dest in meaning, f"{name} {o} sets {a.dest}, where llama.cpp's {o} is {meaning}"
+                seen.add(o)
+    assert {"-m", "-fa", "-c", "-b", "-ub", "-t", "-np", "-dev", "-ctk", "-ctv", "-n"} <= seen
+
+
+def test_n_is_n_predict_on_draft_and_refused_where_there_is_none():
+    ap, cmds = _subcommands()
+    a = ap.parse_args(["draft", "m.gguf", "--prompt-tokens", "1,2,3", "-n", "8"])
+    assert (a.n_predict, a.n_parallel) == (8, None)
+    assert "-n" not in cmds["dump"]._option_string_actions
+    for cmd in [["dump", "-m", "m.gguf", "--out", "o"], ["bench", "m.gguf"], ["trace", "m.gguf"]]:
+        with pytest.raises(SystemExit):
+            ap.parse_args(cmd + ["-n", "2"])
+
+
+def _abbreviations(p):
+    """Each flag of p shortened by a character, where that is no flag of its own."""
+    for o in p._option_string_actions:
+        for k in range(2 if not o.startswith("--") else 3, len(o)):
+            if o[:k] not in p._option_string_actions:
+                yield o, o[:k]
+
+
+def test_no_subcommand_takes_an_abbreviated_flag():
+    """A shortened or mistyped flag is unknown, never read as the flag it begins (`--target` as
+    make-model's --target-layers, `-n` as -np)."""
+    _, cmds = _subcommands()
+    for name, p in cmds.items():
+        for a in p._actions:
+            a.required = False  # only the flag under test matters
+        for whole, short in _abbreviations(p):
+            try:
+                _, extra = p.parse_known_args([short, "1"])
+            except SystemExit:
+                pytest.fail(f"{name}: {short} was taken for a flag (ambiguous abbreviation)")
+            assert short in extra, f"{name}: {short} was read as {whole}"
+
+
+def test_abbreviated_and_n_flags_refused_on_the_command_line(tmp_path):
+    model = tmp_path / "m.gguf"
+    p = subprocess.run(CLI + ["make-model", str(model), "--target", "T.gguf"], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 2 and "unrecognized arguments: --target" in p.stderr and not model.exists()
+    assert subprocess.run(CLI + ["make-model", str(model)], capture_output=True).returncode == 0
+    p = subprocess.run(CLI + ["dump", "-m", str(model), "-n", "2", "--out", str(tmp_path / "o")],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "unrecognized arguments: -n" in p.stderr and not (tmp_path / "o").exists()
+    p = subprocess.run(CLI + ["draft", str(model), "--prompt-tokens", "1,2,3,4,5,6", "-n", "8", "--json", "--quiet"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    s = json.loads(p.stdout)
+    assert s["generated_tokens"] == 8 and "tokens_per_sequence" not in s

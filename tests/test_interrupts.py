@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import re
 import signal
 import subprocess
 import sys
@@ -114,6 +116,86 @@ def test_signal_ends_the_command_cleanly(tmp_path, deep, cmd, delay, sig):
     assert not _leftovers(work)
     if out.is_dir():
         assert not _leftovers(out)
+
+
+def _handlers_in_place(pid: int) -> bool:
+    """Whether graphgen's handlers are installed: the kernel lists the signals a process catches
+    (SigCgt); Python catches SIGINT from its start, SIGTERM only once graphgen's entry point runs."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    m = re.search(r"^SigCgt:\s*([0-9a-f]+)", status, re.M)
+    return bool(m and int(m.group(1), 16) >> (signal.SIGTERM - 1) & 1)
+
+
+@pytest.fixture
+def busy_cpu():
+    """Every core busy, as on a loaded CI machine: the signal lands at other moments than on an
+    idle one (in imports, in the parser, in the middle of class creation)."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)]
+    yield
+    for p in procs:
+        p.kill()
+        p.wait()
+
+
+EARLY = [
+    ["make-model", "OUT", "--layers", "900", "--n-embd", "128", "--n-ff", "256"],
+    ["dump", "{model}", "--scenario", str(SCENARIO), "--out", "OUT"],
+]
+# seconds after graphgen's handlers are in place: at once (imports, the parser), then onwards
+EARLY_DELAYS = (0.0, 0.002, 0.01, 0.03, 0.06, 0.1, 0.2, 0.4)
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc to see the handlers installed")
+@pytest.mark.parametrize("load", ["idle", "busy"])
+@pytest.mark.parametrize("cmd", EARLY, ids=[c[0] for c in EARLY])
+def test_a_signal_early_ends_the_command_the_same_way(tmp_path, deep, request, cmd, load):
+    """From the moment graphgen's entry point runs (before that it is the interpreter's own
+    start), SIGINT ends the command with exit 130 and one line, at whatever moment it lands; on
+    an idle machine and on a busy one."""
+    if load == "busy":
+        request.getfixturevalue("busy_cpu")
+    for k, delay in enumerate(EARLY_DELAYS):
+        work = tmp_path / f"w{k}"
+        work.mkdir()
+        out = work / "out"
+        args = [a.replace("{model}", str(deep)).replace("OUT", str(out)) for a in cmd]
+        proc = subprocess.Popen(CLI + args, cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        t0 = time.monotonic()
+        while not _handlers_in_place(proc.pid):
+            if proc.poll() is not None or time.monotonic() - t0 > 60:
+                proc.kill()
+                pytest.fail(f"{cmd[0]} never installed its handlers: {proc.communicate()[1][-500:]}")
+        t1 = time.monotonic()
+        while time.monotonic() - t1 < delay:
+            pass
+        assert proc.poll() is None, f"{cmd[0]} finished before the signal at {delay} s"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 130, (delay, proc.returncode, err[-2000:])
+        assert err.strip().splitlines() == ["graphgen: interrupted"], (delay, err[-2000:])
+        assert sorted(p.name for p in work.iterdir()) == [], (delay, sorted(work.iterdir()))
+
+
+def test_an_interrupt_inside_exec_code_ends_as_any_other(tmp_path):
+    """A KeyboardInterrupt raised in code that exec() runs from a string (as dataclasses build
+    their methods, at import) leaves the interpreter set to kill itself with SIGINT at exit,
+    although graphgen caught it: the command, run as `python -m`, still ends with 130 and its
+    one line."""
+    (tmp_path / "exec_interrupt.py").write_text(
+        "import sys\n"
+        "import graphgen.cli as cli\n"
+        "real = cli._main\n"
+        "def _main(argv):\n"
+        "    exec('import os, signal\\nos.kill(os.getpid(), signal.SIGINT)\\nwhile True: pass', {})\n"
+        "    return real(argv)\n"
+        "cli._main = _main\n"
+        "sys.exit(cli.main(['--version']))\n")
+    p = subprocess.run([sys.executable, "-m", "exec_interrupt"], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=60)
+    assert (p.returncode, p.stderr) == (130, "graphgen: interrupted\n"), (p.returncode, p.stderr[-2000:])
 
 
 def test_a_signal_in_an_import_callback_is_raised_once_it_returns():

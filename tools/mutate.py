@@ -553,6 +553,14 @@ MUTATIONS = [
     Mutation("fa_auto_read_as_off", "parse_scenario",
              "sc.flash_attn = fa is True or fa in (\"on\", \"auto\")", "sc.flash_attn = fa is True or fa == \"on\"",
              DEBUGGING),
+    Mutation("cli_abbreviations_allowed", "_Parser.__init__",
+             'kw.setdefault("allow_abbrev", False)', 'kw.setdefault("allow_abbrev", True)',
+             ("tests/test_cli.py::test_no_subcommand_takes_an_abbreviated_flag",)),
+    Mutation("cli_single_dash_prefixes_allowed", "_Parser._get_option_tuples",
+             "return []", "return found", ("tests/test_cli.py::test_no_subcommand_takes_an_abbreviated_flag",)),
+    Mutation("cli_n_is_n_parallel", "graphgen/cli/draft.py:register",
+             '"-n", "--n-predict"', '"--n-predict"',
+             ("tests/test_cli.py::test_n_is_n_predict_on_draft_and_refused_where_there_is_none",)),
 ]
 
 

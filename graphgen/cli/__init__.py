@@ -1,118 +1,25 @@
 """The `graphgen` command line.
 
 Each module here adds one group of verbs with register(subparsers); the library modules know
-nothing of argparse, so they stay usable from Python without dragging the parser along.
+nothing of argparse, so they stay usable from Python without dragging the parser along. This
+module imports nothing heavy itself: the entry point has the signal handlers in place before the
+parser (graphgen.cli.parser) and the command modules are imported.
 """
 
 from __future__ import annotations
 
-import argparse
-import importlib
 import sys
-from pathlib import Path
-
-from .. import __version__
-
-# the modules that add subcommands, in the order `graphgen --help` lists them
-COMMAND_MODULES: tuple[str, ...] = (
-    "graphgen.cli.model",    # make-model, info
-    "graphgen.cli.dump",     # dump, diff
-    "graphgen.cli.draft",    # draft
-    "graphgen.cli.backend",  # devices, xdiff, rpc-server
-    "graphgen.cli.view",     # view, trace, import
-    "graphgen.cli.bench",    # bench
-    "graphgen.cli.checkbatch",  # check-batch
-    "graphgen.cli.demo",     # demo
-    "graphgen.cli.convert",  # convert
-    "graphgen.cli.authors",  # check (the draft authors' models; make-model --format hf, dump --engine torch)
-)
 
 
-def default_text(action: argparse.Action) -> str | None:
-    """What a flag's help says of its default when the help text does not already: "off" for a
-    switch, the value, or "not set" for an option that does nothing unless given."""
-    if not action.option_strings or action.help == argparse.SUPPRESS:
-        return None
-    if action.default is argparse.SUPPRESS or isinstance(action, (argparse._HelpAction, argparse._VersionAction)):
-        return None
-    text = action.help or ""
-    if "default" in text or "(required)" in text or action.required:
-        return None
-    if isinstance(action, argparse._StoreTrueAction):
-        return "off"
-    if isinstance(action, argparse._StoreFalseAction):
-        return "on"
-    if action.default is None or action.default == []:
-        return "not set"
-    if isinstance(action.default, (list, tuple)):
-        return ",".join(map(str, action.default))
-    return str(action.default)
-
-
-class _Help(argparse.HelpFormatter):
-    """Every flag's help ends with its default (`default_text`)."""
-
-    def _get_help_string(self, action):
-        text = action.help or ""
-        if action.required and action.option_strings and "required" not in text:
-            return f"{text} (required)".lstrip()
-        d = default_text(action)
-        return text if d is None else f"{text} (default: {d})".lstrip()
-
-
-class _Parser(argparse.ArgumentParser):
-    """Usage errors in one line, pointing at --help, as every other graphgen error reads; every
-    flag's help gives its default."""
-
-    def __init__(self, *a, **kw):
-        kw.setdefault("formatter_class", _Help)
-        super().__init__(*a, **kw)
-
-    def error(self, message):
-        self.exit(2, f"graphgen: error: {message} (see '{self.prog} --help')\n")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    ap = _Parser(prog="graphgen", description="DFlash-family draft graphs, node for node with llama.cpp")
-    ap.add_argument("--version", action="version", version=f"graphgen {__version__}")
-    sub = ap.add_subparsers(dest="cmd", required=True)
-
-    for modname in COMMAND_MODULES:
-        importlib.import_module(modname).register(sub)
-
-    # accepted before or after the command name
-    for parser, default in [(ap, None)] + [(p, argparse.SUPPRESS) for p in sub.choices.values()]:
-        parser.add_argument("--ggml", metavar="DIR", default=default,
-                            help="compute on the libggml*.so in DIR (any llama.cpp build) instead of the "
-                                 "reference's ggml; also $GRAPHGEN_GGML_DIR (default: the reference wheel's ggml)")
-        parser.add_argument("--llama", metavar="DIR", default=default,
-                            help="run the reference engine on the libllama.so in DIR (a build with b11739's "
-                                 "C API); also $GRAPHGEN_LLAMA_DIR. Alone, graphgen also computes on its ggml "
-                                 "(default: the reference wheel's libllama, b11739)")
-    for parser, default in [(ap, False)] + [(p, argparse.SUPPRESS) for p in sub.choices.values()]:
-        for flag, text in (("--quiet", "nothing on stderr but warnings and errors (no progress, no per-round "
-                                       "lines) (default: off)"),
-                           ("--progress", "print progress lines on stderr even when it is not a terminal and the "
-                                          "work is quick (by default, only work past 2 s on a terminal shows them)")):
-            own = parser._option_string_actions.get(flag)
-            if own is not None:
-                # a command's own flag of that name: the value given before the command name still counts
-                own.default = default
-                continue
-            parser.add_argument(flag, action="store_true", default=default, help=text)
-    # a flag given without help still says its default (argparse prints nothing for help=None)
-    for parser in (ap, *sub.choices.values()):
-        for action in parser._actions:
-            if action.help is None and action.option_strings and action.required:
-                action.help = "(required)"
-            elif action.help is None and default_text(action) is not None:
-                action.help = f"(default: {default_text(action)})"
-    return ap
+def build_parser():
+    from .parser import build_parser
+    return build_parser()
 
 
 def apply_library_options(args) -> None:
     """--ggml / --llama: chosen before anything loads ggml, and passed on to child processes."""
     import os
+    from pathlib import Path
 
     from ..ops.runtime import ENV_GGML_DIR, choose
     from ..libload import ENV_LLAMA_DIR
@@ -135,15 +42,27 @@ def _closed_pipe() -> int:
 
 
 def main(argv=None) -> int:
-    # first, so that a signal at any moment, the imports included, ends the command cleanly
-    from ..staging import Terminated, clear_pending, install_handlers
-    install_handlers()
+    # everything inside the try, the handlers' own import included: an interrupt before they are
+    # in place is Python's KeyboardInterrupt, and ends the command the same way
     try:
+        from ..staging import install_handlers
+        install_handlers()
         return _main(argv)
     except KeyboardInterrupt as e:
-        clear_pending()
-        print("graphgen: terminated" if isinstance(e, Terminated) else "graphgen: interrupted", file=sys.stderr)
-        return 143 if isinstance(e, Terminated) else 130
+        return _interrupted(e)
+
+
+def _interrupted(e: KeyboardInterrupt) -> int:
+    from ..staging import Terminated, clear_pending
+    clear_pending()
+    # A KeyboardInterrupt raised inside code that exec() ran from a string (dataclasses builds
+    # its methods so) marks the interpreter as ending by an unhandled interrupt, caught or not,
+    # and at exit it would kill itself with SIGINT; an exec() of a string that completes clears
+    # the mark.
+    exec("pass")
+    term = isinstance(e, Terminated)
+    print("graphgen: terminated" if term else "graphgen: interrupted", file=sys.stderr)
+    return 143 if term else 130
 
 
 def _main(argv) -> int:

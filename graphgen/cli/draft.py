@@ -177,7 +177,8 @@ def register(subparsers) -> None:
                                       "one row per position (default: random, --features-seed)")
     p.add_argument("--features-seed", type=int, default=0,
                    help="seed of the random features; sequence s of -np uses seed + s (default 0)")
-    p.add_argument("--n-predict", type=int, default=32, help="tokens to generate (default 32)")
+    p.add_argument("-n", "--n-predict", "--predict", dest="n_predict", type=int, default=32, metavar="N",
+                   help="tokens to generate, as llama.cpp's -n (default 32)")
     p.add_argument("--accept", default="-1",
                    help="draft tokens the verifier accepts per round, comma-separated values cycle; -1 accepts "
                         "the whole draft (default)")

@@ -614,7 +614,7 @@ def main(argv=None) -> int:
         return serve()
     if argv[:1] == ["--session"]:
         return serve_session()
-    ap = argparse.ArgumentParser(prog="python -m graphgen.reference.runner")
+    ap = argparse.ArgumentParser(prog="python -m graphgen.reference.runner", allow_abbrev=False)
     ap.add_argument("model")
     ap.add_argument("scenario")
     ap.add_argument("out")
