@@ -650,6 +650,30 @@ def test_draft_cli(tiny, tmp_path, capsys):
     assert rc == 0
 
 
+def test_draft_output_says_what_ran_and_what_was_simulated(tiny, capsys):
+    """The verifier is named simulated, with what it accepts; the drafting rate is given; the
+    engine is named, in the text and in --json; --verbose gives the n_max the drafts use."""
+    base = ["draft", str(tiny["dflash"]), "--prompt-tokens", "1,2,3,4,5,6", "-n", "12"]
+    assert cli_main(base + ["--verbose"]) == 0
+    out, err = capsys.readouterr()
+    assert "n_max=4," in err and "None" not in err  # block size 5: 4 predictions
+    assert out.startswith("engine           graphgen ")
+    assert "verifier         simulated (no target model runs): every drafted token (--accept -1)" in out
+    assert "% of drafted, by the simulated verifier)" in out
+    rate = float(out.split("drafted tokens")[1].split("(")[1].split(" tokens/s of drafting wall time")[0])
+    assert rate > 0, out
+    for argv, engine, accepts in ((["--accept", "1,2"], "graphgen", "1,2 drafted tokens per round"),
+                                  (["--engine", "llama.cpp"], "llama.cpp", "every drafted token"),
+                                  (["--target-tokens", "9,8,7"], "graphgen", "matching --target-tokens")):
+        assert cli_main(base + argv + ["--json", "--quiet"]) == 0
+        doc = json.loads(capsys.readouterr().out)
+        assert doc["engine"] == engine and doc["engine_detail"].startswith(
+            "llama.cpp b11739" if engine == "llama.cpp" else "graphgen")
+        assert doc["verifier"]["simulated"] is True and accepts in doc["verifier"]["accepts"]
+        t_draft = doc["ms_draft_per_round"] * doc["rounds"] / 1e3
+        assert doc["drafted_tokens_per_s"] == pytest.approx(doc["drafted_tokens"] / t_draft, rel=1e-6)
+
+
 # -- where the loop stops ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("variant", ["dflash", "dspark"])

@@ -102,6 +102,7 @@ def _run(args, DraftParams, SimulatedVerifier, open_drafter, run_speculative, de
                                flash_attn=flash_attn, n_threads=args.threads or 1, n_seq=n_seq,
                                **dict(zip(("type_k", "type_v"), kv_types(args, "f16", "f16", flash_attn))),
                                backend=args.backend, engine=args.engine)
+    engine_detail = _engine_detail(args.engine, drafter.session)
     try:
         hp = drafter.session.hparams
         need = len(prompt) + args.n_predict + drafter.n_max - 1
@@ -135,6 +136,9 @@ def _run(args, DraftParams, SimulatedVerifier, open_drafter, run_speculative, de
     finally:
         drafter.session.close()
     s = res.summary()
+    s["engine"] = args.engine
+    s["engine_detail"] = engine_detail
+    s["verifier"] = {"simulated": True, "accepts": _verifier_accepts(args, accept)}
     stop = res.stop_reasons.get(0)
     generated = len(res.tokens[0]) - res.n_prompt[0]
     if stop == "target_tokens":
@@ -147,10 +151,13 @@ def _run(args, DraftParams, SimulatedVerifier, open_drafter, run_speculative, de
             s["tokens_per_sequence"] = [res.tokens[q] for q in range(n_seq)]
         print(json.dumps(s, indent=1))
         return 0
+    print(f"engine           {engine_detail}")
+    print(f"verifier         simulated (no target model runs): {s['verifier']['accepts']}")
     print(f"spec type        {s['spec_type']} (draft head {s['variant']}, n_max {s['n_max']})")
     print(f"blocks           {s['blocks']}")
-    print(f"drafted tokens   {s['drafted_tokens']}")
-    print(f"accepted tokens  {s['accepted_tokens']} ({100 * s['acceptance_rate']:.1f}% of drafted)")
+    print(f"drafted tokens   {s['drafted_tokens']} ({s['drafted_tokens_per_s']:.1f} tokens/s of drafting wall time)")
+    print(f"accepted tokens  {s['accepted_tokens']} ({100 * s['acceptance_rate']:.1f}% of drafted, by the "
+          "simulated verifier)")
     print(f"mean accepted    {s['mean_accepted_length']:.2f} tokens per block")
     print(f"generated        {s['generated_tokens']} tokens")
     print(f"time per round   {s['ms_per_round']:.2f} ms (draft {s['ms_draft_per_round']:.2f} ms, "
@@ -160,6 +167,24 @@ def _run(args, DraftParams, SimulatedVerifier, open_drafter, run_speculative, de
         label = "tokens" if n_seq == 1 else f"tokens seq {q}"
         print(f"{label:<17}{','.join(str(t) for t in res.tokens[q])}")
     return 0
+
+
+def _engine_detail(engine: str, session) -> str:
+    """Which engine ran the drafter's batches, and on what."""
+    if engine == "llama.cpp":
+        from ..libload import reference_label
+        return f"{reference_label()} (CPU, in a child process)"
+    from .. import __version__
+    return f"graphgen {__version__} ({session.backend_name})"
+
+
+def _verifier_accepts(args, accept: list[int]) -> str:
+    """What the simulated verifier accepts, in words."""
+    if args.target_tokens:
+        return "the longest draft prefix matching --target-tokens"
+    if accept == [-1]:
+        return "every drafted token (--accept -1)"
+    return f"{','.join(map(str, accept))} drafted tokens per round, cycled (--accept; -1: all)"
 
 
 def register(subparsers) -> None:

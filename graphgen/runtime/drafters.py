@@ -161,7 +161,6 @@ class DFlashDrafter:
         self.n_max = p.n_max
         self._warned_long_block = False
         log.info("adding speculative implementation '%s'", self.type)
-        log.info("- n_max=%s, n_min=%d, p_min=%.2f", p.n_max, p.n_min, p.p_min)
         log.info("- block_size=%d, mask_token_id=%d, n_extract=%d", self.block_size, self.mask_token_id,
                  len(self.target_layer_ids))
         if not _subclass:
@@ -182,6 +181,8 @@ class DFlashDrafter:
             p.n_min = min(p.n_min, n_draft_max)
         self.n_max = p.n_max
         self.options = opt
+        # once resolved: the sizes the drafts are cut to, not the unset request
+        log.info("- n_max=%d, n_min=%d, p_min=%.2f", p.n_max, p.n_min, p.p_min)
 
     # hook for a head that needs more than the KV cache to draft: process_multi() passes it the
     # h_nextn of every injected chunk (LiliCorrDrafter overrides it)
@@ -702,6 +703,8 @@ class LoopResult:
             "spec_type": self.spec_type, "variant": self.variant, "n_max": self.n_max,
             "rounds": n_rounds, "blocks": blocks, "drafted_tokens": drafted, "accepted_tokens": accepted,
             "mean_accepted_length": accepted / blocks if blocks else 0.0,
+            # one drafting batch serves every sequence: the tokens over the drafting wall time
+            "drafted_tokens_per_s": drafted / t_draft if t_draft > 0 else 0.0,
             "acceptance_rate": accepted / drafted if drafted else 0.0,
             "generated_tokens": sum(len(t) - self.n_prompt[s] for s, t in self.tokens.items()),
             "ms_per_round": 1e3 * (t_draft + t_proc) / n_rounds if n_rounds else 0.0,
