@@ -152,25 +152,50 @@ def _undo_parents(made: list) -> None:
 def staged_file(path: str | os.PathLike):
     """Yield a temporary path beside `path`; when the block completes, rename it onto `path`.
     On failure or interrupt the temporary file goes and `path` is as it was."""
+    with staged_files([path]) as tmps:
+        yield tmps[0]
+
+
+@contextlib.contextmanager
+def staged_files(paths):
+    """staged_file for outputs that belong together (pages and the index linking them): a
+    temporary path beside each, all renamed at the end under one signals_deferred, or none."""
     import tempfile
     from pathlib import Path
-    path = Path(path)
-    made = _made_parents(path)
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
-    os.close(fd)
-    tmp = Path(name)
-    # the mode a plain open() would give (mkstemp's is private), or the replaced file's
-    tmp.chmod(path.stat().st_mode & 0o777 if path.exists() else 0o666 & ~_umask())
+    paths = [Path(p) for p in paths]
+    made: list = []
+    tmps: list = []
     ok = False
     try:
-        yield tmp
+        for path in paths:
+            made = _made_parents(path) + made  # innermost first, as _undo_parents takes them
+            fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
+            os.close(fd)
+            tmp = Path(name)
+            tmps.append(tmp)
+            # the mode a plain open() would give (mkstemp's is private), or the replaced file's
+            tmp.chmod(path.stat().st_mode & 0o777 if path.exists() else 0o666 & ~_umask())
+        yield tmps
         with signals_deferred():
-            os.replace(tmp, path)
+            for tmp, path in zip(tmps, paths):
+                os.replace(tmp, path)
         ok = True
     finally:
-        tmp.unlink(missing_ok=True)
+        for tmp in tmps:
+            tmp.unlink(missing_ok=True)
         if not ok:
             _undo_parents(made)
+
+
+def refuse_to_replace(path, ours, what: str, force: bool = False) -> None:
+    """An output path that holds a file the command did not write (`ours(path)` says whether it
+    did) is refused unless --force: what the user had is never replaced unasked."""
+    from pathlib import Path
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{path}: is a folder; give a file name")
+    if path.exists() and not force and not ours(path):
+        raise ValueError(f"{path}: exists and is not {what}; pass --force to replace it")
 
 
 _ABANDON = ".abandon"

@@ -113,14 +113,15 @@ def test_view_names_what_it_was_given(tmp_path):
     other.write_text('{"accuracy": 0.9}')
     p = subprocess.run(CLI + ["view", str(other), "--format", "dot"], capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "not a graphgen dump" in p.stderr
-    # several graphs into --out diff.html: files beside it, not a folder called diff.html
+    # several graphs into --out diff.html: pages beside it, not a folder called diff.html, and
+    # diff.html the index linking them
     case = str(REF_DIR / "dflash-fa-off")
     out = tmp_path / "v" / "diff.html"
     p = subprocess.run(CLI + ["view", case, case, "--format", "html", "--out", str(out)], capture_output=True,
                        text=True, timeout=300)
     assert p.returncode == 0, p.stderr
-    assert not out.exists() and sorted(x.name for x in out.parent.iterdir()) == [
-        "diff-00-inject.html", "diff-01-block.html"]
+    assert out.is_file() and sorted(x.name for x in out.parent.iterdir()) == [
+        "diff-00-inject.html", "diff-01-block.html", "diff.html"]
 
 
 def test_xdiff_same_backend_twice_and_a_missing_one(tmp_path):

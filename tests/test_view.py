@@ -828,3 +828,67 @@ def test_trace_json_lines_match_the_reference_dump(tmp_path, models_dir):
         assert [(r["name"], r["op"], r["type"], r["ne"], r["op_params"]) for r in got] == \
             [(n.name, n.op, n.type, n.ne, n.op_params) for n in ref.nodes]
         assert all(r.get("digest") == n.digest for r, n in zip(got, ref.nodes) if n.digest)
+
+
+def test_view_does_not_replace_a_file_it_did_not_write(tmp_path, capsys):
+    """--out naming the user's own file is refused unless --force; a page view wrote earlier is
+    replaced as dump replaces its dumps."""
+    one = REF_DIR / "dflash-iswa-fa-off" / "01-block.json"
+    mine = tmp_path / "afile.txt"
+    mine.write_text("my notes\n")
+    assert cli_main(["view", str(one), "--out", str(mine)]) == 2
+    err = capsys.readouterr().err
+    assert "afile.txt: exists and is not a page graphgen view wrote; pass --force" in err
+    assert mine.read_text() == "my notes\n" and sorted(p.name for p in tmp_path.iterdir()) == ["afile.txt"]
+    assert cli_main(["view", str(one), "--out", str(mine), "--force"]) == 0
+    assert mine.read_text().startswith("<!DOCTYPE html>")
+    # its own page, written again: no --force needed; so for dot
+    assert cli_main(["view", str(one), "--out", str(mine)]) == 0
+    dot = tmp_path / "g.dot"
+    assert cli_main(["view", str(one), "--format", "dot", "--out", str(dot)]) == 0
+    assert cli_main(["view", str(one), "--format", "dot", "--out", str(dot)]) == 0
+    # a folder's pages and Model Explorer files likewise
+    folder = tmp_path / "pages"
+    folder.mkdir()
+    (folder / "00-inject.html").write_text("<p>mine</p>")
+    assert cli_main(["view", str(one.parent), "--out", str(folder)]) == 2
+    assert (folder / "00-inject.html").read_text() == "<p>mine</p>" and not (folder / "01-block.html").exists()
+    me = tmp_path / "me"
+    me.mkdir()
+    (me / "01-block.graph.json").write_text('{"mine": 1}')
+    assert cli_main(["view", str(one), "--format", "explorer", "--out", str(me)]) == 2
+    assert (me / "01-block.graph.json").read_text() == '{"mine": 1}'
+    assert cli_main(["view", str(one), "--format", "explorer", "--out", str(me), "--force"]) == 0
+    assert cli_main(["view", str(one), "--format", "explorer", "--out", str(me)]) == 0
+    capsys.readouterr()
+
+
+def test_view_of_several_graphs_writes_the_page_named(tmp_path, capsys):
+    """`view A B --out diff.html` over several graphs: diff.html is an index linking one page per
+    graph; a .dot or .svg name cannot hold several graphs and is refused."""
+    a, b = REF_DIR / "dflash-iswa-fa-off", REF_DIR / "dflash-iswa-fa-on"
+    out = tmp_path / "diff.html"
+    assert cli_main(["view", str(a), str(b), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out.split()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["diff-00-inject.html", "diff-01-block.html", "diff.html"]
+    assert printed[-1] == str(out)
+    index = out.read_text()
+    assert 'href="diff-00-inject.html"' in index and 'href="diff-01-block.html"' in index
+    assert cli_main(["view", str(a), "--format", "dot", "--out", str(tmp_path / "g.dot")]) == 2
+    assert "names one .dot file and there are 2 graphs" in capsys.readouterr().err
+    assert not (tmp_path / "g.dot").exists()
+
+
+def test_staged_files_appear_together_or_not_at_all(tmp_path):
+    from graphgen.staging import staged_files
+    a, b = tmp_path / "x" / "a.html", tmp_path / "b.html"
+    with pytest.raises(RuntimeError):
+        with staged_files([a, b]) as (ta, tb):
+            ta.write_text("page a")
+            raise RuntimeError("the second page failed")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no page, no temporary, no folder made
+    with staged_files([a, b]) as (ta, tb):
+        ta.write_text("page a")
+        tb.write_text("page b")
+        assert not a.exists() and not b.exists()
+    assert (a.read_text(), b.read_text()) == ("page a", "page b")

@@ -4,6 +4,7 @@ ggml dot files and GGML_SCHED_DEBUG logs (structure, and eval-callback's printed
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -119,12 +120,16 @@ def _cmd_view(args) -> int:
             raise DumpError(f"{args.dump} has {len(refs)} graphs, {args.ours} has {len(ours_list)}; "
                             "pick one with --graph")
     pairs = list(zip(refs, ours_list or [None] * len(refs)))
+    from ..staging import refuse_to_replace, staged_files
     if args.format == "explorer":
-        from ..view.explorer import export
+        from ..view.explorer import export_docs, is_export_file
         out = Path(args.out or "model-explorer")
-        written = [p for r, o in pairs for p in export(out, r, o, _diff(args, r, o))]
-        for p in written:
-            print(p)
+        if out.exists() and not out.is_dir():
+            raise ValueError(f"--out {out}: exists and is not a folder (explorer writes a folder of JSON files)")
+        docs = {name: doc for r, o in pairs for name, doc in export_docs(r, o, _diff(args, r, o)).items()}
+        for name in docs:
+            refuse_to_replace(out / name, is_export_file, "a Model Explorer file graphgen view wrote", args.force)
+        _write_all({out / name: json.dumps(doc) for name, doc in docs.items()}, staged_files)
         return 0
     if args.out is None and len(pairs) == 1 and args.format in ("dot", "svg"):
         _, content = _render_one(args, *pairs[0])
@@ -133,22 +138,74 @@ def _cmd_view(args) -> int:
     if args.out is None:
         raise ValueError(f"--out is needed for --format {args.format}"
                          + (" with several graphs" if len(pairs) > 1 else ""))
-    from ..staging import staged_file
     out = Path(args.out)
-    many = len(pairs) > 1 or out.is_dir()
-    for r, o in pairs:
-        ext, content = _render_one(args, r, o)
-        if not many:
-            target = out
-        elif out.suffix == f".{ext}" and not out.is_dir():
-            # --out diff.html with several graphs: diff-00-inject.html, diff-01-block.html beside it
-            target = out.with_name(f"{out.stem}-{r.path.stem}.{ext}")
-        else:
-            target = out / f"{r.path.stem}.{ext}"
-        with staged_file(target) as tmp:
-            tmp.write_text(content)
-        print(target)
+    ext = args.format
+    index = None
+    if len(pairs) == 1 and not out.is_dir():
+        targets = [out]
+    elif out.suffix == f".{ext}" and not out.is_dir():
+        if ext != "html":
+            raise ValueError(f"--out {out} names one .{ext} file and there are {len(pairs)} graphs: give a "
+                             "folder, or pick one with --graph")
+        # --out diff.html with several graphs: diff.html links diff-00-inject.html, diff-01-block.html
+        targets = [out.with_name(f"{out.stem}-{r.path.stem}.{ext}") for r, _ in pairs]
+        index = out
+    else:
+        targets = [out / f"{r.path.stem}.{ext}" for r, _ in pairs]
+    for t in targets + ([index] if index else []):
+        refuse_to_replace(t, _view_wrote, "a page graphgen view wrote", args.force)
+    pages = {t: _marked(ext, _render_one(args, r, o)[1]) for t, (r, o) in zip(targets, pairs)}
+    if index is not None:
+        pages[index] = _marked("html", _index_page(out.stem, [(t.name, _title(r, o)) for t, (r, o) in
+                                                               zip(targets, pairs)]))
+    _write_all(pages, staged_files)
     return 0
+
+
+# what marks a file as view's own, so that a later view may replace it without --force
+_MARK = "graphgen view"
+
+
+def _marked(ext: str, content: str) -> str:
+    if ext == "dot":
+        return f"// {_MARK}\n{content}"
+    first, nl, rest = content.partition("\n")
+    if first.startswith(("<?xml", "<!DOCTYPE", "<!doctype")):  # a comment may only follow these
+        return f"{first}\n<!-- {_MARK} -->\n{rest}"
+    return f"<!-- {_MARK} -->\n{content}"
+
+
+def _view_wrote(path: Path) -> bool:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return _MARK in f.read(512)
+    except OSError:
+        return False
+
+
+def _title(ref: Dump, ours: Dump | None) -> str:
+    from ..view.html import page_title
+    return page_title(ref, ours)
+
+
+def _index_page(title: str, entries: list[tuple[str, str]]) -> str:
+    """A page linking the per-graph pages (file name, title)."""
+    from html import escape
+    from urllib.parse import quote
+    items = "\n".join(f'<li><a href="{quote(name)}">{escape(name)}</a>: {escape(text)}</li>' for name, text in entries)
+    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title></head>\n'
+            f"<body><h1>{escape(title)}</h1><p>{len(entries)} graphs, one page each:</p>\n<ul>\n{items}\n</ul>"
+            "</body></html>\n")
+
+
+def _write_all(files: dict, staged_files) -> None:
+    """Every file, or none: they appear together once all are written; then their names."""
+    paths = list(files)
+    with staged_files(paths) as tmps:
+        for tmp, content in zip(tmps, files.values()):
+            tmp.write_text(content)
+    for p in paths:
+        print(p)
 
 
 def align_imports(refs: list[Dump], ours: list[Dump]) -> tuple[list[Dump], list[Dump]]:
@@ -228,6 +285,8 @@ def register(sub) -> None:
     p.add_argument("--depth", type=int, default=3)
     p.add_argument("--overview", action="store_true", help="dot/svg: one box per layer")
     p.add_argument("--no-leaves", action="store_true", help="dot/svg: leave out weights and inputs")
+    p.add_argument("--force", action="store_true",
+                   help="replace files at --out that graphgen view did not write (default: refused)")
     p.set_defaults(fn=_cmd_view)
 
     from .kvtypes import add_kv_type_flags

@@ -113,10 +113,8 @@ def node_data(res: DiffResult, ref: Dump, ours: Dump, backends: dict[int, str] |
     return {k: {ref.graph: v} for k, v in out.items()}
 
 
-def export(out_dir: str | Path, ref: Dump, ours: Dump | None = None, res: DiffResult | None = None) -> list[Path]:
-    """Write `<stem>.graph.json` and, with two dumps, `<stem>.<nmse|max_abs|backend>.json`."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+def export_docs(ref: Dump, ours: Dump | None = None, res: DiffResult | None = None) -> dict[str, dict]:
+    """{file name: JSON document}: `<stem>.graph.json` and, with two dumps, `<stem>.<nmse|max_abs|backend>.json`."""
     stem = ref.path.stem
     status = None
     if ours is not None:
@@ -124,13 +122,30 @@ def export(out_dir: str | Path, ref: Dump, ours: Dump | None = None, res: DiffRe
             from graphgen.diff import diff_dumps
             res = diff_dumps(ref, ours)
         status = {i: r.status for i, r in diff_map(res, ref, ours).ref_status.items()}
-    from graphgen.staging import staged_file
     docs = {f"{stem}.graph.json": graph_json(ref, status=status)}
     if ours is not None:
         docs.update({f"{stem}.{key}.json": doc for key, doc in node_data(res, ref, ours).items()})
-    paths = []
-    for name, doc in docs.items():
-        with staged_file(out_dir / name) as tmp:
+    return docs
+
+
+def is_export_file(path: Path) -> bool:
+    """Whether a JSON file is one export_docs wrote (a graph collection or a node-data overlay)."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return False
+    if not isinstance(doc, dict) or not doc:
+        return False
+    return "graphs" in doc or all(isinstance(v, dict) and "results" in v for v in doc.values())
+
+
+def export(out_dir: str | Path, ref: Dump, ours: Dump | None = None, res: DiffResult | None = None) -> list[Path]:
+    """Write export_docs' files into out_dir, all of them or none."""
+    from graphgen.staging import staged_files
+    out_dir = Path(out_dir)
+    docs = export_docs(ref, ours, res)
+    paths = [out_dir / name for name in docs]
+    with staged_files(paths) as tmps:
+        for tmp, doc in zip(tmps, docs.values()):
             tmp.write_text(json.dumps(doc))
-        paths.append(out_dir / name)
     return paths
