@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 
 
 class NotAFolder(ValueError):
@@ -50,10 +51,14 @@ def _on_signal(signum, frame):
     if _in_callback(frame):
         # raised a moment later instead, once the callback (a few instructions) has returned,
         # where the exception unwinds the command as it should
-        signal.signal(signal.SIGALRM, _on_alarm)
-        signal.setitimer(signal.ITIMER_REAL, 0.005)
+        _raise_soon()
         return
     raise exc
+
+
+def _raise_soon() -> None:
+    signal.signal(signal.SIGALRM, _on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, 0.005)
 
 
 def _on_alarm(signum, frame):
@@ -61,9 +66,23 @@ def _on_alarm(signum, frame):
     if _pending is None or _deferred:
         return  # raised already, or raise_pending() will once ggml returns
     if _in_callback(frame):
-        signal.setitimer(signal.ITIMER_REAL, 0.005)
+        _raise_soon()
         return
-    raise_pending()
+    # left pending until the command ends: should this land in a callback too, the unraisable
+    # hook knows it for the signal's and tries again
+    raise _pending
+
+
+_unraisable_before = None
+
+
+def _on_unraisable(u) -> None:
+    """The signal's exception raised in code whose exceptions Python prints and drops (a weakref
+    callback such as WeakKeyDictionary's, a __del__): not lost, raised again a moment later."""
+    if _pending is not None and u.exc_value is _pending:
+        _raise_soon()
+        return
+    (_unraisable_before or sys.__unraisablehook__)(u)
 
 
 def pending() -> bool:
@@ -85,11 +104,14 @@ def deferred():
 
 def install_handlers() -> None:
     """SIGINT and SIGTERM raise (the command-line entry point installs them)."""
+    global _unraisable_before
     try:
         signal.signal(signal.SIGINT, _on_signal)
         signal.signal(signal.SIGTERM, _on_signal)
     except ValueError:  # not the main thread: signals stay as they are
-        pass
+        return
+    if sys.unraisablehook is not _on_unraisable:
+        _unraisable_before, sys.unraisablehook = sys.unraisablehook, _on_unraisable
 
 
 def raise_pending() -> None:

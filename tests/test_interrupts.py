@@ -198,6 +198,30 @@ def test_an_interrupt_inside_exec_code_ends_as_any_other(tmp_path):
     assert (p.returncode, p.stderr) == (130, "graphgen: interrupted\n"), (p.returncode, p.stderr[-2000:])
 
 
+def test_a_signal_in_a_weakref_callback_is_not_lost(tmp_path):
+    """Python prints and drops an exception raised in a weakref callback (WeakKeyDictionary's,
+    which the imports and ctypes run): the interrupt landing there still ends the command, with
+    its one line and nothing printed about the callback."""
+    (tmp_path / "weakref_interrupt.py").write_text(
+        "import sys, time, weakref, os, signal\n"
+        "import graphgen.cli as cli\n"
+        "real = cli._main\n"
+        "class C: pass\n"
+        "def cb(_):\n"
+        "    os.kill(os.getpid(), signal.SIGINT)\n"
+        "    for _ in range(100000): pass\n"
+        "def _main(argv):\n"
+        "    c = C(); r = weakref.ref(c, cb); del c\n"
+        "    t = time.monotonic()\n"
+        "    while time.monotonic() - t < 5: pass\n"
+        "    return real(argv)\n"
+        "cli._main = _main\n"
+        "sys.exit(cli.main(['--version']))\n")
+    p = subprocess.run([sys.executable, "-m", "weakref_interrupt"], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=60)
+    assert (p.returncode, p.stderr) == (130, "graphgen: interrupted\n"), (p.returncode, p.stderr[-2000:])
+
+
 def test_a_signal_in_an_import_callback_is_raised_once_it_returns():
     """Python prints and drops an exception raised in the import system's weakref callbacks: a
     signal landing there is raised a moment later instead, not lost and not printed."""
