@@ -64,14 +64,39 @@ class NodeFilter:
         return " ".join(self.spelled)
 
 
+def known_ops() -> frozenset[str]:
+    """The op names a dump can carry: ggml's ops as ggml_op_desc prints them, a unary or GLU op
+    by its own name (SILU, SWIGLU)."""
+    from .ops import ggml as G
+    names = set()
+    for prefix, source in (("GGML_OP_", G.OP_IDS), ("GGML_GLU_OP_", G.OP_IDS), ("GGML_UNARY_OP_", dir(G))):
+        names |= {k[len(prefix):] for k in source if k.startswith(prefix) and not k.endswith("_COUNT")}
+    return frozenset(names - {"UNARY", "GLU"})
+
+
+def _nearest(key: str, valid) -> str | None:
+    """The valid key closest to a mistyped one, case aside (MULMAT, mul_mat: MUL_MAT; F16: f16)."""
+    import difflib
+    by_upper = {v.upper(): v for v in valid}
+    hit = difflib.get_close_matches(key.upper().replace(" ", "_"), list(by_upper), n=1, cutoff=0.6)
+    return by_upper[hit[0]] if hit else None
+
+
 def parse_thresholds(doc, where: str) -> dict[str, float]:
     if not isinstance(doc, dict) or not doc:
         raise FilterError(f"{where}: expected a JSON object of op or type -> NMSE bound")
+    types = {"default", *FLOAT_TYPES, *EXACT_TYPES}
+    ops = None
     out = {}
     for key, v in doc.items():
-        if key != "default" and key not in FLOAT_TYPES and key not in EXACT_TYPES and not _OP.fullmatch(key):
-            raise FilterError(f"{where}: key '{key}' is neither an op (upper case, e.g. MUL_MAT), a type "
-                              f"({', '.join(FLOAT_TYPES)}) nor 'default'")
+        if key not in types:
+            ops = known_ops() if ops is None else ops
+            if key not in ops:
+                # a typo would otherwise bound nothing, silently
+                near = _nearest(key, ops | types)
+                raise FilterError(f"{where}: key '{key}' is neither a ggml op (e.g. MUL_MAT), a type "
+                                  f"({', '.join(FLOAT_TYPES)}) nor 'default'"
+                                  + (f"; did you mean '{near}'?" if near else ""))
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
             raise FilterError(f"{where}: '{key}' must be a non-negative number, got {v!r}")
         out[key] = float(v)

@@ -253,6 +253,22 @@ def test_threshold_file(pair, tmp_path):
         assert p.returncode == 2 and what in p.stderr, p.stderr
 
 
+def test_a_mistyped_threshold_key_is_refused_with_the_nearest(pair, tmp_path):
+    """A key that is no ggml op, no type and not 'default' would bound nothing: refused, naming
+    the key and the valid one nearest to it. Unary and GLU ops count under their own names."""
+    ref, ours = pair
+    f = tmp_path / "t.json"
+    for doc, near in (({"MULMAT": 5e-3}, "MUL_MAT"), ({"F16": 1e-5}, "f16"), ({"soft_max": 1e-6}, "SOFT_MAX"),
+                      ({"MUL_MAT": 1e-3, "defualt": 1e-7}, "default")):
+        f.write_text(json.dumps(doc))
+        p = run("diff", ref, ours, "--thresholds", f)
+        key = next(k for k in doc if k != "MUL_MAT")
+        assert p.returncode == 2 and f"key '{key}'" in p.stderr and f"did you mean '{near}'?" in p.stderr, p.stderr
+        assert len(p.stderr.strip().splitlines()) == 1
+    f.write_text(json.dumps({"SILU": 1e-6, "SWIGLU": 1e-6, "FLASH_ATTN_EXT": 1e-5, "i32": 0, "bf16": 1e-4}))
+    assert run("diff", ref, ours, "--thresholds", f).returncode == 0
+
+
 def test_integer_nodes_stay_exact_under_any_threshold(tmp_path):
     from graphgen.diff import _thresholds
     thr = _thresholds(1.0, {"GET_ROWS": 1.0, "i32": 1.0, "default": 1.0})

@@ -563,6 +563,8 @@ MUTATIONS = [
     Mutation("draft_rate_over_the_whole_round", "LoopResult.summary",
              "drafted / t_draft if t_draft > 0 else 0.0", "drafted / (t_draft + t_proc) if t_draft > 0 else 0.0",
              ("tests/test_drafters.py::test_draft_output_says_what_ran_and_what_was_simulated",)),
+    Mutation("thresholds_unknown_key_accepted", "parse_thresholds", "if key not in ops:", "if False:",
+             ("tests/test_debugging.py::test_a_mistyped_threshold_key_is_refused_with_the_nearest",)),
     Mutation("cli_abbreviations_allowed", "_Parser.__init__",
              'kw.setdefault("allow_abbrev", False)', 'kw.setdefault("allow_abbrev", True)',
              ("tests/test_cli.py::test_no_subcommand_takes_an_abbreviated_flag",)),
