@@ -105,6 +105,25 @@ def test_at_text_report(pair):
     assert "1 of 256 elements differ" in p.stdout
 
 
+def test_at_prints_the_node_not_the_whole_report_and_quiet_the_verdict(pair):
+    """--at answers what was asked: the node's detail, then the verdict line, not the whole
+    report before it; --quiet prints the verdict line alone."""
+    ref, ours = pair
+    k = _index(_nodes(ours), "ffn_out-1")
+    _plant(ours, "01-block", k, 70, -0.5)
+    p = run("diff", ref, ours, "--at", "ffn_out-1")
+    lines = p.stdout.strip().splitlines()
+    assert p.returncode == 1 and lines[0].startswith("graph-diff [block]")
+    assert lines[1].startswith("node ref #") and "'ffn_out-1'" in lines[1]
+    assert lines[-1] == "2 graphs compared, 1 diverged" and "summary:" not in p.stdout
+    p = run("diff", ref, ours, "--quiet")
+    assert p.returncode == 1 and p.stdout == "2 graphs compared, 1 diverged\n" and p.stderr == ""
+    p = run("diff", ref / "00-inject.json", ours / "00-inject.json", "--quiet")
+    assert p.returncode == 0 and p.stdout == "1 graph compared (inject): IDENTICAL\n"
+    p = run("--quiet", "diff", ref, ours, "--at", "ffn_out-1")
+    assert p.returncode == 1 and p.stdout == "2 graphs compared, 1 diverged\n"
+
+
 def test_at_names_no_such_node(pair):
     ref, ours = pair
     p = run("diff", ref, ours, "--at", "no_such_node")

@@ -153,18 +153,40 @@ def run_diff(args: argparse.Namespace) -> int:
                           "unpaired": [{"side": r.unpaired, "graph": r.graph,
                                         "path": r.ref_path if r.unpaired == "ref" else r.ours_path}
                                        for r in results if r.unpaired]}, indent=1))
+    elif getattr(args, "quiet", False):
+        # the verdict alone; the report's warnings still reach stderr
+        for w in sorted({w for r in results for w in r.warnings}):
+            print(f"graphgen: warning: {w}", file=sys.stderr)
+        print(_verdict(results))
+    elif args.at:
+        # what was asked for, not under the whole report: each graph's probes, then the verdict
+        from ..probe import format_probe
+        for r in results:
+            if r.probes:
+                print(f"graph-diff [{r.graph}]  ref: {r.ref_path or '-'}  ours: {r.ours_path or '-'}")
+                for pr in r.probes:
+                    print("\n".join(format_probe(pr)) + "\n")
+        print(_verdict(results))
     else:
         print("\n\n".join(r.format_text() for r in results))
         if len(results) > 1:
-            paired = [r for r in results if not r.unpaired]
-            n_bad = sum(not r.identical for r in paired)
-            line = f"\n{len(paired)} graphs compared, {n_bad} diverged"
-            lone = [r for r in results if r.unpaired]
-            if lone:
-                line += ", no partner for " + ", ".join(
-                    f"{r.unpaired} {Path(r.ref_path if r.unpaired == 'ref' else r.ours_path).name}" for r in lone)
-            print(line)
+            print("\n" + _verdict(results))
     return code
+
+
+def _verdict(results) -> str:
+    """One line: how many graphs were compared and how many diverged (one graph: its result)."""
+    paired = [r for r in results if not r.unpaired]
+    lone = [r for r in results if r.unpaired]
+    if len(results) == 1 and paired:
+        r = paired[0]
+        return f"1 graph compared ({r.graph}): {r.status}" + (f" (only the nodes {r.selection})" if r.selection else "")
+    n_bad = sum(not r.identical for r in paired)
+    line = f"{len(paired)} graphs compared, {n_bad} diverged"
+    if lone:
+        line += ", no partner for " + ", ".join(
+            f"{r.unpaired} {Path(r.ref_path if r.unpaired == 'ref' else r.ours_path).name}" for r in lone)
+    return line
 
 
 def _torch_side(path) -> bool:
