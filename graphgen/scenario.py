@@ -219,15 +219,19 @@ def parse_scenario(doc: dict, where: str = "scenario") -> Scenario:
     return sc
 
 
-def load_scenario(path) -> Scenario:
+def read_scenario_doc(path) -> dict:
+    """A scenario file's JSON, unchecked (parse_scenario checks it)."""
     p = Path(path)
     try:
-        doc = json.loads(p.read_text())
+        return json.loads(p.read_text())
     except FileNotFoundError:
         raise ScenarioError(f"{p}: no such scenario file") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ScenarioError(f"{p}: not valid JSON ({e})") from None
-    return parse_scenario(doc, where=str(p))
+
+
+def load_scenario(path) -> Scenario:
+    return parse_scenario(read_scenario_doc(path), where=str(path))
 
 
 def default_scenario(block_size: int = 4, mask_token: int = 255, n_prompt: int = 6,

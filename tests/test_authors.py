@@ -157,10 +157,20 @@ def _control(work, converted, runs, edit, first):
     assert res.first_bad is not None and res.first_bad.name == first, res.format_text()
     assert res.first_bad.rel_l2 > 1e-2
     assert f"first mapped node out of band: {first}" in res.format_text()
-    # graphgen check's verdict blames llama.cpp's side and names the node
+    # graphgen check's float64 arbiter (the edited authors' model in double) blames llama.cpp's side
+    # and names the node
+    from graphgen.authors.arbiter import arbitrate
+    from graphgen.authors.forward import AuthorsDraft
     from graphgen.cli.authors import verdict
-    code, line = verdict({"authors_vs_llama.cpp": res, "authors_vs_graphgen": res, "graphgen_identical": True})
-    assert code == 1 and line.startswith("DISAGREE: llama.cpp b11739") and f": {first} in " in line
+    from graphgen.diff import load_side
+    arb_dir = work / f"control-{first}-arbiter"
+    run_scenario_torch(copy, sc, arb_dir, draft=AuthorsDraft(copy, dtype="float64"))
+    ref = runs[("zlab-dflash", False)]
+    arb = arbitrate(load_side(arb_dir), load_side(out), compare_paths(arb_dir, ref["llama.cpp"], band=1.0),
+                    compare_paths(arb_dir, ref["graphgen"], band=1.0), s.n_layer, "f32")
+    assert arb.first_departure.name == first and not arb.drifts
+    code, line = verdict({"arbiter": arb, "graphgen_identical": True})
+    assert code == 1 and line.startswith("DISAGREE: llama.cpp b11739") and f"first at {first} in " in line
 
 
 def _edit_config(key_path, value):
@@ -265,10 +275,19 @@ def test_check_runs_the_triangle(converted, capsys, tmp_path):
     doc = json.loads(capsys.readouterr().out)
     assert doc["verdict"].startswith("AGREE") and doc["graphgen_identical_to_llama.cpp"]
     assert doc["converter"] == "0c1e57098" and doc["authors_vs_llama.cpp"]["compared"] > 0
-    assert doc["authors_vs_llama.cpp"]["selector_path"] and doc["authors_vs_graphgen"]["agree"]
-    assert sorted(p.name for p in keep.iterdir()) == ["draft.gguf", "graphgen", "llama.cpp", "scenario.json", "torch"]
+    assert doc["authors_vs_llama.cpp"]["selector_path"] and doc["arbiter"]["agree"]
+    # the fixed-band verdicts are not the check's: only the arbiter's distances judge
+    assert "agree" not in doc["authors_vs_llama.cpp"] and "first_out_of_band" not in doc["authors_vs_graphgen"]
+    arb = doc["arbiter"]
+    assert arb["cache"] == "f32" and arb["selector_path"] and arb["argmax"]
+    assert all(n["llama.cpp"] <= n["band"] and n["llama.cpp"] == n["graphgen"] for n in arb["nodes"])
+    # the trained block size runs, not a shorter one
+    assert doc["block_size"] == 8 and json.loads((keep / "scenario.json").read_text())["steps"][1]["block"]["tokens"][1:] == [255] * 7
+    assert sorted(p.name for p in keep.iterdir()) == ["arbiter", "draft.gguf", "graphgen", "llama.cpp", "scenario.json",
+                                                      "torch"]
     from graphgen.dump import load_dump_dir
-    for side in ("torch", "llama.cpp", "graphgen"):
+    assert {d.source["dtype"] for d in load_dump_dir(keep / "arbiter")} == {"float64"}
+    for side in ("torch", "arbiter", "llama.cpp", "graphgen"):
         for d in load_dump_dir(keep / side):
             assert d.source["converter"]["commit"] == "0c1e57098"
             assert d.source["converter"]["checkpoint"] == str(hf.resolve())

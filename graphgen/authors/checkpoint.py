@@ -34,10 +34,17 @@ HF_VARIANTS = ("dflash", "dflash2", "dspark")
 CLASSES = {
     ("zlab", "dflash"): "DFlashDraftModel",
     ("zlab", "dflash2"): "DFlash2DraftModel",
-    ("speculators", "dflash"): "DFlashSpeculator",
+    ("speculators", "dflash"): "DFlashDraftModel",
     ("speculators", "dflash2"): "DFlash2DraftModel",
-    ("speculators", "dspark"): "DSparkSpeculator",
+    ("speculators", "dspark"): "DSparkDraftModel",
 }
+_AUTHORS_NAMES = {"zlab": "z-lab", "speculators": "speculators"}
+_VARIANT_NAMES = {"dflash": "DFlash", "dflash2": "DFlash2", "dspark": "DSpark"}
+
+
+def label(authors: str, variant: str) -> str:
+    """How every command names an authors' class: 'speculators DSpark (DSparkDraftModel)'."""
+    return f"{_AUTHORS_NAMES[authors]} {_VARIANT_NAMES[variant]} ({CLASSES[(authors, variant)]})"
 
 
 @dataclass
@@ -74,6 +81,14 @@ class HFSpec:
     sample_from_anchor: bool = True
     d2t_vocab: int | None = None        # a reduced draft vocabulary with its d2t map
     tie_target: bool = False            # the target's lm head is its embedding table
+    # settings of the authors' configs that b11739 cannot honour (the converter refuses them; the
+    # README's converter gaps): drawn so that a test can show each refusal
+    output_multiplier: float | None = None        # z-lab's compute_logits (dflash_config)
+    final_logit_softcapping: float | None = None  # z-lab's compute_logits (dflash_config)
+    input_embedding_scale: float | None = None    # z-lab's block embeddings (dflash_config)
+    conf_with_markov: bool = True       # speculators DSpark: confidence_head_with_markov
+    attention_bias: bool = False
+    hidden_act: str = "silu"
 
     def resolved(self) -> HFSpec:
         s = HFSpec(**asdict(self))
@@ -106,6 +121,8 @@ class HFSpec:
             raise AuthorsError(f"--swa-pattern has {len(s.swa_pattern)} entries for {s.n_layer} layers")
         if s.swa_pattern is not None and any(s.swa_pattern) and not s.swa_window:
             raise AuthorsError("--swa-pattern needs --swa-window")
+        if not s.conf_with_markov and s.variant != "dspark":
+            raise AuthorsError("--conf-markov: only the speculators DSpark format has a confidence head")
         return s
 
     @property
@@ -119,6 +136,16 @@ def _qwen3_config_kwargs(s: HFSpec, n_layers: int) -> dict:
               vocab_size=s.n_vocab, rms_norm_eps=s.rms_eps, max_position_embeddings=4096,
               rope_parameters={"rope_type": "default", **(s.rope_scaling or {}), "rope_theta": s.rope_theta})
     return kw
+
+
+def _output_settings(s: HFSpec) -> dict:
+    return {k: v for k, v in (("output_multiplier", s.output_multiplier),
+                              ("final_logit_softcapping", s.final_logit_softcapping),
+                              ("input_embedding_scale", s.input_embedding_scale)) if v is not None}
+
+
+def _layer_settings(s: HFSpec) -> dict:
+    return {"attention_bias": s.attention_bias, "hidden_act": s.hidden_act}
 
 
 def _layer_types(s: HFSpec) -> dict:
@@ -188,12 +215,12 @@ def _zlab_model(s: HFSpec):
     from transformers import Qwen3Config
     import dflash.model as zm
     dflash_config = {"mask_token_id": s.mask_token_id, "block_size": s.block_size,
-                     "target_layer_ids": [t - 1 for t in s.target_layers]}
+                     "target_layer_ids": [t - 1 for t in s.target_layers], **_output_settings(s)}
     if s.variant == "dflash2":
         dflash_config.update(conv_kernel_size=s.conv_kernel, conv_group_size=s.conv_group,
                              selector_rank=s.selector_rank, selector_top_k=s.selector_top_k)
     extra = {} if s.causal is None else {"is_causal": s.causal}
-    cfg = Qwen3Config(**_qwen3_config_kwargs(s, s.n_layer), **_layer_types(s), **extra,
+    cfg = Qwen3Config(**_qwen3_config_kwargs(s, s.n_layer), **_layer_types(s), **extra, **_layer_settings(s),
                       num_target_layers=s.n_target_layers, dflash_config=dflash_config,
                       architectures=[s.class_name])
     cls = zm.DFlash2DraftModel if s.variant == "dflash2" else zm.DFlashDraftModel
@@ -205,7 +232,7 @@ def _speculators_model(s: HFSpec, target_dir: Path):
     from transformers import Qwen3Config
     from speculators.config import SpeculatorsConfig, VerifierConfig
     from speculators.proposals.greedy import GreedyTokenProposalConfig
-    tl = Qwen3Config(**_qwen3_config_kwargs(s, s.n_layer), **_layer_types(s))
+    tl = Qwen3Config(**_qwen3_config_kwargs(s, s.n_layer), **_layer_types(s), **_layer_settings(s))
     # the authors' inference runs without flex attention's compiled masks (CPU, no torch.compile)
     tl._attn_implementation = "sdpa"
     sample_from_anchor = s.sample_from_anchor if s.variant == "dspark" else False
@@ -222,7 +249,7 @@ def _speculators_model(s: HFSpec, target_dir: Path):
         from speculators.models.dspark.config import DSparkSpeculatorConfig
         from speculators.models.dspark.core import DSparkDraftModel
         cfg = DSparkSpeculatorConfig(**common, markov_rank=s.markov_rank, enable_confidence_head=s.conf,
-                                     confidence_head_with_markov=True)
+                                     confidence_head_with_markov=s.conf_with_markov)
         model = DSparkDraftModel(cfg)
     elif s.variant == "dflash2":
         from speculators.models.dflash2.config import DFlash2SpeculatorConfig
@@ -278,6 +305,9 @@ def make_hf(out_dir: str | os.PathLike, spec: HFSpec, force: bool = False) -> Pa
             ver = cfg.get("speculators_config", {}).get("verifier", {})
             if "name_or_path" in ver:
                 ver["name_or_path"] = str((out / "target").resolve())
+            # speculators' classes have no field for these: written as a config key, as a hand-edited
+            # checkpoint would carry it (the converter reads it)
+            cfg.update(_output_settings(s))
             cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
         (tmp / "graphgen-hf.json").write_text(json.dumps({"spec": asdict(s), "class": s.class_name}, indent=1) + "\n")
         for p in [tmp, *tmp.rglob("*")]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import re
 import shutil
@@ -271,6 +272,7 @@ def _plan(hf_dir: Path, cfg: dict, target_dir: Path, target_cfg: dict) -> _Plan:
         raise ConvertError(f"{cfg_path}: key '{key}.rope_type' = {rope_type!r}: "
                            + _gap(f"writes {rope_type} rope factors only for its Llama / Phi-3 models, not for "
                                   "DFlash-family drafts, which would lose them"))
+    _refuse_departures(cfg_path, cfg, hp, rope if rope_type == "yarn" else None, arch, spec_type, family)
     layer_types = hp.get("layer_types") or []
     if "sliding_attention" in layer_types:
         # not a converter gap but llama.cpp's: its graph masks these layers otherwise (README)
@@ -324,6 +326,60 @@ def _plan(hf_dir: Path, cfg: dict, target_dir: Path, target_cfg: dict) -> _Plan:
                            + ", and b11739 refuses a draft without output.weight unless it runs beside its "
                              "target (ctx_other); graphgen refuses it too, so nothing is written")
     return plan
+
+
+def _yarn_mscale(factor: float, m: float = 1.0) -> float:
+    return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
+
+
+def _refuse_departures(cfg_path: Path, cfg: dict, hp: dict, yarn: dict | None, arch, spec_type, family: str) -> None:
+    """Settings the authors' model reads that the GGUF cannot carry to b11739: its drafts would
+    compute something else, silently. One line each, naming the key and the side that departs."""
+    def refuse(key: str, value, why: str):
+        raise ConvertError(f"{cfg_path}: key '{key}' = {value!r}: {why}")
+
+    if yarn is not None:
+        key = "rope_parameters" if "rope_parameters" in hp else "rope_scaling"
+        factor = float(yarn.get("factor") or 1.0)
+        ignored = "; b11739 does not read it for DFlash-family drafts (it runs YaRN with beta_fast 32, beta_slow 1 " \
+                  "and the attention factor 0.1 ln(factor) + 1)"
+        for name, default in (("beta_fast", 32.0), ("beta_slow", 1.0)):
+            v = yarn.get(name)
+            if v and float(v) != default:   # transformers takes a missing or zero beta as the default
+                refuse(f"{key}.{name}", v, "the converter writes it" + ignored)
+        if yarn.get("attention_factor") is not None and \
+                abs(float(yarn["attention_factor"]) - _yarn_mscale(factor)) > 1e-7:
+            refuse(f"{key}.attention_factor", yarn["attention_factor"], "the converter writes it" + ignored)
+        if yarn.get("attention_factor") is None and yarn.get("mscale") and yarn.get("mscale_all_dim"):
+            refuse(f"{key}.mscale", yarn["mscale"], "with mscale_all_dim it sets the authors' YaRN attention factor; "
+                   "the converter writes neither" + ignored)
+        if yarn.get("truncate") is False:
+            refuse(f"{key}.truncate", False, "the authors' YaRN ramp then uses unrounded correction dims; ggml's "
+                   "rounds them (as truncate true does)")
+    if hp.get("attention_bias"):
+        refuse("attention_bias", hp["attention_bias"], "b11739's DFlash-family layers have no attention biases "
+               "(the converter writes blk.N.attn_*.bias, which b11739 refuses to load)")
+    act = hp.get("hidden_act", "silu")
+    if act != "silu":
+        refuse("hidden_act", act, "the converter writes no activation for DFlash-family drafts; b11739 runs SiLU "
+               "(SwiGLU)")
+    dc = hp.get("dflash_config") if isinstance(hp.get("dflash_config"), dict) else {}
+    outputs = {k: dc.get(k, hp.get(k)) for k in ("output_multiplier", "final_logit_softcapping", "input_embedding_scale")}
+    set_ = {k: v for k, v in outputs.items() if v is not None and
+            not (k in ("output_multiplier", "input_embedding_scale") and float(v) == 1.0) and
+            not (k == "final_logit_softcapping" and float(v) <= 0)}
+    for k, v in set_.items():
+        k = f"dflash_config.{k}" if k in dc else k
+        if spec_type is not None and (k.endswith("input_embedding_scale") or spec_type == "dflash2"):
+            refuse(k, v, "speculators' classes do not read it; the converter writes it and b11739 applies it")
+        if not k.endswith("input_embedding_scale") and arch == "DFlashDraftModel":
+            refuse(k, v, "z-lab's compute_logits applies it; the converter writes it, but b11739 applies the "
+                   "output scale and softcap to DFlash2 logits only, so a DFlash draft's logits (and their "
+                   "probabilities, though not their argmax) would leave it out")
+    if family == "dspark" and hp.get("enable_confidence_head") and hp.get("confidence_head_with_markov") is False:
+        refuse("confidence_head_with_markov", False, "b11739's DSpark confidence head reads the hidden state with the "
+               "Markov head's previous-token embedding; the converter writes a conf_proj over the hidden state "
+               "alone, which b11739 refuses to load (wrong shape)")
 
 
 def _flatten_speculators(cfg_path: Path, cfg: dict, spec_type: str) -> dict:

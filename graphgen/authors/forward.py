@@ -95,10 +95,16 @@ def _quiet_transformers() -> None:
 class AuthorsDraft:
     """A checkpoint loaded with its authors' class, plus the target's embeddings and head."""
 
-    def __init__(self, hf_dir: str | Path, target_dir: str | Path | None = None):
+    def __init__(self, hf_dir: str | Path, target_dir: str | Path | None = None, dtype: str = "float32"):
+        """`dtype` float64 runs the authors' model in double precision: `graphgen check`'s arbiter
+        (their rotary tables stay float32: transformers builds cos/sin in float32 whatever the
+        model's type)."""
         require_torch()
         import torch
         _quiet_transformers()
+        if dtype not in ("float32", "float64"):
+            raise AuthorsError(f"dtype {dtype!r}: float32 or float64")
+        self.dtype = getattr(torch, dtype)
         self.hf_dir = Path(hf_dir)
         self.authors, self.variant = detect_format(self.hf_dir)
         self.config = _read_config(self.hf_dir)
@@ -120,6 +126,8 @@ class AuthorsDraft:
         self.model.eval()
         self.package = "dflash" if self.authors == "zlab" else "speculators"
         self.class_name = type(self.model).__name__
+        from .checkpoint import label
+        self.label = label(self.authors, self.variant)
         self.n_layer = len(self.model.layers)
         self.n_embd = int(self.model.norm.weight.shape[0])
         if self.embed.shape[1] != self.n_embd:
@@ -127,6 +135,8 @@ class AuthorsDraft:
                                f"hidden size is {self.n_embd}")
         self.n_embd_inp = int(self.model.fc.weight.shape[1])
         self.torch = torch
+        layer_cfg = self.model.config if self.authors == "zlab" else self.model.config.transformer_layer_config
+        self.sliding_layers = list(getattr(layer_cfg, "layer_types", None) or []).count("sliding_attention")
 
     # ---- loading ----
     def _authors_class(self):
@@ -165,7 +175,7 @@ class AuthorsDraft:
 
     def _load_zlab(self, target: Path) -> None:
         import torch
-        self.model = self._authors_class().from_pretrained(str(self.hf_dir), dtype=torch.float32)
+        self.model = self._authors_class().from_pretrained(str(self.hf_dir), dtype=self.dtype)
         dc = self.config["dflash_config"]
         for key in ("mask_token_id", "target_layer_ids"):
             if key not in dc:
@@ -176,8 +186,8 @@ class AuthorsDraft:
         self.sample_from_anchor = False
         # z-lab drafts share the target's embeddings and head (dflash_generate reads them off the target)
         embed, head = _target_tables(target)
-        self.embed = embed
-        self.head_module = torch.nn.Linear(head.shape[1], head.shape[0], bias=False)
+        self.embed = embed.to(self.dtype)
+        self.head_module = torch.nn.Linear(head.shape[1], head.shape[0], bias=False, dtype=self.dtype)
         with torch.no_grad():
             self.head_module.weight.copy_(head)
         self.n_vocab = int(self.embed.shape[0])
@@ -185,7 +195,7 @@ class AuthorsDraft:
 
     def _load_speculators(self) -> None:
         import torch
-        self.model = self._authors_class().from_pretrained(str(self.hf_dir), dtype=torch.float32)
+        self.model = self._authors_class().from_pretrained(str(self.hf_dir), dtype=self.dtype)
         m, cfg = self.model, self.model.config
         # the authors' inference attention without flex's compiled masks
         cfg.transformer_layer_config._attn_implementation = "sdpa"
@@ -197,7 +207,7 @@ class AuthorsDraft:
         self.target_layers = [int(i) for i in cfg.aux_hidden_state_layer_ids]
         self.block_size = int(cfg.block_size)
         self.sample_from_anchor = bool(getattr(cfg, "sample_from_anchor", False))
-        self.embed = m.embed_tokens.weight.detach().float()
+        self.embed = m.embed_tokens.weight.detach()
         if torch.isnan(self.embed).any() or torch.isnan(m.lm_head.weight).any():
             raise AuthorsError(f"{self.hf_dir}: the verifier's embeddings or head did not load (speculators "
                                "reads them from speculators_config.verifier.name_or_path)")
@@ -221,7 +231,7 @@ class AuthorsDraft:
             m.embed_tokens.weight.copy_(embed)
             if not m.use_draft_vocab:
                 m.lm_head.weight.copy_(head)
-        self.embed = m.embed_tokens.weight.detach().float()
+        self.embed = m.embed_tokens.weight.detach()
 
     # ---- the pieces of a forward ----
     def embed_tokens(self, tokens):
@@ -285,7 +295,7 @@ class AuthorsDraft:
             raw = self.head_module(hidden)
         if self.d2t is None:
             return raw, raw
-        full = torch.full((*raw.shape[:-1], self.n_vocab), float("-inf"))
+        full = torch.full((*raw.shape[:-1], self.n_vocab), float("-inf"), dtype=raw.dtype)
         full[..., torch.as_tensor(self.d2t)] = raw
         return full, raw
 
@@ -412,13 +422,19 @@ class _SeqState:
 
 
 def _rows(t) -> np.ndarray:
-    """A [1, n, ...] torch tensor as numpy [n, ...] float32."""
-    return t.detach().float().numpy()[0]
+    """A [1, n, ...] torch tensor as numpy [n, ...], float32 (float64 from the arbiter)."""
+    return _np(t)[0]
+
+
+def _np(t) -> np.ndarray:
+    import torch
+    t = t.detach()
+    return (t if t.dtype == torch.float64 else t.float()).numpy()
 
 
 def _heads(t) -> np.ndarray:
     """q/k as the authors hold them after rope, [1, heads, n, hd], in llama.cpp's [n, heads, hd]."""
-    return np.ascontiguousarray(t.detach().float().numpy()[0].transpose(1, 0, 2))
+    return np.ascontiguousarray(_np(t)[0].transpose(1, 0, 2))
 
 
 class TorchEngine:
@@ -454,16 +470,18 @@ class TorchEngine:
             st.cache.crop(len(keep))
             del st.positions[len(keep):]
 
-    def flush(self, seq: int | None = None) -> None:
-        """Project waiting injected rows through a forward with one mask token (cropped after): their
-        K/V and fc output do not depend on the block that follows."""
+    def flush(self, seq: int | None = None, last: bool = False) -> None:
+        """Project waiting injected rows through a forward with one mask token (cropped after, but
+        for the `last` flush, after which nothing runs): their K/V and fc output do not depend on the
+        block that follows."""
         for s in ([seq] if seq is not None else sorted(self.seqs)):
             st = self.seqs.get(s)
             if st is not None and st.pending:
                 pos = max(p for _, _, ps in st.pending for p in ps) + 1
                 self._forward(s, [self.draft.mask_token_id], pos)
-                st.cache.crop(len(st.positions) - 1)
-                st.positions.pop()
+                if not last:
+                    st.cache.crop(len(st.positions) - 1)
+                    st.positions.pop()
 
     def _forward(self, seq: int, tokens: list[int], pos0: int) -> dict:
         torch = self.draft.torch
@@ -477,7 +495,7 @@ class TorchEngine:
         self.taps.calls = {}
         with torch.no_grad(), self.taps.installed():
             noise = self.draft.embed_tokens(tokens)
-            hidden = self.draft.backbone(st.cache, torch.from_numpy(feats)[None], noise,
+            hidden = self.draft.backbone(st.cache, torch.from_numpy(feats)[None].to(self.draft.dtype), noise,
                                          torch.tensor([positions], dtype=torch.long), st.positions + positions)
         got = dict(self.taps.got)
         got["inp_noise_embd"] = noise
@@ -538,7 +556,7 @@ class TorchEngine:
         m = self.draft.model
         n = hidden.shape[1]
         logits = full[0].clone()
-        conf = torch.full((n,), float("nan"))
+        conf = torch.full((n,), float("nan"), dtype=hidden.dtype)
         first = 0 if self.draft.sample_from_anchor else 1
         prev = int(tokens[0])
         if m.markov_head is not None:
@@ -549,7 +567,7 @@ class TorchEngine:
                                                 prev_emb=prev_emb)[0, 0]
                 col = raw[0, k] + bias
                 if self.draft.d2t is not None:
-                    row = torch.full((self.draft.n_vocab,), float("-inf"))
+                    row = torch.full((self.draft.n_vocab,), float("-inf"), dtype=col.dtype)
                     row[torch.as_tensor(self.draft.d2t)] = col
                     col = row
                 logits[k] = col
@@ -605,7 +623,8 @@ def torch_header(draft: AuthorsDraft, scenario: Scenario, scenario_path=None) ->
     versions = {p: md.version(p) for p in (draft.package, "transformers") if _has_dist(p)}
     return {"source": {"engine": ENGINE, "version": __version__,
                        "authors": f"{draft.package} {versions.get(draft.package, '?')} {draft.class_name}",
-                       "torch": torch.__version__, "transformers": versions.get("transformers", "?")},
+                       "torch": torch.__version__, "transformers": versions.get("transformers", "?"),
+                       "dtype": str(draft.dtype).removeprefix("torch.")},
             "model": draft.hf_dir.name, "cpu_features": {},
             "settings": {"flash_attn": False, "type_k": "f32", "type_v": "f32", "n_ctx": scenario.n_ctx,
                          "n_ubatch": scenario.n_ubatch, "n_kv": None, "causal": False},
@@ -632,6 +651,10 @@ def run_scenario_torch(hf_dir, scenario: Scenario, out=None, target_dir=None, pr
         if progress:
             progress(step)
         if step.kind == "seq_rm":
+            if draft.sliding_layers:
+                raise AuthorsError(f"scenario step {step.index} (seq_rm): the authors' {draft.sliding_layers} "
+                                   "sliding-window layer(s) keep a transformers sliding cache, which cannot crop; "
+                                   "run the rounds before the first removal (graphgen check cuts the scenario there)")
             eng.seq_rm(step.seq, step.pos0, step.p1)
             continue
         if step.kind == "encoder":
@@ -648,7 +671,7 @@ def run_scenario_torch(hf_dir, scenario: Scenario, out=None, target_dir=None, pr
                 raise AuthorsError(f"scenario step {step.index}: the {draft.variant} heads need equal-size blocks")
             eng.block(index, [(b.seq, b.tokens, b.pos0) for b in step.blocks])
         index += 1
-    eng.flush()
+    eng.flush(last=True)
     if out is not None:
         header = torch_header(draft, scenario, scenario_path)
         header["source"]["hf_dir"] = str(draft.hf_dir.resolve())
@@ -666,6 +689,23 @@ def run_scenario_torch(hf_dir, scenario: Scenario, out=None, target_dir=None, pr
                 arr = g["values"][name]
                 is_int = arr.dtype.kind in "iu"
                 nodes.append(Node(len(nodes), name, "TORCH", "i32" if is_int else "f32", _ne(arr)))
-                values[len(nodes) - 1] = arr.astype(np.int32) if is_int else arr
+                values[len(nodes) - 1] = arr.astype(np.int32) if is_int else arr.astype(np.float32, copy=False)
             write_dump(out, i, g["graph"], header, nodes, values)
     return eng.graphs
+
+
+def croppable(doc: dict, draft: AuthorsDraft) -> tuple[dict, str | None]:
+    """The scenario cut before its first removal the authors' cache cannot make: transformers'
+    sliding-window cache layers keep no history to crop back to (their authors' own loops cannot
+    run a second drafting round either). Returns (the scenario to run, what was left out or None)."""
+    if not draft.sliding_layers:
+        return doc, None
+    steps = doc.get("steps") or []
+    for i, step in enumerate(steps):
+        if isinstance(step, dict) and "seq_rm" in step:
+            kept = steps[:i]
+            note = (f"scenario cut before step {i} (seq_rm) and the {len(steps) - i - 1} after it: the authors' "
+                    f"{draft.sliding_layers} sliding-window layer(s) keep a transformers sliding cache, which "
+                    "cannot crop, so only the rounds before the first removal ran (in all three engines)")
+            return {**doc, "steps": kept}, note
+    return doc, None

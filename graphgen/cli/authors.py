@@ -11,7 +11,7 @@ from pathlib import Path
 # GGUF-only make-model flags: the authors' configs have no field for them
 _GGUF_ONLY = ("backbone", "joint", "wtype", "preset", "head_dim_given", "n_rot", "mrope_sections", "shared_kv",
               "sinks", "weight_scales", "post_norms", "out_scale", "rope_freqs", "rope_attn_factor", "attention_scale", "value_scale",
-              "embedding_scale", "logit_scale", "final_softcap", "hidden_act", "lilicorr_hidden",
+              "lilicorr_hidden",
               "lilicorr_top_k", "lilicorr_heads", "lilicorr_layers", "lilicorr_eps", "lilicorr_logit_scale",
               "lilicorr_factor", "lilicorr_mlp", "lilicorr_conv")
 
@@ -59,9 +59,27 @@ def make_hf_from_args(args: argparse.Namespace) -> int:
             spec.rope_scaling["original_max_position_embeddings"] = args.rope_orig_ctx or 1024
     if args.sample_from_anchor is not None:
         spec.sample_from_anchor = args.sample_from_anchor == "true"
+    yarn = {"beta_fast": args.yarn_beta_fast, "beta_slow": args.yarn_beta_slow,
+            "attention_factor": args.yarn_attn_factor}
+    if any(v is not None for v in yarn.values()):
+        if args.rope_scaling != "yarn":
+            raise ValueError("--yarn-beta-fast / --yarn-beta-slow / --yarn-attn-factor need --rope-scaling yarn")
+        spec.rope_scaling.update({k: v for k, v in yarn.items() if v is not None})
+    # the authors' names for the output and embedding settings (z-lab's dflash_config)
+    for dest, field in (("logit_scale", "output_multiplier"), ("final_softcap", "final_logit_softcapping"),
+                        ("embedding_scale", "input_embedding_scale")):
+        if getattr(args, dest, None) is not None:
+            setattr(spec, field, getattr(args, dest))
+    if args.conf_markov is not None:
+        spec.conf_with_markov = args.conf_markov == "true"
+    if args.attention_bias:
+        spec.attention_bias = True
+    if args.hidden_act is not None:
+        spec.hidden_act = args.hidden_act
     out = make_hf(args.out, spec, force=args.force)
     s = spec.resolved()
-    print(f"wrote {out}: {s.authors} {s.class_name} ({s.variant}), target in {out / 'target'}")
+    from ..authors.checkpoint import label
+    print(f"wrote {out}: {label(s.authors, s.variant)}, target in {out / 'target'}")
     return 0
 
 
@@ -96,9 +114,11 @@ def stamp_converter(folders, info: dict) -> None:
 
 
 def default_check_scenario(block_size: int, mask_token_id: int, f16: bool = False) -> dict:
-    """Two drafting rounds: inject 5 rows, a block, drop it, inject 3 accepted rows, a block again."""
+    """Two drafting rounds at the draft's trained block size: inject 5 rows, a block, drop it,
+    inject 3 accepted rows, a block again."""
     block = [7] + [mask_token_id] * (block_size - 1)
-    return {"n_ctx": 256, "n_ubatch": 64, "flash_attn": "off", "type_kv": "f16" if f16 else "f32", "seed": 1,
+    return {"n_ctx": max(256, 2 * (8 + block_size)), "n_ubatch": max(64, block_size), "flash_attn": "off",
+            "type_kv": "f16" if f16 else "f32", "seed": 1,
             "steps": [{"inject": {"n_tokens": 5, "pos0": 0}},
                       {"block": {"tokens": block, "pos0": 5}},
                       {"seq_rm": {"seq": 0, "p0": 5, "p1": -1}},
@@ -106,16 +126,29 @@ def default_check_scenario(block_size: int, mask_token_id: int, f16: bool = Fals
                       {"block": {"tokens": [11] + block[1:], "pos0": 8}}]}
 
 
+def _cache_of(sc) -> str:
+    """f32 or f16: the unit the arbiter's bands use for what the ggml side cached."""
+    types = {sc.type_k, sc.type_v}
+    if types == {"f32"}:
+        return "f32"
+    if types <= {"f32", "f16"}:
+        return "f16"
+    raise ValueError(f"the scenario caches {'/'.join(sorted(types))}: graphgen check arbitrates f32 and f16 "
+                     "caches (compare quantized ones with graphgen diff --nmse)")
+
+
 def run_check(hf_dir, scenario_path=None, target=None, keep=None, f16=False, say=None) -> dict:
-    """The triangle: llama.cpp's converter, then the scenario in the authors' model, in llama.cpp
-    b11739 and in graphgen; the authors' model against each, and graphgen against llama.cpp."""
+    """The triangle: llama.cpp's converter, then the scenario in the authors' model (float32, and
+    float64 as the arbiter), in llama.cpp b11739 and in graphgen; each side's distance to the arbiter,
+    and graphgen against llama.cpp."""
+    from ..authors.arbiter import arbitrate
     from ..authors.compare import compare_paths
     from ..authors.convert import convert
-    from ..authors.forward import AuthorsDraft, run_scenario_torch
-    from ..diff import diff_paths, exit_code
+    from ..authors.forward import AuthorsDraft, croppable, run_scenario_torch
+    from ..diff import diff_paths, exit_code, load_side
     from ..engine import run_scenario
     from ..reference.runner import run_reference
-    from ..scenario import load_scenario, parse_scenario
+    from ..scenario import parse_scenario, read_scenario_doc
 
     say = say or (lambda msg: None)
     hf = Path(hf_dir)
@@ -125,19 +158,24 @@ def run_check(hf_dir, scenario_path=None, target=None, keep=None, f16=False, say
     # the work folder becomes --keep DIR only once everything ran
     work = Path(tempfile.mkdtemp(prefix="graphgen-check-"))
     try:
-        if scenario_path is None:
-            doc = default_check_scenario(min(draft.block_size, 8), draft.mask_token_id, f16)
-            scenario_path = work / "scenario.json"
-            scenario_path.write_text(json.dumps(doc, indent=1) + "\n")
-            sc = parse_scenario(doc)
-        else:
-            sc = load_scenario(scenario_path)
+        doc = (default_check_scenario(draft.block_size, draft.mask_token_id, f16) if scenario_path is None
+               else read_scenario_doc(scenario_path))
+        where = str(scenario_path) if scenario_path else "the default scenario"
+        parse_scenario(doc, where=where)
+        doc, cut = croppable(doc, draft)
+        sc = parse_scenario(doc, where=where)
+        cache = _cache_of(sc)
+        scenario_path = work / "scenario.json"
+        scenario_path.write_text(json.dumps(doc, indent=1) + "\n")
         gguf = work / "draft.gguf"
         say(f"converting {hf} with llama.cpp's converter")
         conv = convert(hf, gguf, target_dir=target, force=True, warn=None)  # warnings go in the report
-        dirs = {k: work / k for k in ("torch", "llama.cpp", "graphgen")}
+        dirs = {k: work / k for k in ("torch", "arbiter", "llama.cpp", "graphgen")}
         say("running the authors' model")
         run_scenario_torch(hf, sc, dirs["torch"], scenario_path=scenario_path, draft=draft)
+        say("running the authors' model in float64 (the arbiter)")
+        run_scenario_torch(hf, sc, dirs["arbiter"], scenario_path=scenario_path,
+                           draft=AuthorsDraft(hf, target, dtype="float64"))
         say("running llama.cpp b11739")
         # llama.cpp's log goes with the dumps when they are kept, else only into a failure's message
         run_reference(gguf, scenario_path, dirs["llama.cpp"], 262144,
@@ -146,8 +184,11 @@ def run_check(hf_dir, scenario_path=None, target=None, keep=None, f16=False, say
         run_scenario(gguf, sc, dirs["graphgen"], scenario_path=scenario_path)
         stamp_converter(dirs.values(), {"commit": conv.commit, "checkpoint": str(hf.resolve()),
                                         "warnings": conv.warnings})
-        vs_ref = compare_paths(dirs["torch"], dirs["llama.cpp"])
-        vs_ours = compare_paths(dirs["torch"], dirs["graphgen"])
+        vs_ref = compare_paths(dirs["torch"], dirs["llama.cpp"], band=1.0)
+        vs_ours = compare_paths(dirs["torch"], dirs["graphgen"], band=1.0)
+        arb = arbitrate(load_side(dirs["arbiter"]), load_side(dirs["torch"]),
+                        compare_paths(dirs["arbiter"], dirs["llama.cpp"], band=1.0),
+                        compare_paths(dirs["arbiter"], dirs["graphgen"], band=1.0), draft.n_layer, cache)
         graph = diff_paths(dirs["llama.cpp"], dirs["graphgen"])
         identical = exit_code(graph) == 0
         if keep:
@@ -155,28 +196,33 @@ def run_check(hf_dir, scenario_path=None, target=None, keep=None, f16=False, say
             if Path(keep).is_dir():
                 Path(keep).rmdir()
             shutil.move(str(work), str(keep))
-        return {"hf_dir": str(hf), "class": f"{draft.package} {draft.class_name}", "converter": conv.commit,
+        return {"hf_dir": str(hf), "class": draft.label, "converter": conv.commit,
                 "converter_warnings": conv.warnings, "work": str(keep or work), "kept": bool(keep),
-                "authors_vs_llama.cpp": vs_ref, "authors_vs_graphgen": vs_ours, "graphgen_identical": identical,
-                "graph_diff": graph}
+                "authors_vs_llama.cpp": vs_ref, "authors_vs_graphgen": vs_ours, "arbiter": arb,
+                "graphgen_identical": identical, "graph_diff": graph, "scenario_cut": cut,
+                "block_size": draft.block_size}
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
 def verdict(r: dict) -> tuple[int, str]:
-    ref, ours, same = r["authors_vs_llama.cpp"], r["authors_vs_graphgen"], r["graphgen_identical"]
-    if not ref.compared or not ours.compared:
-        return 1, "NOT COMPARED: no mapped node had values on both sides"
+    arb, same = r["arbiter"], r["graphgen_identical"]
+    if not arb.compared:
+        return 1, "NOT COMPARED: no mapped node had values on every side"
     if not same:
         return 1, "graphgen's graph departs from llama.cpp's (graph-diff not identical): graphgen is wrong"
-    if ref.agree and ours.agree:
-        return 0, "AGREE: the authors' model, llama.cpp b11739 and graphgen compute the same draft"
-    bad = ref.first_bad
-    where = (f"first mapped node out of band: {bad.name} in {bad.graph}"
-             + (f" (relative L2 {bad.rel_l2:.3g})" if bad and bad.rel_l2 is not None else "")) if bad else \
-        "argmax or selector path differs"
-    return 1, ("DISAGREE: llama.cpp b11739 (and graphgen, identical to it) depart from the authors' model: "
-               f"the converter's GGUF or llama.cpp's graph; {where}")
+    if arb.agree:
+        return 0, ("AGREE: the authors' model, llama.cpp b11739 and graphgen compute the same draft "
+                   "(each within its rounding of the float64 arbiter)")
+    bad = arb.first_departure
+    if bad is not None:
+        where = (f"first at {bad.name} in {bad.graph}: " +
+                 (f"{bad.e_llama:.3g} from exact, band {bad.band:.3g} (the authors' f32: "
+                  f"{bad.e_authors:.3g})" if bad.e_llama is not None else "not compared"))
+    else:
+        where = "; ".join(arb.choices_depart() + arb.unmatched)
+    return 1, ("DISAGREE: llama.cpp b11739 (and graphgen, identical to it) depart from the authors' model "
+               f"beyond rounding: the converter's GGUF or llama.cpp's graph; {where}")
 
 
 def _row(label: str, d) -> str:
@@ -184,7 +230,13 @@ def _row(label: str, d) -> str:
     w = s["worst"]
     worst = f"{w.rel_l2:.1e} ({w.name}, {w.graph.split(' / ')[0]})" if w is not None else "-"
     frac = lambda x: f"{x[0]}/{x[1]}" if x else "-"
-    return f"  {label:22s} {s['mapped']:6d}  {worst:44s} {frac(s['argmax']):>7s}  {frac(s['path']):>7s}  {s['verdict']}"
+    return f"  {label:22s} {s['mapped']:6d}  {worst:44s} {frac(s['argmax']):>7s}  {frac(s['path']):>7s}"
+
+
+def _distances(d) -> dict:
+    """An authors' comparison without its fixed-band verdict: in check, the arbiter judges."""
+    return {k: v for k, v in d.to_dict().items()
+            if k not in ("agree", "band_rel_l2", "band_rel_l2_nodes", "first_out_of_band")}
 
 
 def _cmd_check(args) -> int:
@@ -192,33 +244,31 @@ def _cmd_check(args) -> int:
     with progress.task(f"check {args.hf_dir}") as task:
         r = run_check(args.hf_dir, args.scenario, args.target, args.keep, f16=args.type_kv == "f16", say=task.update)
     code, line = verdict(r)
-    ref, ours = r["authors_vs_llama.cpp"], r["authors_vs_graphgen"]
+    ref, ours, arb = r["authors_vs_llama.cpp"], r["authors_vs_graphgen"], r["arbiter"]
     if args.json:
         print(json.dumps({"verdict": line, "exit": code, "class": r["class"], "converter": r["converter"],
-                          "converter_warnings": r["converter_warnings"],
-                          "authors_vs_llama.cpp": ref.to_dict(), "authors_vs_graphgen": ours.to_dict(),
+                          "converter_warnings": r["converter_warnings"], "scenario_cut": r["scenario_cut"],
+                          "block_size": r["block_size"], "arbiter": arb.to_dict(),
+                          "authors_vs_llama.cpp": _distances(ref), "authors_vs_graphgen": _distances(ours),
                           "graphgen_identical_to_llama.cpp": r["graphgen_identical"],
                           "work": r["work"] if r["kept"] else None}, indent=1))
         return code
     print(f"{r['hf_dir']}: {r['class']}, converted by llama.cpp's converter {r['converter']}")
     for w in r["converter_warnings"]:
         print(f"  converter {w}")
-    print(f"  band: relative L2 < {ref.band:g} on the logits, < {ref.node_band:.3g} on the other mapped nodes")
-    print(f"  {'':22s} {'mapped':>6s}  {'worst relative L2':44s} {'argmax':>7s}  {'path':>7s}  verdict")
+    if r["scenario_cut"]:
+        print(f"  note: {r['scenario_cut']}")
+    print(f"  {'':22s} {'mapped':>6s}  {'worst relative L2 to the authors f32':44s} {'argmax':>7s}  {'path':>7s}")
     print(_row("authors vs llama.cpp", ref))
     print(_row("authors vs graphgen", ours))
     n = len([g for g in r["graph_diff"] if not g.unpaired])
     print(f"  {'graphgen vs llama.cpp':22s} graph-diff over {n} graphs: "
           + ("IDENTICAL" if r["graphgen_identical"] else "DIFFERS"))
-    kinds = ref.worst_by_kind()
-    if kinds:
-        print("  worst relative L2 by node (authors vs llama.cpp): "
-              + ", ".join(f"{k} {v:.1e}" for k, v in kinds.items()))
-    bad = ref.first_bad or ours.first_bad
+    for text in arb.lines():
+        print(text)
+    bad = arb.first_departure
     if bad is not None:
-        print(f"  first mapped node out of band: {bad.name} in {bad.graph}"
-              + (f": relative L2 {bad.rel_l2:.3g}" if bad.rel_l2 is not None else f": {bad.status}")
-              + (f" ({bad.detail})" if bad.detail else ""))
+        print(f"  first node where llama.cpp departs: {bad.name} in {bad.graph}")
     if r["kept"]:
         print(f"  dumps and GGUF kept in {r['work']}")
     print(line)
@@ -228,7 +278,9 @@ def _cmd_check(args) -> int:
 def register(sub) -> None:
     p = sub.add_parser("check", help="the authors' model vs llama.cpp vs graphgen on one checkpoint (needs graphgen[torch])")
     p.add_argument("hf_dir", metavar="HF_DIR", help="a draft checkpoint in its authors' format")
-    p.add_argument("--scenario", default=None, help="default: two drafting rounds with an f32 cache")
+    p.add_argument("--scenario", default=None,
+                   help="default: two drafting rounds at the draft's block size with an f32 cache (one round "
+                        "for drafts with sliding-window layers, whose authors' cache cannot crop)")
     p.add_argument("--target", default=None, help="the target model's folder (default: HF_DIR/target)")
     p.add_argument("--type-kv", choices=("f32", "f16"), default="f32",
                    help="cache type of the default scenario (default f32)")

@@ -84,6 +84,14 @@ def add_make_model_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--joint", action="store_true", help="RNN joint head (seed only)")
     g.add_argument("--sample-from-anchor", choices=("true", "false"),
                    help="dflash.sample_from_anchor (absent means true)")
+    g = parser.add_argument_group("authors' formats only (--format hf): settings b11739 cannot honour, "
+                                  "which the converter refuses")
+    g.add_argument("--yarn-beta-fast", type=float, help="rope_parameters.beta_fast (default: unset, 32)")
+    g.add_argument("--yarn-beta-slow", type=float, help="rope_parameters.beta_slow (default: unset, 1)")
+    g.add_argument("--yarn-attn-factor", type=float, help="rope_parameters.attention_factor (default: unset)")
+    g.add_argument("--conf-markov", choices=("true", "false"), default=None,
+                   help="DSpark confidence_head_with_markov (default true)")
+    g.add_argument("--attention-bias", action="store_true", help="attention_bias: q/k/v/o biases (default off)")
     g = parser.add_argument_group("LiliCorr")
     g.add_argument("--lilicorr-hidden", type=int)
     g.add_argument("--lilicorr-top-k", type=int)
@@ -114,6 +122,9 @@ _ARG_OPTIONS = {
     "lilicorr_eps": "lilicorr_eps", "lilicorr_logit_scale": "lilicorr_logit_scale",
     "lilicorr_factor": "lilicorr_factor", "lilicorr_mlp": "lilicorr_mlp", "lilicorr_conv": "lilicorr_conv",
 }
+
+
+_HF_ONLY = ("yarn_beta_fast", "yarn_beta_slow", "yarn_attn_factor", "conf_markov", "attention_bias")
 
 
 DIM_DEFAULTS = dict(n_embd=64, n_layer=2, n_head=4, n_head_kv=None, n_ff=128, n_vocab=256, block_size=4,
@@ -149,6 +160,10 @@ def _cmd_make_model(args) -> int:
     from ..errors import GGUFModelError
     from ..runtime.model import load
     from ..staging import staged_file
+    hf_only = [d for d in _HF_ONLY if getattr(args, d, None) not in (None, False)]
+    if hf_only:
+        raise ValueError(f"--{hf_only[0].replace('_', '-')} is a setting of the authors' formats (--format hf); "
+                         "a GGUF draft has no such key b11739 reads")
     out = Path(args.out)
     if out.is_dir():
         raise ValueError(f"{out}: is a folder; make-model writes a GGUF file (or a checkpoint folder with --format hf)")
