@@ -569,6 +569,10 @@ MUTATIONS = [
              ("tests/test_debugging.py::test_at_prints_the_node_not_the_whole_report_and_quiet_the_verdict",)),
     Mutation("diff_at_under_the_whole_report", "run_diff", "elif args.at:", "elif False:",
              ("tests/test_debugging.py::test_at_prints_the_node_not_the_whole_report_and_quiet_the_verdict",)),
+    Mutation("demo_keeps_its_folder_silently", "_cmd_demo",
+             'print(f"the draft, scenario and dumps are in {work} (a temporary folder, kept: remove it when "\n'
+             '              "done, or give --out DIR)")', "pass",
+             ("tests/test_cli.py::test_demo_says_where_its_files_are",)),
     Mutation("cli_abbreviations_allowed", "_Parser.__init__",
              'kw.setdefault("allow_abbrev", False)', 'kw.setdefault("allow_abbrev", True)',
              ("tests/test_cli.py::test_no_subcommand_takes_an_abbreviated_flag",)),

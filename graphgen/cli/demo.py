@@ -28,6 +28,10 @@ def _cmd_demo(args) -> int:
         if final.exists():
             final.rmdir()
         os.replace(work, final)
+    else:
+        # the paths printed above point into it: kept, and said so
+        print(f"the draft, scenario and dumps are in {work} (a temporary folder, kept: remove it when "
+              "done, or give --out DIR)")
     return code
 
 

@@ -310,8 +310,9 @@ def register(sub) -> None:
 
     p = sub.add_parser("import", help="convert eval-callback text, a ggml dot file or a GGML_SCHED_DEBUG log "
                                       "to a dump folder (structure; eval-callback text also its printed values)")
-    p.add_argument("file")
-    p.add_argument("--out", required=True)
+    p.add_argument("file", help="what to import: eval-callback text (llama-eval-callback's output), a "
+                                "ggml_graph_dump_dot file or a GGML_SCHED_DEBUG=2 log")
+    p.add_argument("--out", required=True, help="the dump folder to write (required)")
     p.add_argument("--format", choices=FORMATS, help="default: detected from the content")
     p.add_argument("--graph", choices=("inject", "block", "encoder"),
                    help="graph kind when the file does not say (default: guessed from node names)")
