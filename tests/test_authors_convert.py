@@ -373,3 +373,51 @@ def test_missing_torch_names_the_extra(work, zlab, target, monkeypatch, capsys):
     assert main(["convert", str(zlab.hf_dir), str(work / "t.gguf"), "--target", str(target)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "graphgen[torch]" in err[0] and "missing torch" in err[0]
+
+
+# --- settings b11739 cannot honour: each refused in one line naming its key ------------------------
+# drawn by graphgen's own make-model --format hf, as a user would make them
+
+@pytest.mark.parametrize("flags, key", [
+    (["--variant", "dflash2", "--rope-scaling", "yarn", "--yarn-beta-fast", "8"], "'rope_parameters.beta_fast' = 8.0"),
+    (["--variant", "dflash", "--rope-scaling", "yarn", "--yarn-beta-slow", "2"], "'rope_parameters.beta_slow' = 2.0"),
+    (["--variant", "dflash", "--rope-scaling", "yarn", "--yarn-attn-factor", "0.7"],
+     "'rope_parameters.attention_factor' = 0.7"),
+    (["--variant", "dflash", "--logit-scale", "1.5"], "'dflash_config.output_multiplier' = 1.5"),
+    (["--variant", "dflash", "--final-softcap", "4"], "'dflash_config.final_logit_softcapping' = 4.0"),
+    (["--variant", "dflash2", "--authors", "speculators", "--logit-scale", "1.5"], "'output_multiplier' = 1.5"),
+    (["--variant", "dspark", "--conf", "--conf-markov", "false"], "'confidence_head_with_markov' = False"),
+    (["--variant", "dflash", "--attention-bias"], "'attention_bias' = True"),
+    (["--variant", "dflash", "--hidden-act", "gelu"], "'hidden_act' = 'gelu'"),
+])
+def test_departures_are_refused_naming_the_key(work, flags, key, capsys):
+    from graphgen.cli import main
+    folder = work / ("dep-" + "-".join(f.strip("-") for f in flags))
+    assert main(["make-model", str(folder), "--format", "hf", *flags]) == 0
+    capsys.readouterr()
+    out = work / "dep.gguf"
+    assert main(["convert", str(folder), str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"key {key}" in err[0] and "config.json" in err[0], err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("flags", [
+    # transformers' defaults written out, and settings b11739 honours
+    ["--variant", "dflash", "--rope-scaling", "yarn", "--yarn-beta-fast", "32", "--yarn-beta-slow", "1"],
+    ["--variant", "dflash", "--embedding-scale", "1.3"],
+    ["--variant", "dflash2", "--logit-scale", "1.7", "--final-softcap", "3"],
+    ["--variant", "dflash", "--authors", "speculators", "--logit-scale", "1.7"],  # neither side applies it
+])
+def test_settings_both_sides_honour_convert(work, flags, capsys):
+    from graphgen.cli import main
+    folder = work / ("ok-" + "-".join(f.strip("-") for f in flags))
+    assert main(["make-model", str(folder), "--format", "hf", *flags]) == 0
+    assert main(["convert", str(folder), str(work / "ok.gguf"), "--force"]) == 0
+
+
+def test_hf_only_flags_are_refused_for_a_gguf(tmp_path, capsys):
+    from graphgen.cli import main
+    assert main(["make-model", str(tmp_path / "d.gguf"), "--conf-markov", "false"]) == 2
+    assert "--conf-markov is a setting of the authors' formats" in capsys.readouterr().err
+    assert not (tmp_path / "d.gguf").exists()

@@ -268,9 +268,7 @@ def _positionals():
     return [(name, a.dest, a.help) for name, p in cmds.items() for a in p._actions if not a.option_strings]
 
 
-@pytest.mark.parametrize("name,dest,text", [
-    pytest.param(*t, marks=pytest.mark.xfail(strict=True, reason="info's MODEL has no help text yet"))
-    if t[0] == "info" else t for t in _positionals()], ids=[f"{n}-{d}" for n, d, _ in _positionals()])
+@pytest.mark.parametrize("name,dest,text", _positionals(), ids=[f"{n}-{d}" for n, d, _ in _positionals()])
 def test_every_positional_says_what_it_is(name, dest, text):
     assert text, f"graphgen {name}: the positional {dest} has no help text"
 

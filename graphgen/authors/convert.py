@@ -364,7 +364,8 @@ def _refuse_departures(cfg_path: Path, cfg: dict, hp: dict, yarn: dict | None, a
         refuse("hidden_act", act, "the converter writes no activation for DFlash-family drafts; b11739 runs SiLU "
                "(SwiGLU)")
     dc = hp.get("dflash_config") if isinstance(hp.get("dflash_config"), dict) else {}
-    outputs = {k: dc.get(k, hp.get(k)) for k in ("output_multiplier", "final_logit_softcapping", "input_embedding_scale")}
+    outputs = {k: dc.get(k, hp.get(k, cfg.get(k))) for k in ("output_multiplier", "final_logit_softcapping",
+                                                         "input_embedding_scale")}
     set_ = {k: v for k, v in outputs.items() if v is not None and
             not (k in ("output_multiplier", "input_embedding_scale") and float(v) == 1.0) and
             not (k == "final_logit_softcapping" and float(v) <= 0)}
@@ -372,7 +373,7 @@ def _refuse_departures(cfg_path: Path, cfg: dict, hp: dict, yarn: dict | None, a
         k = f"dflash_config.{k}" if k in dc else k
         if spec_type is not None and (k.endswith("input_embedding_scale") or spec_type == "dflash2"):
             refuse(k, v, "speculators' classes do not read it; the converter writes it and b11739 applies it")
-        if not k.endswith("input_embedding_scale") and arch == "DFlashDraftModel":
+        if spec_type is None and not k.endswith("input_embedding_scale") and arch == "DFlashDraftModel":
             refuse(k, v, "z-lab's compute_logits applies it; the converter writes it, but b11739 applies the "
                    "output scale and softcap to DFlash2 logits only, so a DFlash draft's logits (and their "
                    "probabilities, though not their argmax) would leave it out")

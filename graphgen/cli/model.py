@@ -235,6 +235,6 @@ def register(sub) -> None:
     p.set_defaults(fn=_cmd_make_model)
 
     p = sub.add_parser("info", help="print variant, backbone, hparams and tensors of a draft")
-    p.add_argument("model")
+    p.add_argument("model", metavar="MODEL", help="a draft GGUF file")
     p.add_argument("--json", action="store_true", help="print it as JSON")
     p.set_defaults(fn=_cmd_info)
