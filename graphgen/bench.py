@@ -208,17 +208,19 @@ def _replay(sess: Session, sc: Scenario, feats: dict) -> tuple[list[float], list
     """Wall time, compute time and the phases of graphgen's overhead, per step."""
     sess.clear()
     times, computes, phases = [], [], []
+    from .engine import naming_step
     for st in sc.steps:
         if st.kind == "seq_rm":
             sess.seq_rm(st.seq, st.pos0, st.p1)
             continue
         t0 = time.perf_counter()
-        if st.kind == "inject":
-            sess.inject(feats[st.index], st.pos0, st.seq)
-        elif st.kind == "encoder":
-            sess.encode(feats[st.index], st.pos0, st.seq)
-        else:
-            sess.block_multi([(b.seq, b.tokens, b.pos0) for b in st.blocks])
+        with naming_step(st):
+            if st.kind == "inject":
+                sess.inject(feats[st.index], st.pos0, st.seq)
+            elif st.kind == "encoder":
+                sess.encode(feats[st.index], st.pos0, st.seq)
+            else:
+                sess.block_multi([(b.seq, b.tokens, b.pos0) for b in st.blocks])
         times.append(time.perf_counter() - t0)
         computes.append(sess.timings.get("compute", 0.0))
         phases.append(dict(sess.timings))

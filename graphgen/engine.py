@@ -6,6 +6,7 @@ pair up graph by graph.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +26,19 @@ def engine_header(model_name: str, model_path=None, scenario: Scenario | None = 
     return {"source": {"engine": "graphgen", "version": __version__, **runtime_source()},
             "model": model_name, "cpu_features": cpu_features(G.cpu_lib()),
             **provenance(model_path, scenario, scenario_path)}
+
+
+@contextlib.contextmanager
+def naming_step(step):
+    """A refusal raised while a scenario's step runs (a batch too large, a KV cache full) says
+    which step, its index and kind, first; `e.step` holds it."""
+    try:
+        yield
+    except Exception as e:
+        if getattr(e, "step", None) is None and e.args and isinstance(e.args[0], str):
+            e.args = (f"step {step.index} ({step.kind}): {e.args[0]}",) + e.args[1:]
+            e.step = step
+        raise
 
 
 def block_states(sess, scenario: Scenario, step, context_rows: dict):
@@ -62,23 +76,24 @@ def run_scenario(model_path, scenario: Scenario, out=None, max_data: int = 26214
         for step in scenario.steps:
             if progress:
                 progress(step)
-            if step.kind == "seq_rm":
-                sess.seq_rm(step.seq, step.pos0, step.p1)
-                continue
-            if rec is not None:
-                rec.reset()
-            if step.kind == "encoder":
-                r = sess.encode(scenario.features(step, hp.n_embd_inp_enc), step.pos0, step.seq, recorder=rec)
-            elif step.kind == "inject":
-                x = scenario.features(step, hp.n_embd_inp_enc)
-                r = sess.inject(x, step.pos0, step.seq, recorder=rec)
-                if r.h_nextn is not None:
-                    for i in range(step.n_tokens):
-                        context_rows[(step.seq, step.pos0 + i)] = r.h_nextn[i]
-            else:
-                state = block_states(sess, scenario, step, context_rows)
-                r = sess.block_multi([(b.seq, b.tokens, b.pos0) for b in step.blocks], recorder=rec,
-                                     embd_state=state)
+            with naming_step(step):
+                if step.kind == "seq_rm":
+                    sess.seq_rm(step.seq, step.pos0, step.p1)
+                    continue
+                if rec is not None:
+                    rec.reset()
+                if step.kind == "encoder":
+                    r = sess.encode(scenario.features(step, hp.n_embd_inp_enc), step.pos0, step.seq, recorder=rec)
+                elif step.kind == "inject":
+                    x = scenario.features(step, hp.n_embd_inp_enc)
+                    r = sess.inject(x, step.pos0, step.seq, recorder=rec)
+                    if r.h_nextn is not None:
+                        for i in range(step.n_tokens):
+                            context_rows[(step.seq, step.pos0 + i)] = r.h_nextn[i]
+                else:
+                    state = block_states(sess, scenario, step, context_rows)
+                    r = sess.block_multi([(b.seq, b.tokens, b.pos0) for b in step.blocks], recorder=rec,
+                                         embd_state=state)
             path = None
             if out is not None:
                 settings = dict(sess.settings(step.kind), n_kv=n_kv_from_nodes(rec.nodes))

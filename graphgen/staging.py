@@ -85,6 +85,12 @@ def _on_unraisable(u) -> None:
     (_unraisable_before or sys.__unraisablehook__)(u)
 
 
+def pending_signal() -> KeyboardInterrupt | None:
+    """The interrupt of a signal that arrived and has not ended the command yet (C code may have
+    turned the exception raised for it into another error, or dropped it)."""
+    return _pending
+
+
 def pending() -> bool:
     """Whether a signal waits to be raised (an eval callback then stops the compute)."""
     return _pending is not None
@@ -120,6 +126,13 @@ def raise_pending() -> None:
     exc, _pending = _pending, None
     if exc is not None:
         raise exc
+
+
+def _stop_if_interrupted() -> None:
+    """Before outputs are moved into place: a signal whose exception C code swallowed (an
+    optional import that failed with it, caught as an ImportError) still stops the run here."""
+    if _pending is not None and not _deferred:
+        raise _pending
 
 
 def clear_pending() -> None:
@@ -198,6 +211,7 @@ def staged_files(paths):
             # the mode a plain open() would give (mkstemp's is private), or the replaced file's
             tmp.chmod(path.stat().st_mode & 0o777 if path.exists() else 0o666 & ~_umask())
         yield tmps
+        _stop_if_interrupted()
         with signals_deferred():
             for tmp, path in zip(tmps, paths):
                 os.replace(tmp, path)
@@ -221,6 +235,41 @@ def refuse_to_replace(path, ours, what: str, force: bool = False) -> None:
 
 
 _ABANDON = ".abandon"
+INCOMPLETE = "INCOMPLETE"
+
+
+def _keep_incomplete(tmp, out, e: Exception) -> None:
+    """A run refused part way (a scenario's step the session would not run): the graphs written
+    before it go to OUT.incomplete/, with a file INCOMPLETE saying why, never into OUT as if the
+    run were whole; the error then says where they are. An earlier OUT.incomplete/ of graphgen's
+    is replaced; anything else of that name is left alone (and the graphs go)."""
+    import shutil
+
+    from .dump import dump_files
+    ctx = e
+    while ctx is not None:
+        if isinstance(ctx, KeyboardInterrupt) or _pending is not None:
+            return  # the consequence of an interrupt: the run ends as interrupted, leaving nothing
+        ctx = ctx.__context__
+    graphs = dump_files(tmp)
+    if not graphs:
+        return
+    dest = out.with_name(out.name + ".incomplete")
+    if dest.exists() or dest.is_symlink():
+        if not (dest.is_dir() and not dest.is_symlink() and (dest / INCOMPLETE).is_file()):
+            return
+        shutil.rmtree(dest)
+    why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    (tmp / INCOMPLETE).write_text(
+        f"This run did not complete: {why}\n"
+        f"The {len(graphs)} graph(s) here are those written before it stopped; {out} was left as it was.\n")
+    with signals_deferred():
+        os.replace(tmp, dest)
+    if e.args and isinstance(e.args[0], str):
+        # on the first line, which is what the command prints
+        first, nl, rest = e.args[0].partition("\n")
+        e.args = (f"{first}; the {len(graphs)} graph(s) before it are in {dest}/ (marked {INCOMPLETE}){nl}{rest}",) \
+            + e.args[1:]
 
 
 def abandon(staged) -> None:
@@ -250,9 +299,14 @@ def staged_dump_dir(out: str | os.PathLike):
     tmp.chmod(0o777 & ~_umask())
     ok = False
     try:
-        yield tmp
+        try:
+            yield tmp
+        except Exception as e:
+            _keep_incomplete(tmp, out, e)
+            raise
         if (tmp / _ABANDON).exists():
             return
+        _stop_if_interrupted()
         with signals_deferred():
             created = not out.exists()
             prepare_dump_dir(out)

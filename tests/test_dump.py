@@ -350,3 +350,50 @@ def test_every_node_carries_its_statistics_and_digest(tmp_path, engine):
             assert node.digest == hashlib.sha256(raw).hexdigest(), node.name
             checked += 1
     assert checked > 40
+
+
+# ---- a scenario refused part way ----------------------------------------------------------------
+
+@pytest.mark.parametrize("engine", ["graphgen", "llama.cpp"])
+def test_a_step_refused_part_way_is_named_and_its_graphs_kept_apart(tmp_path, engine):
+    """The KV cache fills at step 46 (a block): the refusal names the step, OUT stays as it was,
+    and the 32 graphs before it are in OUT.incomplete/ with a file INCOMPLETE saying why; a
+    second run replaces that folder, one of the user's own of that name is left alone."""
+    import subprocess
+    import sys
+    from graphgen.synth import make_model
+    model = tmp_path / "m.gguf"
+    make_model(model, "dflash")
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "graphgen.cli", "dump", str(model), "--prompt", "200", "-c", "256", "--steps", "20",
+           "--out", str(out), "--engine", engine]
+    for _ in range(2):
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        (line,) = [x for x in p.stderr.splitlines() if x.startswith("graphgen: error:")]
+        assert p.returncode == 2 and "step 46 (block): " in line, p.stderr
+        assert line.endswith(f"the 32 graph(s) before it are in {out}.incomplete/ (marked INCOMPLETE)"), line
+        kept = tmp_path / "out.incomplete"
+        assert not out.exists() and len(D.dump_files(kept)) == 32
+        why = (kept / "INCOMPLETE").read_text()
+        assert "step 46 (block)" in why and "32 graph(s)" in why
+    # a folder of that name that graphgen did not make: untouched, and not offered as the graphs'
+    (kept / "INCOMPLETE").unlink()
+    before = sorted(p.name for p in kept.iterdir())
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 2 and "step 46 (block)" in p.stderr and ".incomplete" not in p.stderr
+    assert sorted(p.name for p in kept.iterdir()) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.gguf", "out.incomplete"]
+
+
+def test_run_scenario_names_the_refused_step(tmp_path):
+    from graphgen.engine import run_scenario
+    from graphgen.errors import BatchError
+    from graphgen.synth import make_model
+    model = tmp_path / "m.gguf"
+    make_model(model, "dflash")
+    sc = parse_scenario({"n_ctx": 256, "n_ubatch": 8, "steps": [
+        {"inject": {"n_tokens": 6, "pos0": 0}}, {"seq_rm": {"seq": 0, "p0": 6, "p1": -1}},
+        {"block": {"pos0": 2, "tokens": [7, 255, 255, 255]}}]})
+    with pytest.raises(BatchError, match=r"^step 2 \(block\): sequence 0") as e:
+        run_scenario(model, sc, tmp_path / "d")
+    assert e.value.step.index == 2 and e.value.step.kind == "block"

@@ -222,6 +222,33 @@ def test_a_signal_in_a_weakref_callback_is_not_lost(tmp_path):
     assert (p.returncode, p.stderr) == (130, "graphgen: interrupted\n"), (p.returncode, p.stderr[-2000:])
 
 
+@pytest.mark.parametrize("swallowed", [False, True], ids=["converted", "swallowed"])
+def test_an_interrupt_c_code_turns_into_another_error_still_ends_the_command(tmp_path, swallowed):
+    """C code may turn the interrupt into another error (an extension's import failing with
+    ImportError, a class's __set_name__ failing with RuntimeError), and a caller may swallow
+    that error as an optional feature's probe does: the command still ends as interrupted."""
+    (tmp_path / "c_interrupt.py").write_text(
+        "import os, signal, sys\n"
+        "import graphgen.cli as cli\n"
+        "real = cli._main\n"
+        "class D:\n"
+        "    def __set_name__(self, owner, name):\n"
+        "        os.kill(os.getpid(), signal.SIGINT)\n"
+        "        for _ in range(100000): pass\n"
+        "def land():\n"
+        "    class C:\n"
+        "        d = D()\n"
+        "    raise RuntimeError('the interrupt, turned into another error')\n"
+        "def _main(argv):\n"
+        + ("    try:\n        land()\n    except Exception:\n        pass\n" if swallowed else "    land()\n")
+        + "    return real(argv)\n"
+        "cli._main = _main\n"
+        "sys.exit(cli.main(['devices']))\n")
+    p = subprocess.run([sys.executable, "-m", "c_interrupt"], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=60)
+    assert (p.returncode, p.stderr) == (130, "graphgen: interrupted\n"), (p.returncode, p.stderr[-2000:])
+
+
 def test_a_signal_in_an_import_callback_is_raised_once_it_returns():
     """Python prints and drops an exception raised in the import system's weakref callbacks: a
     signal landing there is raised a moment later instead, not lost and not printed."""

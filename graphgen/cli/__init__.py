@@ -45,11 +45,33 @@ def main(argv=None) -> int:
     # everything inside the try, the handlers' own import included: an interrupt before they are
     # in place is Python's KeyboardInterrupt, and ends the command the same way
     try:
-        from ..staging import install_handlers
+        from ..staging import install_handlers, pending_signal
         install_handlers()
-        return _main(argv)
+        code = _main(argv)
+        # a signal whose exception C code swallowed: the command still ends as interrupted
+        intr = pending_signal()
+        return code if intr is None else _interrupted(intr)
     except KeyboardInterrupt as e:
         return _interrupted(e)
+    except Exception as e:
+        intr = _interrupt_behind(e)
+        if intr is None:
+            raise
+        return _interrupted(intr)
+
+
+def _interrupt_behind(e: BaseException) -> KeyboardInterrupt | None:
+    """The interrupt an error stands for: one raised while an interrupt unwound (a zip file that
+    cannot close half-written), or one C code made of the interrupt (an extension's import that
+    fails with it, a __set_name__ error caused by it), whether or not it kept it as the cause."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, KeyboardInterrupt):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    from ..staging import pending_signal
+    return pending_signal()
 
 
 def _interrupted(e: KeyboardInterrupt) -> int:
@@ -80,13 +102,10 @@ def _main(argv) -> int:
         return _closed_pipe()
     except (GraphgenError, ScenarioError, DumpError, FileNotFoundError, ValueError, NotImplementedError,
             OSError, RuntimeError) as e:
-        # an error raised while an interrupt unwound (a zip file that cannot close half-written,
-        # say) is the interrupt's consequence: end as the interrupt
-        ctx = e.__context__
-        while ctx is not None:
-            if isinstance(ctx, KeyboardInterrupt):
-                raise ctx from None
-            ctx = ctx.__context__
+        # the interrupt's consequence: end as the interrupt
+        intr = _interrupt_behind(e)
+        if intr is not None:
+            raise intr from None
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         print(f"graphgen: error: {msg}", file=sys.stderr)
         return 2

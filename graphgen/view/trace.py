@@ -184,7 +184,7 @@ def run_trace(model, scenario, out: TextIO = sys.stdout, filter_patterns=None, a
               dump_dir=None, backend: str = "cpu", as_json: bool = False) -> int:
     """Run the scenario, printing every node; 0 when done, 1 when --abort-on-nan stopped it."""
     from graphgen.dump import write_dump
-    from graphgen.engine import engine_header
+    from graphgen.engine import engine_header, naming_step
     from graphgen.record import n_kv_from_nodes
     from graphgen.runtime.session import Session
 
@@ -200,22 +200,24 @@ def run_trace(model, scenario, out: TextIO = sys.stdout, filter_patterns=None, a
     try:
         for step in scenario.steps:
             if step.kind == "seq_rm":
-                sess.seq_rm(step.seq, step.pos0, step.p1)
+                with naming_step(step):
+                    sess.seq_rm(step.seq, step.pos0, step.p1)
                 continue
             rec.graph = f"{seq_no:02d}-{step.kind}"
             if not as_json:
                 print(f"{GRAPH_MARK} {rec.graph}", file=out)
             rec.reset()
-            if step.kind == "encoder":
-                sess.encode(scenario.features(step, hp.n_embd_inp_enc), step.pos0, step.seq, recorder=rec)
-            elif step.kind == "inject":
-                r = sess.inject(scenario.features(step, hp.n_embd_inp_enc), step.pos0, step.seq, recorder=rec)
-                if r.h_nextn is not None:
-                    for i in range(step.n_tokens):
-                        context_rows[(step.seq, step.pos0 + i)] = r.h_nextn[i]
-            else:
-                sess.block_multi([(b.seq, b.tokens, b.pos0) for b in step.blocks], recorder=rec,
-                                 embd_state=_embd_state(sess, scenario, step, context_rows))
+            with naming_step(step):
+                if step.kind == "encoder":
+                    sess.encode(scenario.features(step, hp.n_embd_inp_enc), step.pos0, step.seq, recorder=rec)
+                elif step.kind == "inject":
+                    r = sess.inject(scenario.features(step, hp.n_embd_inp_enc), step.pos0, step.seq, recorder=rec)
+                    if r.h_nextn is not None:
+                        for i in range(step.n_tokens):
+                            context_rows[(step.seq, step.pos0 + i)] = r.h_nextn[i]
+                else:
+                    sess.block_multi([(b.seq, b.tokens, b.pos0) for b in step.blocks], recorder=rec,
+                                     embd_state=_embd_state(sess, scenario, step, context_rows))
             if rec.pipe_closed:
                 raise BrokenPipeError("the trace's reader closed its end")
             if rec.aborted:
