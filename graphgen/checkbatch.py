@@ -41,7 +41,11 @@ from .diff import compare_values
 from .scenario import KV_QUANTIZED, KV_TYPES, SeqBlock, Scenario, Step
 
 ENGINES = ("graphgen", "llama.cpp")
-DEFAULT_N_SEQ = (1, 2, 4, 8, 16)
+# 4 sequences hold equal blocks and unequal ones down to a one-token block: seconds on a tiny
+# draft. The whole sweep (--thorough) takes minutes there, most of it in b11739's runs.
+DEFAULT_N_SEQ = (4,)
+THOROUGH_N_SEQ = (1, 2, 4, 8, 16)
+FAIL_ON = ("batch", "parity")
 KINDS = ("equal", "unequal")
 # values of every node are kept: the comparison slices them
 MAX_DATA = 1 << 26
@@ -119,20 +123,34 @@ class Settings:
     type_k: str
     type_v: str
     seed: int
+    cells: int = 0          # the cells the largest case takes (every prompt and block)
+    longest: int = 0        # the most tokens one step sends (the largest batched block, or a prompt)
+    n_threads: int = 1
+    flash_attn_asked: str | None = None   # "auto" when -fa auto decided flash_attn
 
 
-def settings_for(cases: list[Case], flash_attn: bool, type_k: str, type_v: str, seed: int) -> Settings:
-    """One context size for every run: every case's cells, and a batch that holds the longest
-    step (the fillers of the own-cache runs included)."""
-    cells = max([c.n_cells for c in cases if c.note is None] + [1])
-    n_ubatch = max(64, cells)
-    n_ctx = -(-max(cells, n_ubatch) // 256) * 256
-    return Settings(n_ctx, n_ubatch, flash_attn, type_k, type_v, seed)
+def settings_for(cases: list[Case], flash_attn: bool, type_k: str, type_v: str, seed: int,
+                 n_ctx: int | None = None, n_ubatch: int | None = None, n_threads: int = 1) -> Settings:
+    """One context size for every run: the largest case's cells, and a micro-batch that holds
+    the longest step in one graph (a batch split in micro-batches would not be one batch).
+    The fillers of the own-cache runs are shorter than the batched block they replace."""
+    ran = [c for c in cases if c.note is None]
+    cells = max([c.n_cells for c in ran] + [1])
+    longest = max([max([c.n_tokens] + c.prompts) for c in ran] + [1])
+    if n_ubatch is not None and n_ubatch < longest:
+        raise CheckBatchError(f"-ub {n_ubatch}: the largest step sends {longest} tokens, which must be one graph; "
+                              f"give -ub {longest} or more")
+    if n_ctx is not None and n_ctx < cells:
+        raise CheckBatchError(f"-c {n_ctx}: the largest case takes {cells} cells (its prompts and blocks); give "
+                              f"-c {cells} or more")
+    ub = n_ubatch if n_ubatch is not None else max(64, longest)
+    ctx = n_ctx if n_ctx is not None else -(-cells // 256) * 256
+    return Settings(ctx, ub, flash_attn, type_k, type_v, seed, cells, longest, n_threads)
 
 
 def _scenario(st: Settings, n_seq: int, steps: list[tuple]) -> Scenario:
     sc = Scenario(n_ctx=st.n_ctx, n_ubatch=st.n_ubatch, flash_attn=st.flash_attn, type_k=st.type_k,
-                  type_v=st.type_v, seed=st.seed, n_seq=n_seq)
+                  type_v=st.type_v, seed=st.seed, n_seq=n_seq, n_threads=st.n_threads)
     for k, (kind, arg) in enumerate(steps):
         if kind == "inject":
             seq, n, pos0 = arg
@@ -336,6 +354,29 @@ def output_indices(nodes) -> list[int]:
     return [n.index for n in nodes if n.index not in used and n.op not in ("SET_ROWS", "CPY")]
 
 
+def node_label(nodes, k: int) -> str:
+    """A node's name, or for one ggml named itself (`node_3`, `node_3 (reshaped)`, which say
+    nothing and shift with the graph) its op, the named node it reads and its index:
+    `VIEW of Kcur-0 (#3)`."""
+    from .layers import is_auto_name
+
+    node = nodes[k]
+    if not is_auto_name(node.name):
+        return node.name
+    named = [s for s in node.src if s and not is_auto_name(s)]
+    latest = {n.name: n.index for n in nodes[:k]}
+    srcs, seen = [s for s in node.src if s], set()
+    # else through sources that are themselves unnamed, to the nearest named one
+    while srcs and not named:
+        s = srcs.pop(0)
+        if not is_auto_name(s):
+            named.append(s)
+        elif latest.get(s) is not None and latest[s] not in seen:
+            seen.add(latest[s])
+            srcs += [x for x in nodes[latest[s]].src if x]
+    return f"{node.op} of {' and '.join(named[:2])} (#{k})" if named else f"{node.op} (#{k})"
+
+
 def pair_nodes(a_nodes, b_nodes) -> list[tuple[int, int]]:
     """(index in a, index in b) of nodes with the same name, k-th occurrence with k-th."""
     seen: dict[str, list[int]] = {}
@@ -428,9 +469,9 @@ def compare_sequence(batched: Graph, alone: Graph, case: Case, i: int, outputs_o
     # an output one graph has and the other lacks (a head that builds its lattice only for some
     # batches) is a difference in what the caller reads
     for k in sorted(outs - {ia for ia, _ in pairs}):
-        got.append((f"{alone.nodes[k].name} (absent batched)", math.inf, False, True))
+        got.append((f"{node_label(alone.nodes, k)} (absent batched)", math.inf, False, True))
     for k in sorted(outs_b - {ib for _, ib in pairs}):
-        got.append((f"{batched.nodes[k].name} (absent alone)", math.inf, False, True))
+        got.append((f"{node_label(batched.nodes, k)} (absent alone)", math.inf, False, True))
     for ia, ib in pairs:
         is_out = ia in outs or ib in outs_b
         if outputs_only and not is_out:
@@ -447,7 +488,8 @@ def compare_sequence(batched: Graph, alone: Graph, case: Case, i: int, outputs_o
             if na.digest is None or nb.digest is None:
                 skipped += 1
                 continue
-            got.append((na.name, 0.0 if na.digest == nb.digest else math.inf, na.digest == nb.digest, is_out))
+            got.append((node_label(alone.nodes, ia), 0.0 if na.digest == nb.digest else math.inf,
+                        na.digest == nb.digest, is_out))
             continue
         if how is None or va is None or vb is None:
             skipped += 1
@@ -457,7 +499,7 @@ def compare_sequence(batched: Graph, alone: Graph, case: Case, i: int, outputs_o
             skipped += 1
             continue
         same = _same_bits(va, part)
-        got.append((na.name, 0.0 if same else _nmse(va, part), same, is_out))
+        got.append((node_label(alone.nodes, ia), 0.0 if same else _nmse(va, part), same, is_out))
     if not any(is_out for *_, is_out in got):
         raise CheckBatchError(f"n_seq {case.n_seq} {case.kind} blocks, sequence {i}: no output of the block graph "
                               "could be cut to the sequence's rows; nothing to compare")
@@ -535,6 +577,7 @@ class CaseResult:
     note: str | None = None
     seqs: dict = field(default_factory=dict)   # engine -> [SeqResult]
     reproducible: dict = field(default_factory=dict)  # engine -> the batched block was the same in every run
+    prompts: list = field(default_factory=list)        # each sequence's prompt length
 
     def to_dict(self) -> dict:
         d = {"n_seq": self.n_seq, "blocks": self.kind}
@@ -555,29 +598,49 @@ class Report:
     engines: tuple
     cases: list = field(default_factory=list)
     parity: dict | None = None   # graphs, nodes, first difference (both engines)
+    fail_on: str = "batch"       # what exit 1 says: "batch" (a dependence, or the engines differ), "parity"
 
     def dependent(self, engine: str) -> bool:
         return any(not s.identical for c in self.cases if not c.note for s in c.seqs[engine]) or \
             any(not c.reproducible[engine] for c in self.cases if not c.note)
 
+    def engines_differ(self) -> bool:
+        return self.parity is not None and not self.parity["identical"]
+
     def exit_code(self) -> int:
-        if self.parity is not None:
-            return 0 if self.parity["identical"] else 1
-        return 1 if self.dependent(self.engines[0]) else 0
+        if self.fail_on == "parity":
+            return 1 if self.engines_differ() else 0
+        return 1 if self.engines_differ() or any(self.dependent(e) for e in self.engines) else 0
+
+    def exit_reason(self) -> str:
+        """Why the command exits as it does, in words."""
+        if self.fail_on == "parity":
+            return ("exit 1: the engines' graphs differ" if self.engines_differ() else
+                    "exit 0: the engines' graphs are bit-identical (--fail-on parity: a batch dependence both share "
+                    "does not fail)")
+        if self.engines_differ():
+            return "exit 1: the engines' graphs differ"
+        dep = [label(e) for e in self.engines if self.dependent(e)]
+        if dep:
+            return f"exit 1: results depend on the batch in {' and '.join(dep)}"
+        return "exit 0: no result depends on the batch"
 
     def verdict(self, engine: str) -> str:
-        seqs = [s for c in self.cases if not c.note for s in c.seqs[engine]]
-        n_batches = sum(1 for c in self.cases if not c.note)
+        ran = [c for c in self.cases if not c.note]
+        seqs = [s for c in ran for s in c.seqs[engine]]
         if not self.dependent(engine):
-            return (f"{label(engine)}: results do not depend on the batch: {len(seqs)} sequences in {n_batches} batches, "
+            return (f"{label(engine)}: results do not depend on the batch: {len(seqs)} sequences in {len(ran)} batches, "
                     "every compared node bit-identical batched and alone, and every output the same in a cache of its own")
         bad = [s for s in seqs if not s.identical]
+        where = ", ".join(f"{sum(not s.identical for s in c.seqs[engine])} of {c.n_seq} at n_seq {c.n_seq} {c.kind} blocks"
+                          for c in ran if any(not s.identical for s in c.seqs[engine]))
         worst = max(bad, key=lambda s: max(s.outputs_nmse, s.own_outputs_nmse), default=None)
-        text = f"{label(engine)}: results DEPEND on the batch: {len(bad)} of {len(seqs)} sequences differ"
+        text = (f"{label(engine)}: results DEPEND on the batch: {len(bad)} of the {len(seqs)} sequences checked "
+                f"{'differs' if len(bad) == 1 else 'differ'} batched from alone ({where})")
         if worst is not None:
             text += (f"; outputs NMSE up to {max(worst.outputs_nmse, worst.own_outputs_nmse):.3g}, "
-                     f"first at node {worst.first_node or '(outputs)'}")
-        if any(not c.reproducible[engine] for c in self.cases if not c.note):
+                     f"first differing node {worst.first_node or '(an output)'}")
+        if any(not c.reproducible[engine] for c in ran):
             text += "; the same batched block computed twice differs"
         return text
 
@@ -590,13 +653,19 @@ class Report:
                 "engines": list(self.engines),
                 "batch_dependent": {e: self.dependent(e) for e in self.engines},
                 "verdict": {e: self.verdict(e) for e in self.engines},
-                "cases": [c.to_dict() for c in self.cases], "parity": self.parity, "exit_code": self.exit_code()}
+                "cases": [c.to_dict() for c in self.cases], "parity": self.parity, "fail_on": self.fail_on,
+                "exit_code": self.exit_code()}
 
     def format_text(self) -> str:
         st = self.settings
-        lines = [f"check-batch {self.model}: n_ctx {st.n_ctx}, n_ubatch {st.n_ubatch}, flash attention "
-                 f"{'on' if st.flash_attn else 'off'}, KV {st.type_k}/{st.type_v}, block {self.block}, "
-                 f"prompts {self.prompt}+, seed {st.seed}"]
+        prompts = sorted({p for c in self.cases for p in c.prompts} or {self.prompt})
+        fa = "on" if st.flash_attn else "off"
+        if st.flash_attn_asked == "auto":
+            fa += " (-fa auto)"
+        lines = [f"check-batch {self.model}: flash attention {fa}, KV cache {st.type_k}/{st.type_v}, block {self.block}, "
+                 f"prompts of {prompts[0]}" + (f" to {prompts[-1]}" if len(prompts) > 1 else "") + f" rows, seed {st.seed}",
+                 f"  context -c {st.n_ctx}: the largest case's prompts and blocks take {st.cells} cells; micro-batch "
+                 f"-ub {st.n_ubatch}: the longest step sends {st.longest} tokens, computed as one graph"]
         for e in self.engines:
             lines += ["", f"{label(e)} (each sequence batched against alone, same cache; own: outputs against "
                           "a cache of its own)",
@@ -621,6 +690,7 @@ class Report:
             p = self.parity
             lines.append(f"graphgen vs {label('llama.cpp')}: {p['graphs']} block graphs, {p['nodes']} nodes: "
                          + ("bit-identical" if p["identical"] else f"DIFFER ({p['first']})"))
+        lines.append(self.exit_reason())
         return "\n".join(lines)
 
 
@@ -638,20 +708,34 @@ def parse_n_seq(text: str) -> list[int]:
     return sorted(set(vals))
 
 
-def check_batch(model, n_seqs=DEFAULT_N_SEQ, block: int | None = None, prompt: int = 6, flash_attn: bool = False,
-                type_k: str = "f16", type_v: str = "f16", engines=ENGINES, seed: int = 0, progress=None) -> Report:
-    """Run every case in each engine and compare; `progress(text)` is told what runs."""
+def check_batch(model, n_seqs=DEFAULT_N_SEQ, block: int | None = None, prompt: int = 6, flash_attn: bool | str = False,
+                type_k: str = "f16", type_v: str = "f16", engines=ENGINES, seed: int = 0, progress=None,
+                n_ctx: int | None = None, n_ubatch: int | None = None, n_threads: int = 1,
+                fail_on: str = "batch") -> Report:
+    """Run every case in each engine and compare; `progress(text)` is told what runs.
+    flash_attn: a bool, or -fa's "on", "off" or "auto" (b11739 then decides itself, graphgen as
+    llamaflags.resolve_fa does; the engines' parity shows a disagreement)."""
+    from .cli.llamaflags import resolve_fa
     from .runtime.model import load
     from .validate import check_kv_types
 
     engines = tuple(engines)
     if not engines or any(e not in ENGINES for e in engines):
         raise CheckBatchError(f"--engine must name graphgen, llama.cpp or both, got {', '.join(engines) or 'none'}")
+    if fail_on not in FAIL_ON:
+        raise CheckBatchError(f"--fail-on must be one of {', '.join(FAIL_ON)}, got {fail_on!r}")
+    if fail_on == "parity" and len(engines) != 2:
+        raise CheckBatchError("--fail-on parity compares the two engines: it needs --engine both")
+    asked = flash_attn if isinstance(flash_attn, str) else None
+    if asked is not None:
+        if asked not in ("on", "off", "auto"):
+            raise CheckBatchError(f"-fa must be on, off or auto, got {asked!r}")
+        flash_attn = bool(resolve_fa(asked))
     for flag, v in (("--type-k", type_k), ("--type-v", type_v)):
         if v not in KV_TYPES:
             raise CheckBatchError(f"{flag} must be one of {', '.join(KV_TYPES)}, got {v!r}")
     if type_v in KV_QUANTIZED and not flash_attn:
-        raise CheckBatchError(f"--type-v {type_v}: a quantized V cache requires flash attention (-fa on)")
+        raise CheckBatchError(f"--type-v {type_v}: a quantized V cache requires flash attention (-fa on or auto)")
     if prompt < 1:
         raise CheckBatchError(f"--prompt must be at least 1, got {prompt}")
     m = load(model)
@@ -670,22 +754,27 @@ def check_batch(model, n_seqs=DEFAULT_N_SEQ, block: int | None = None, prompt: i
         raise CheckBatchError(f"--block {block} is longer than this head's lattice holds ({rules.max_block} rows, "
                               "the draft's block_size)")
     cases = plan_cases(rules, n_vocab, mask, n_seqs, block, prompt, seed)
-    st = settings_for(cases, flash_attn, type_k, type_v, seed)
-    report = Report(Path(model).name, st, block, prompt, engines)
+    st = settings_for(cases, flash_attn, type_k, type_v, seed, n_ctx, n_ubatch, n_threads)
+    st.flash_attn_asked = asked
+    report = Report(Path(model).name, st, block, prompt, engines, fail_on=fail_on)
     tmp = tempfile.TemporaryDirectory(prefix="graphgen-checkbatch-")
     worker = ReferenceWorker(Path(tmp.name)) if "llama.cpp" in engines else None
     parity = {"graphs": 0, "nodes": 0, "identical": True, "first": None} if len(engines) == 2 else None
     try:
+        n_runs, run = sum(1 for c in cases if not c.note) * len(engines), 0
         for case in cases:
-            cr = CaseResult(case.n_seq, case.kind, case.note)
+            cr = CaseResult(case.n_seq, case.kind, case.note, prompts=list(case.prompts))
             report.cases.append(cr)
             if case.note:
                 continue
             sc, roles = case_scenario(case, st)
+            sc.flash_attn_auto = asked == "auto"
             runs = {}
             for e in engines:
+                run += 1
                 if progress:
-                    progress(f"n_seq {case.n_seq} {case.kind} blocks: {label(e)}, {len(roles)} block graphs")
+                    progress(f"run {run} of {n_runs}: n_seq {case.n_seq}, {case.kind} blocks, {label(e)} "
+                             f"({len(roles)} block graphs)")
                 graphs = run_graphgen(model, sc) if e == "graphgen" else worker.run(model, sc)
                 cr.seqs[e], cr.reproducible[e], runs[e] = compare_case(case, graphs, roles, e)
             if parity is not None:

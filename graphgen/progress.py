@@ -56,10 +56,14 @@ class Task:
     """One piece of slow work: `update()` says what it is doing now, `close()` (or leaving the
     `with` block) ends it. Cheap to update often: printing is throttled here."""
 
-    def __init__(self, what: str, stream=None, mode: str | None = None):
+    def __init__(self, what: str, stream=None, mode: str | None = None, every_step: bool = False):
         self.what = what
         self.stream = stream if stream is not None else sys.stderr
         self.mode = mode or _mode
+        # work of few, long steps (check-batch's cases): each is a line, terminal or not
+        self.every_step = every_step
+        if every_step and self.mode == "auto":
+            self.mode = "always"
         self.t0 = time.monotonic()
         self.message = ""
         self._printed = ""          # the last message printed as a line (`always`)
@@ -87,7 +91,8 @@ class Task:
             now = time.monotonic() - self.t0
             # a new stage (its first word: loading, computing, writing) always prints; the same
             # stage with new numbers at most once a LINE_GAP
-            if message == self._printed or _stage(message) == _stage(self._printed) and now - self._t_line < LINE_GAP:
+            if message == self._printed or not self.every_step and _stage(message) == _stage(self._printed) \
+                    and now - self._t_line < LINE_GAP:
                 return
             self._write_line(f"graphgen: {self.what}: {message}")
             self._printed, self._t_line = message, now
@@ -149,6 +154,7 @@ def _is_terminal(stream) -> bool:
         return False
 
 
-def task(what: str, stream=None) -> Task:
-    """A Task in the process's mode: `with progress.task("make-model") as p: p.update("...")`."""
-    return Task(what, stream)
+def task(what: str, stream=None, every_step: bool = False) -> Task:
+    """A Task in the process's mode: `with progress.task("make-model") as p: p.update("...")`.
+    every_step: each update is a line on stderr, terminal or not, unless --quiet."""
+    return Task(what, stream, every_step=every_step)

@@ -32,8 +32,9 @@ def _graphs_per_case(n_seq: int) -> int:
 
 @pytest.mark.reference
 def test_cli_both_engines_json(draft, capsys):
-    rc = main(["check-batch", str(draft), "--n-seq", "1,4", "--json", "--quiet"])
+    rc = main(["check-batch", str(draft), "--n-seq", "1,4", "--json", "--quiet", "--fail-on", "parity"])
     out = json.loads(capsys.readouterr().out)
+    # --fail-on parity: a batch dependence the engines share passes
     assert rc == 0 == out["exit_code"]
     assert out["engines"] == ["graphgen", "llama.cpp"]
     # the two engines bit for bit on every block graph of every case
@@ -60,6 +61,10 @@ def test_cli_both_engines_json(draft, capsys):
     assert {s["n_tokens"] for s in unequal4 if not s["identical"]} == {1}
     assert all(s["worst_node"] for s in unequal4 if not s["identical"])
     assert out["batch_dependent"] == {"graphgen": True, "llama.cpp": True}
+    # by default the exit code says whether anything depends on the batch: here it does
+    assert main(["check-batch", str(draft), "--n-seq", "4", "--quiet"]) == 1
+    text = capsys.readouterr().out
+    assert "exit 1: results depend on the batch in graphgen and llama.cpp b11739" in text
 
 
 def _node(i, name, ne, src=()):
@@ -256,3 +261,89 @@ def test_an_output_missing_in_the_batch_is_a_difference(tmp_path):
     assert (full.n_tokens, short.n_tokens) == (4, 3)
     assert full.outputs_nmse == np.inf and full.first_node.endswith("(absent batched)")
     assert short.identical
+
+
+def test_default_run_is_small_and_exit_says_dependence(draft, capsys):
+    """Without --n-seq one batch size runs (seconds on a tiny draft, not the whole sweep); the
+    exit code is 1 when some sequence's results depend on the batch (a one-token block alone
+    is a one-row matmul: its last bits differ), 0 when none does."""
+    assert cb.DEFAULT_N_SEQ == (4,) and cb.THOROUGH_N_SEQ == (1, 2, 4, 8, 16)
+    rc = main(["check-batch", "-m", str(draft), "--engine", "graphgen", "--json", "--quiet"])
+    out = json.loads(capsys.readouterr().out)
+    assert [(c["n_seq"], c["blocks"]) for c in out["cases"]] == [(4, "equal"), (4, "unequal")]
+    assert out["batch_dependent"] == {"graphgen": True}
+    assert rc == 1 == out["exit_code"]
+    # equal blocks of two sequences: nothing depends on the batch, exit 0
+    assert main(["check-batch", str(draft), "--engine", "graphgen", "--n-seq", "2", "--quiet"]) == 0
+    assert "exit 0: no result depends on the batch" in capsys.readouterr().out
+    with pytest.raises(cb.CheckBatchError, match="--fail-on parity"):
+        cb.check_batch(draft, n_seqs=[2], engines=("graphgen",), fail_on="parity")
+
+
+def test_progress_lines_when_stderr_is_not_a_terminal(draft, capsys):
+    """Each run is a line on stderr as it starts, whether or not stderr is a terminal (capsys'
+    is not); --quiet prints none."""
+    from graphgen import progress
+    assert not __import__("sys").stderr.isatty()
+    progress.set_mode("auto")
+    assert main(["check-batch", str(draft), "--engine", "graphgen", "--n-seq", "1,2"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    # every run, however quick the one before it
+    assert [e.split(": ", 2)[2] for e in err[:3]] == [
+        "run 1 of 3: n_seq 1, equal blocks, graphgen (5 block graphs)",
+        "run 2 of 3: n_seq 2, equal blocks, graphgen (9 block graphs)",
+        "run 3 of 3: n_seq 2, unequal blocks, graphgen (9 block graphs)"]
+    assert len(err) == 4 and err[3].startswith("graphgen: check-batch ") and " done in " in err[3]
+    assert main(["check-batch", str(draft), "--engine", "graphgen", "--n-seq", "2", "--quiet"]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_unnamed_nodes_reported_by_op_source_and_index():
+    """ggml names an unnamed node `node_<i>`: the report names its op, the named node it reads
+    (through unnamed ones) and its index instead."""
+    nodes = [Node(index=0, name="Kcur-0", op="MUL_MAT", type="f32", ne=[8, 4, 1, 1], src=["w", "x"]),
+             Node(index=1, name="node_1", op="VIEW", type="f32", ne=[8, 2, 1, 1], src=["Kcur-0"]),
+             Node(index=2, name="node_2 (reshaped)", op="RESHAPE", type="f32", ne=[16, 1, 1, 1], src=["node_1"]),
+             Node(index=3, name="node_3", op="MUL_MAT", type="f32", ne=[1, 1, 1, 1], src=["w2", "node_2 (reshaped)"]),
+             Node(index=4, name="node_4", op="SCALE", type="f32", ne=[1, 1, 1, 1], src=["node_3"]),
+             Node(index=5, name="kq-0", op="SCALE", type="f32", ne=[1, 1, 1, 1], src=["node_4"])]
+    assert [cb.node_label(nodes, k) for k in range(6)] == [
+        "Kcur-0", "VIEW of Kcur-0 (#1)", "RESHAPE of Kcur-0 (#2)", "MUL_MAT of w2 (#3)", "SCALE of w2 (#4)", "kq-0"]
+
+
+def test_report_names_the_first_differing_node(draft):
+    """The tiny draft's one-token block differs from its first matmul on; the report names that
+    node by op and sources, never as ggml's `node_<i>`."""
+    rep = _run(draft, 4)
+    bad = [s for s in rep.cases[1].seqs["graphgen"] if not s.identical]
+    assert len(bad) == 1 and bad[0].n_tokens == 1
+    assert bad[0].first_node == "MUL_MAT of blk.0.attn_q.weight and noise_norm-0 (#3)"
+    text = rep.format_text()
+    assert "node_" not in text and "first differing node MUL_MAT of blk.0.attn_q.weight" in text
+
+
+def test_context_flags_and_what_the_header_says(draft, capsys):
+    """-c and -ub as llama.cpp's: the header says what each holds; sizes too small are refused
+    naming the flag and the size needed; -fa auto turns flash attention on as b11739 does on
+    the CPU."""
+    rc = main(["check-batch", str(draft), "--engine", "graphgen", "--n-seq", "4", "-c", "512", "-ub", "100",
+               "-fa", "auto", "--quiet"])
+    text = capsys.readouterr().out
+    head = text.splitlines()[:2]
+    assert rc == 1
+    assert head[0].startswith("check-batch dflash.gguf: flash attention on (-fa auto), KV cache f16/f16, block 4, "
+                              "prompts of 6 to 10 rows")
+    # 4 sequences: prompts 6, 9, 7, 10 and blocks 4+4 (equal) = 48 cells; 16 tokens in the batch
+    assert head[1] == ("  context -c 512: the largest case's prompts and blocks take 48 cells; micro-batch -ub 100: "
+                       "the longest step sends 16 tokens, computed as one graph")
+    # 8 sequences: 94 cells, but the longest step is the batch's 32 tokens: -ub 64, not 94
+    from types import SimpleNamespace
+    rules = SimpleNamespace(equal_blocks=False, max_block=0, head="dflash")
+    st = cb.settings_for(cb.plan_cases(rules, 100, 99, [8], 4, 6, 0), False, "f16", "f16", 0)
+    assert (st.cells, st.longest, st.n_ubatch, st.n_ctx) == (94, 32, 64, 256)
+    for argv, needle in ((["-ub", "15"], "-ub 15: the largest step sends 16 tokens"),
+                         (["-c", "47"], "-c 47: the largest case takes 48 cells"),
+                         (["-b", "8"], "-ub 8:")):
+        assert main(["check-batch", str(draft), "--engine", "graphgen", "--n-seq", "4", *argv]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("graphgen: error:") and needle in err[0], err
