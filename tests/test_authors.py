@@ -295,7 +295,7 @@ def test_check_runs_the_triangle(converted, capsys, tmp_path):
 
 @pytest.mark.parametrize("edit,message", [
     (lambda d: (d / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}'),
-     "'architectures' 'LlamaForCausalLM' is not a draft format"),
+     "key 'architectures' = ['LlamaForCausalLM'] is not a DFlash-family draft"),
     (lambda d: (d / "config.json").unlink(), "no config.json"),
     (lambda d: (d / "config.json").write_text(json.dumps(
         {k: v for k, v in json.loads((d / "config.json").read_text()).items() if k != "dflash_config"})),

@@ -296,7 +296,7 @@ def test_speculators_dflash_sampling_from_the_anchor_is_refused(work, spec):
 
 @pytest.mark.parametrize("change, match", [
     (dict(architectures=["LlamaForCausalLM"]), r"key 'architectures' = \['LlamaForCausalLM'\]"),
-    (dict(architectures=None), r"no key 'architectures'"),
+    (dict(architectures=None), r"config\.json: missing key 'architectures'"),
     (dict(dflash_config={"block_size": 8, "target_layer_ids": [1, 4]}), r"key 'dflash_config\.mask_token_id' = None"),
 ])
 def test_unknown_or_incomplete_configs_are_refused(work, zlab, change, match):
@@ -308,7 +308,7 @@ def test_unknown_or_incomplete_configs_are_refused(work, zlab, change, match):
 def test_missing_files_are_named(work, zlab, target):
     folder = _copy(zlab.hf_dir, work / "zlab-noconfig")
     (folder / "config.json").unlink()
-    with pytest.raises(ConvertError, match=r"zlab-noconfig/config\.json: no such file"):
+    with pytest.raises(ConvertError, match=r"zlab-noconfig: no config\.json: not a HuggingFace checkpoint folder"):
         convert(folder, work / "x.gguf", target_dir=target, warn=None)
     with pytest.raises(ConvertError, match=r"--target-model-dir.*zlab/target does not exist"):
         convert(zlab.hf_dir, work / "x.gguf", warn=None)
@@ -421,3 +421,65 @@ def test_hf_only_flags_are_refused_for_a_gguf(tmp_path, capsys):
     assert main(["make-model", str(tmp_path / "d.gguf"), "--conf-markov", "false"]) == 2
     assert "--conf-markov is a setting of the authors' formats" in capsys.readouterr().err
     assert not (tmp_path / "d.gguf").exists()
+
+
+# --- one checker of checkpoints: the same bad folder, the same line, from every command ----------
+
+def _truncate(folder):
+    f = folder / "model.safetensors"
+    with open(f, "r+b") as fh:
+        fh.truncate(f.stat().st_size // 2)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda d: _edit_config(d, architectures=["LlamaForCausalLM"]),
+     "config.json: key 'architectures' = ['LlamaForCausalLM'] is not a DFlash-family draft"),
+    (lambda d: _edit_config(d, hidden_size=96), "model.safetensors: tensor 'fc.weight' has shape [64, 128], "),
+    (_truncate, "model.safetensors: truncated safetensors file: its tensors need"),
+    (lambda d: (d / "model.safetensors").write_bytes(b"\x10"), "model.safetensors: truncated safetensors file"),
+    (lambda d: (d / "config.json").write_text("[1]"), "config.json: expected a JSON object"),
+    (lambda d: shutil.rmtree(d), "bad: no such file or folder"),
+])
+def test_every_command_says_the_same_of_a_bad_checkpoint(work, zlab, tmp_path, capsys, edit, message):
+    from graphgen.cli import main
+    bad = _copy(zlab.hf_dir, tmp_path / "bad")
+    edit(bad)
+    sc = tmp_path / "s.json"
+    sc.write_text(json.dumps({"steps": [{"inject": {"n_tokens": 2, "pos0": 0}}]}))
+    lines = []
+    for argv in (["convert", "bad", str(tmp_path / "o.gguf"), "--target", str(zlab.target)],
+                 ["check", "bad", "--target", str(zlab.target)],
+                 ["dump", "bad", "--engine", "torch", "--scenario", str(sc), "--out", str(tmp_path / "out")],
+                 ["info", "bad"]):
+        import os
+        cwd = os.getcwd()
+        os.chdir(tmp_path)   # the folder named as the user typed it
+        try:
+            code = main(argv)
+        finally:
+            os.chdir(cwd)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(err) == 1 and message in err[0] and err[0].startswith("graphgen: error: bad"), \
+            (argv, err)
+        lines.append(err[0])
+    assert len(set(lines)) == 1, lines
+    assert not (tmp_path / "o.gguf").exists() and not (tmp_path / "out").exists()
+
+
+def test_unwritable_places_are_named(zlab, capsys):
+    from graphgen.cli import main
+    # /proc takes no new files, even from root
+    assert main(["convert", str(zlab.hf_dir), "/proc/graphgen.gguf", "--target", str(zlab.target)]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith("graphgen: error: /proc/graphgen.gguf: cannot write")
+    assert main(["make-model", "/proc/graphgen-ck", "--format", "hf"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["graphgen: error: /proc/graphgen-ck: cannot write here (No such file or directory)"], err
+
+
+def test_info_reads_a_checkpoint_folder(zlab, capsys):
+    from graphgen.cli import main
+    assert main(["info", str(zlab.hf_dir), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["format"] == "z-lab DFlash (DFlashDraftModel)" and doc["config"]["hidden_size"] == 64
+    names = {t["name"]: t["shape"] for t in doc["tensors"]}
+    assert names["fc.weight"] == [64, 128]

@@ -286,8 +286,11 @@ def make_hf(out_dir: str | os.PathLike, spec: HFSpec, force: bool = False) -> Pa
             raise AuthorsError(f"{out}: folder is not empty" + ("" if marker.exists() else
                                " and holds no graphgen checkpoint") + "; pick a new folder"
                                + (" or pass --force" if marker.exists() else ""))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    except OSError as e:
+        raise AuthorsError(f"{out}: cannot write here ({e.strerror or e})") from None
     try:
         import torch
         _write_target(tmp / "target", s)

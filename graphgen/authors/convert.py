@@ -35,6 +35,7 @@ from typing import Callable
 
 from .. import cache
 from . import EXTRA_HINT, AuthorsError
+from .folder import inspect
 
 CONVERTER_PACKAGE = "llama-cpp-python"
 CONVERTER_VERSION = "0.3.36"
@@ -462,20 +463,22 @@ def convert(hf_dir, out, *, target_dir=None, outtype: str = "f32", force: bool =
     """Run llama.cpp's converter on a DFlash-family draft folder; writes OUT atomically."""
     t0 = time.perf_counter()
     warn = warn or (lambda line: None)
-    hf_dir = Path(hf_dir).expanduser().resolve()
-    out = Path(out).expanduser().absolute()
+    # messages name the folder as the user gave it; the converter is handed absolute paths
+    hf_dir = Path(hf_dir).expanduser()
+    out = Path(out).expanduser()
     if outtype not in OUTTYPES:
         raise ConvertError(f"outtype {outtype!r}: expected one of {', '.join(OUTTYPES)}")
     _require_modules()
-    if not hf_dir.is_dir():
-        raise ConvertError(f"{hf_dir}: no such checkpoint folder")
-    cfg = _read_json(hf_dir / "config.json", "the draft's config")
+    try:
+        cfg = inspect(hf_dir).config
+    except AuthorsError as e:
+        raise ConvertError(str(e)) from None
     if target_dir is None:
         if not (hf_dir / "target").is_dir():
             raise ConvertError(f"{hf_dir}: the converter needs the target model's folder (--target-model-dir; "
                                f"graphgen convert --target DIR), and {hf_dir / 'target'} does not exist")
         target_dir = hf_dir / "target"
-    target_dir = Path(target_dir).expanduser().resolve()
+    target_dir = Path(target_dir).expanduser()
     target_cfg = _check_target(target_dir)
     _check_out(out, force)
 
@@ -486,7 +489,11 @@ def convert(hf_dir, out, *, target_dir=None, outtype: str = "f32", force: bool =
 
     from .. import progress
     stage_root = Path(tempfile.mkdtemp(prefix="graphgen-convert."))
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+    try:
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+    except OSError as e:
+        shutil.rmtree(stage_root, ignore_errors=True)
+        raise ConvertError(f"{out}: cannot write here ({e.strerror or e})") from None
     os.close(fd)
     tmp_out = Path(tmp_name)
     try:
@@ -499,8 +506,8 @@ def convert(hf_dir, out, *, target_dir=None, outtype: str = "f32", force: bool =
         env["PYTHONDONTWRITEBYTECODE"] = "1"
         env.pop("NO_LOCAL_GGUF", None)
         env.setdefault("HF_HUB_OFFLINE", "1")  # local folders only: nothing to look up on the Hub
-        cmd = [sys.executable, str(tree / "convert_hf_to_gguf.py"), str(stage), "--outfile", str(tmp_out),
-               "--outtype", outtype, "--target-model-dir", str(target_dir)]
+        cmd = [sys.executable, str(tree / "convert_hf_to_gguf.py"), str(stage), "--outfile", str(tmp_out.resolve()),
+               "--outtype", outtype, "--target-model-dir", str(target_dir.resolve())]
         with progress.task(f"convert {hf_dir.name}") as p:
             p.update(f"running llama.cpp's converter ({CONVERTER_COMMIT})")
             proc = subprocess.run(cmd, cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

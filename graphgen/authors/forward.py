@@ -39,46 +39,24 @@ from .. import __version__
 from ..dump import Node, provenance, write_dump
 from ..scenario import Scenario
 from . import AuthorsError, require_torch
+from .folder import authors_class, inspect, shape_mismatch
 from .tensormap import entries
 
 ENGINE = "torch"
 
 
-def _read_config(hf_dir: Path) -> dict:
-    path = hf_dir / "config.json"
-    try:
-        cfg = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise AuthorsError(f"{hf_dir}: no config.json: not a HuggingFace checkpoint folder") from None
-    except ValueError as e:
-        raise AuthorsError(f"{path}: not JSON ({e})") from None
-    if not isinstance(cfg, dict):
-        raise AuthorsError(f"{path}: expected a JSON object")
-    return cfg
-
-
 def detect_format(hf_dir: str | Path) -> tuple[str, str]:
-    """(authors, variant) of a checkpoint folder, from its config.json."""
-    hf_dir = Path(hf_dir)
-    cfg = _read_config(hf_dir)
-    if "speculators_model_type" in cfg:
-        kind = cfg["speculators_model_type"]
-        if kind not in ("dflash", "dflash2", "dspark"):
-            raise AuthorsError(f"{hf_dir}/config.json: 'speculators_model_type' {kind!r} is not a DFlash-family "
-                               "draft (dflash, dflash2, dspark)")
-        for key in ("transformer_layer_config", "aux_hidden_state_layer_ids"):
-            if key not in cfg:
-                raise AuthorsError(f"{hf_dir}/config.json: missing key '{key}' of a speculators {kind} config")
-        return "speculators", kind
-    arch = cfg.get("architectures")
-    if not isinstance(arch, list) or not arch:
-        raise AuthorsError(f"{hf_dir}/config.json: missing key 'architectures'")
-    if arch[0] in ("DFlashDraftModel", "DFlash2DraftModel"):
-        if "dflash_config" not in cfg:
-            raise AuthorsError(f"{hf_dir}/config.json: missing key 'dflash_config' of a z-lab {arch[0]}")
-        return "zlab", "dflash2" if arch[0] == "DFlash2DraftModel" else "dflash"
-    raise AuthorsError(f"{hf_dir}/config.json: 'architectures' {arch[0]!r} is not a draft format graphgen knows "
-                       "(z-lab DFlashDraftModel / DFlash2DraftModel, or a speculators config)")
+    """(authors, variant) of a checkpoint folder the authors' packages can run."""
+    ck = inspect(hf_dir, shapes=False)
+    _require_authors(ck)
+    return ck.authors, ck.variant
+
+
+def _require_authors(ck) -> None:
+    if ck.authors is None:
+        raise AuthorsError(f"{ck.path / 'config.json'}: key 'architectures' = {ck.config.get('architectures')!r} has no "
+                           "authors' class on PyPI: graphgen convert converts it, check and dump --engine torch "
+                           "run z-lab's and speculators' formats only")
 
 
 def _quiet_transformers() -> None:
@@ -106,8 +84,10 @@ class AuthorsDraft:
             raise AuthorsError(f"dtype {dtype!r}: float32 or float64")
         self.dtype = getattr(torch, dtype)
         self.hf_dir = Path(hf_dir)
-        self.authors, self.variant = detect_format(self.hf_dir)
-        self.config = _read_config(self.hf_dir)
+        ck = inspect(self.hf_dir)
+        _require_authors(ck)
+        self.authors, self.variant, self.config = ck.authors, ck.variant, ck.config
+        self._checkpoint = ck
         target = Path(target_dir) if target_dir is not None else self.hf_dir / "target"
         try:
             if self.authors == "zlab":
@@ -121,7 +101,7 @@ class AuthorsDraft:
         except AuthorsError:
             raise
         except (OSError, ValueError, RuntimeError, KeyError, TypeError) as e:
-            raise AuthorsError(self._shape_mismatch() or f"{self.hf_dir}: the authors' loader refused the checkpoint: "
+            raise AuthorsError(shape_mismatch(self._checkpoint) or f"{self.hf_dir}: the authors' loader refused the checkpoint: "
                                f"{' '.join(str(e).split())[:300]}") from e
         self.model.eval()
         self.package = "dflash" if self.authors == "zlab" else "speculators"
@@ -139,43 +119,9 @@ class AuthorsDraft:
         self.sliding_layers = list(getattr(layer_cfg, "layer_types", None) or []).count("sliding_attention")
 
     # ---- loading ----
-    def _authors_class(self):
-        if self.authors == "zlab":
-            import dflash.model as zm
-            return zm.DFlash2DraftModel if self.variant == "dflash2" else zm.DFlashDraftModel
-        if self.variant == "dspark":
-            from speculators.models.dspark.core import DSparkDraftModel as cls
-        elif self.variant == "dflash2":
-            from speculators.models.dflash2.core import DFlash2DraftModel as cls
-        else:
-            from speculators.models.dflash.core import DFlashDraftModel as cls
-        return cls
-
-    def _shape_mismatch(self) -> str | None:
-        """The first tensor whose shape the config contradicts, named with its file, or None (the
-        authors' loader only says that some did)."""
-        import torch
-        from safetensors import safe_open
-        try:
-            cls = self._authors_class()
-            cfg = cls.config_class.from_pretrained(str(self.hf_dir))
-            with torch.device("meta"):
-                expected = {k: tuple(v.shape) for k, v in cls(cfg).state_dict().items()}
-        except Exception:  # noqa: BLE001 - only a better message is at stake
-            return None
-        for f in sorted(self.hf_dir.glob("*.safetensors")):
-            with safe_open(str(f), "pt") as st:
-                for name in st.keys():
-                    shape = tuple(st.get_slice(name).get_shape())
-                    want = expected.get(name, expected.get(name + ".weight"))
-                    if want is not None and want != shape:
-                        return (f"{f}: tensor '{name}' has shape {list(shape)}, {self.hf_dir / 'config.json'} "
-                                f"makes it {list(want)}")
-        return None
-
     def _load_zlab(self, target: Path) -> None:
         import torch
-        self.model = self._authors_class().from_pretrained(str(self.hf_dir), dtype=self.dtype)
+        self.model = authors_class(self.authors, self.variant).from_pretrained(str(self.hf_dir), dtype=self.dtype)
         dc = self.config["dflash_config"]
         for key in ("mask_token_id", "target_layer_ids"):
             if key not in dc:
@@ -195,7 +141,7 @@ class AuthorsDraft:
 
     def _load_speculators(self) -> None:
         import torch
-        self.model = self._authors_class().from_pretrained(str(self.hf_dir), dtype=self.dtype)
+        self.model = authors_class(self.authors, self.variant).from_pretrained(str(self.hf_dir), dtype=self.dtype)
         m, cfg = self.model, self.model.config
         # the authors' inference attention without flex's compiled masks
         cfg.transformer_layer_config._attn_implementation = "sdpa"

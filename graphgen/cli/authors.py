@@ -88,9 +88,7 @@ def _cmd_dump_torch(args, sc) -> int:
     from ..dump import dump_files
     from ..staging import staged_dump_dir
     hf = Path(args.model)
-    if not hf.is_dir():
-        raise ValueError(f"{hf}: --engine torch takes a checkpoint folder (config.json and safetensors)")
-    draft = AuthorsDraft(hf, args.target)
+    draft = AuthorsDraft(hf, args.target)   # checks the folder as every command does
     out = Path(args.out)
     with staged_dump_dir(out) as tmp:
         run_scenario_torch(hf, sc, tmp, scenario_path=args.scenario, draft=draft)

@@ -199,6 +199,10 @@ def _cmd_info(args) -> int:
     from ..models.loader import BaseHParams
     from ..ops.runtime import activate
     from ..runtime.model import load
+    if Path(args.model).is_dir():
+        return _info_checkpoint(args)
+    if not Path(args.model).exists():
+        raise ValueError(f"{args.model}: no such file or folder")
     m = load(args.model)
     hp = m.hparams
     rt = activate()
@@ -229,12 +233,41 @@ def _cmd_info(args) -> int:
     return 0
 
 
+def _info_checkpoint(args) -> int:
+    """A draft checkpoint in its authors' format: what the folder holds, read from its headers."""
+    from ..authors.checkpoint import CLASSES, label
+    from ..authors.folder import inspect
+    ck = inspect(args.model)
+    what = label(ck.authors, ck.variant) if (ck.authors, ck.variant) in CLASSES else \
+        f"{ck.config.get('architectures', ['?'])[0]} (DSpark; llama.cpp's converter reads it, no authors' class on PyPI)"
+    keys = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+            "intermediate_size", "vocab_size", "block_size", "draft_vocab_size", "mask_token_id")
+    layer = ck.config.get("transformer_layer_config") or {}
+    dc = ck.config.get("dflash_config") or {}
+    config = {k: v for k in keys for v in [dc.get(k, ck.config.get(k, layer.get(k)))] if v is not None}
+    if args.json:
+        print(json.dumps({"checkpoint": str(ck.path), "format": what, "authors": ck.authors, "variant": ck.variant,
+                          "config": config, "weights": [str(f) for f in ck.weights],
+                          "tensors": [{"name": n, "shape": sh} for n, sh in ck.tensors.items()]}, indent=1))
+        return 0
+    print(f"checkpoint {ck.path}")
+    print(f"format     {what}")
+    print("config")
+    for k, v in config.items():
+        print(f"  {k:26s} {v}")
+    print(f"tensors ({len(ck.tensors)}, in {', '.join(f.name for f in ck.weights)})")
+    for name, shape in ck.tensors.items():
+        print(f"  {name:40s} {shape}")
+    print(f"graphgen convert {ck.path} DRAFT.gguf makes the GGUF llama.cpp runs")
+    return 0
+
+
 def register(sub) -> None:
     p = sub.add_parser("make-model", help="write a tiny random-weight draft GGUF")
     add_make_model_args(p)
     p.set_defaults(fn=_cmd_make_model)
 
     p = sub.add_parser("info", help="print variant, backbone, hparams and tensors of a draft")
-    p.add_argument("model", metavar="MODEL", help="a draft GGUF file")
+    p.add_argument("model", metavar="MODEL", help="a draft GGUF file, or a checkpoint folder in its authors' format")
     p.add_argument("--json", action="store_true", help="print it as JSON")
     p.set_defaults(fn=_cmd_info)
