@@ -273,7 +273,7 @@ def run_bench(model, scenario: Scenario, *, repeat: int = 20, backend: str = "cp
     try:
         if "llama.cpp" in engines:
             if backend != "cpu":
-                raise ValueError("the llama.cpp engine runs on the CPU; bench another backend with --engines graphgen")
+                raise ValueError("the llama.cpp engine runs on the CPU; bench another backend with --engine graphgen")
             tmp = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
             json.dump(scenario.to_dict(), tmp)
             tmp.close()

@@ -110,3 +110,19 @@ def test_bench_refuses_prompt_with_scenario(tiny, tmp_path):
     p = subprocess.run([sys.executable, "-m", "graphgen.cli", "bench", str(tiny), "--scenario", str(scen),
                         "--prompt", "8"], capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "--prompt" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+
+
+def test_engine_flag_as_every_command_spells_it(capsys):
+    """--engine, as dump, draft and check-batch spell it, takes a comma list (or both); the old
+    --engines still works and says, in one line, that it is deprecated."""
+    from graphgen.cli import build_parser
+    parse = build_parser().parse_args
+    assert parse(["bench", "m.gguf", "--engine", "graphgen,llama.cpp"]).engines == ("graphgen", "llama.cpp")
+    assert parse(["bench", "m.gguf", "--engine", "llama.cpp"]).engines == ("llama.cpp",)
+    assert parse(["bench", "m.gguf", "--engine", "both"]).engines == ("graphgen", "llama.cpp")
+    assert parse(["bench", "m.gguf"]).engines == ("graphgen", "llama.cpp")
+    assert capsys.readouterr().err == ""
+    assert parse(["bench", "m.gguf", "--engines", "graphgen"]).engines == ("graphgen",)
+    assert capsys.readouterr().err == "graphgen: --engines is deprecated: use --engine (the same comma list)\n"
+    text = build_parser()._subparsers._group_actions[0].choices["bench"].format_help()
+    assert "--engine E[,E]" in text and "--engines" not in text

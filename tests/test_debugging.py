@@ -412,14 +412,14 @@ def test_draft_takes_llama_flags(tmp_path):
 def test_bench_tokens_per_second(tmp_path):
     model = tmp_path / "d.gguf"
     assert run("make-model", model, "--block-size", 8).returncode == 0
-    p = run("bench", "-m", model, "--repeat", 2, "--engines", "graphgen", "-np", 3, "--prompt", 20, "--json",
+    p = run("bench", "-m", model, "--repeat", 2, "--engine", "graphgen", "-np", 3, "--prompt", 20, "--json",
             "--quiet")
     assert p.returncode == 0, p.stderr
     steps = json.loads(p.stdout)["runs"][0]["steps"]
     assert [s["n_tokens"] for s in steps] == [20, 20, 20, 24]
     for s in steps:
         assert s["tokens_per_s"]["graphgen"] == pytest.approx(s["n_tokens"] / s["median_s"]["graphgen"], rel=1e-12)
-    text = run("bench", model, "--repeat", 2, "--engines", "graphgen", "--quiet").stdout
+    text = run("bench", model, "--repeat", 2, "--engine", "graphgen", "--quiet").stdout
     assert "graphgen t/s" in text and "llama.cpp t/s" in text
 
 
@@ -434,6 +434,40 @@ def test_devices_report_memory():
     # the CPU device reports the host's memory (within what cgroups or ggml's rounding change)
     assert 0 < cpu["memory_total"] <= total_kb * 1024 * 1.01 and 0 < cpu["memory_free"] <= cpu["memory_total"]
     assert "MiB free of" in run("devices").stdout
+
+
+def _meminfo_kb(field: str) -> int:
+    with open("/proc/meminfo") as f:
+        return int(next(ln for ln in f if ln.startswith(field + ":")).split()[1])
+
+
+def test_devices_cpu_free_memory_is_what_is_available():
+    """ggml's CPU device reports its total as free; devices prints the host's MemAvailable (free
+    pages and what the kernel can reclaim, as `free` shows it) and names that source."""
+    used_kb = _meminfo_kb("MemTotal") - _meminfo_kb("MemAvailable")
+    if used_kb < 64 * 1024:
+        pytest.skip("the machine uses under 64 MiB: free and total cannot be told apart")
+    before = _meminfo_kb("MemAvailable") / 1024
+    out = run("devices").stdout
+    after = _meminfo_kb("MemAvailable") / 1024
+    line = next(ln for ln in out.splitlines() if ln.split()[:2] == ["CPU", "cpu"])
+    free_mib, total_mib = (float(x.replace(",", "")) for x in re.search(r"([\d,]+) MiB free of ([\d,]+) MiB", line).groups())
+    assert free_mib < total_mib - 32, line
+    # MemAvailable moves while the command runs: within the readings around it, give or take 256 MiB
+    assert min(before, after) - 256 <= free_mib <= max(before, after) + 256, (line, before, after)
+    assert "(CPU's free memory: MemAvailable in /proc/meminfo)" in out
+    doc = json.loads(run("devices", "--json").stdout)
+    cpu = next(d for d in doc["devices"] if d["kind"] == "cpu")
+    assert cpu["memory_free"] < cpu["memory_total"] and cpu["memory_free_source"] == "MemAvailable in /proc/meminfo"
+
+
+def test_host_available_reads_memavailable(tmp_path):
+    from graphgen.runtime.backends import host_available
+    f = tmp_path / "meminfo"
+    f.write_text("MemTotal:       24683584 kB\nMemFree:        20099024 kB\nMemAvailable:   14515200 kB\n")
+    assert host_available(str(f)) == 14515200 * 1024
+    f.write_text("MemTotal:       24683584 kB\n")
+    assert host_available(str(f)) is None and host_available(str(tmp_path / "none")) is None
 
 
 def test_trace_json_decodes_op_params(tmp_path):
@@ -463,8 +497,8 @@ def _subparsers():
 def test_help_gives_every_default(name, parser):
     text = parser.format_help()
     for action in parser._actions:
-        if not action.option_strings or action.option_strings == ["-h", "--help"]:
-            continue
+        if not action.option_strings or action.option_strings == ["-h", "--help"] or action.help == "==SUPPRESS==":
+            continue  # a hidden alias (bench's --engines) has no help line
         fmt = parser._get_formatter()
         entry = fmt._format_action(action)
         assert "default" in entry or "required" in entry, f"{name} {action.option_strings}: {entry}"

@@ -234,7 +234,7 @@ SCENARIO = REF_DIR / "dflash-fa-off" / "scenario.json"
 COMMANDS = {
     "dump": ["dump", "{m}", "--scenario", str(SCENARIO), "--out", "{t}/o"],
     "draft": ["draft", "{m}", "--prompt-tokens", "1,2,3,4,5,6", "--n-predict", "2"],
-    "bench": ["bench", "{m}", "--engines", "graphgen", "--repeat", "1", "--n-seq", "1"],
+    "bench": ["bench", "{m}", "--engine", "graphgen", "--repeat", "1", "--n-seq", "1"],
     "trace": ["trace", "{m}", "--scenario", str(SCENARIO)],
     "xdiff": ["xdiff", "{m}", "--scenario", str(SCENARIO), "--backends", "cpu,cpu"],
 }

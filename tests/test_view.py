@@ -146,14 +146,14 @@ def test_diff_statuses_and_colours(tmp_path):
     res = diff_dumps(ref, ours)
     dm = diff_map(res, ref, ours)
     st = {i: r.status for i, r in dm.ref_status.items()}
-    assert st[20] == "value" and st[40] == "changed" and st[60] == "missing"
-    assert [r.status for r in dm.rows if r.ref is None] == ["extra"]
+    assert st[20] == "value" and st[40] == "changed" and st[60] == "deleted"
+    assert [r.status for r in dm.rows if r.ref is None] == ["inserted"]
     assert st[0] == "matched" and dm.first.ref == 20
     assert dm.ref_status[20].nmse > 1e-3
     # DOT: fill by status, the first divergence outlined
     status = {i: (r.status, r.nmse) for i, r in dm.ref_status.items()}
     text = D.to_dot(V.from_dump(ref), "diff", status, dm.first.ref)
-    for i, s in ((20, "value"), (40, "changed"), (60, "missing"), (0, "matched")):
+    for i, s in ((20, "value"), (40, "changed"), (60, "deleted"), (0, "matched")):
         line = re.search(rf"^\s*n{i} \[.*$", text, re.M).group(0)
         assert f'fillcolor="{STATUS_COLOURS[s]}"' in line
     assert 'color="#d50000", penwidth=3' in re.search(r"^\s*n20 \[.*$", text, re.M).group(0)
@@ -161,10 +161,10 @@ def test_diff_statuses_and_colours(tmp_path):
     data = _page_data(to_html(ref, ours, res))
     f = {k: i for i, k in enumerate(data["fields"])}
     by_ref = {r[f["ref"]]: r for r in data["rows"] if r[f["ref"]] is not None}
-    assert by_ref[40][f["status"]] == "changed" and by_ref[60][f["status"]] == "missing"
+    assert by_ref[40][f["status"]] == "changed" and by_ref[60][f["status"]] == "deleted"
     assert by_ref[20][f["nmse"]] > 1e-3
     assert data["rows"][data["first"]][f["ref"]] == 20
-    assert sum(r[f["status"]] == "extra" for r in data["rows"]) == 1
+    assert sum(r[f["status"]] == "inserted" for r in data["rows"]) == 1
     # Model Explorer: diff attribute and NMSE overlay
     gj = graph_json(ref, status={i: r.status for i, r in dm.ref_status.items()})
     node40 = next(n for n in gj["graphs"][0]["nodes"] if n["id"] == "40")
@@ -759,10 +759,10 @@ def test_view_cli_rules_and_title(tmp_path, capsys):
         f = {k: i for i, k in enumerate(data["fields"])}
         return [r[f["status"]] for r in data["rows"]], out.read_text()
     plain, _ = statuses()
-    assert plain.count("extra") == 1 and "explained" not in plain
+    assert plain.count("inserted") == 1 and "explained" not in plain
     ruled, page = statuses("--rules", str(rules))
-    assert "extra" not in ruled and ruled.count("explained") == 1
-    assert ruled.count("missing") == plain.count("missing") == 1  # the rule covers only what it names
+    assert "inserted" not in ruled and ruled.count("explained") == 1
+    assert ruled.count("deleted") == plain.count("deleted") == 1  # the rule covers only what it names
     # the title names each side's engine and the model, not the file names
     want = f"block graph of {ref.model}: llama.cpp b11739 vs graphgen 0.1.0"
     assert re.search(r"<title>(.*?)</title>", page).group(1) == html_escape(want)

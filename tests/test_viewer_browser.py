@@ -366,8 +366,8 @@ def test_model_explorer_web_app_loads_the_export(browser, tmp_path):
 
 # ---- zoom, labels, legend, what changed, backends, largest error, the two first jumps ----------
 
-STATUS_WORDS = {"matched": "identical", "changed": "changed", "value": "value failure", "missing": "deleted",
-                "extra": "inserted", "explained": "explained", "uncompared": "not compared"}
+STATUS_WORDS = {"matched": "identical", "changed": "changed", "value": "value failure", "deleted": "deleted",
+                "inserted": "inserted", "explained": "explained", "uncompared": "not compared"}
 OP_PARAMS_AT, OP_AT, VALUE_AT, UNCOMPARED_AT = 12, 40, 27, 36  # nodes of the DFlash block, planted below
 WORST_FLAT, WORST_DELTA = 1234, 0.75
 

@@ -133,7 +133,7 @@ def command_argv(cmd: str, engine: str, model: Path, work: Path, args) -> list[s
     if cmd == "draft":
         return g + ["draft", str(model), "--prompt-tokens", "1,2,3,4,5,6,7,8", "--n-predict", str(args.n_predict),
                     "--engine", engine, "--threads", str(args.threads)]
-    return g + ["bench", str(model), "--engines", engine, "--repeat", str(args.bench_repeat), "--prompt", "64",
+    return g + ["bench", str(model), "--engine", engine, "--repeat", str(args.bench_repeat), "--prompt", "64",
                 "--threads", str(args.threads)]
 
 
@@ -218,7 +218,7 @@ def markdown(rows: list[dict], args) -> str:
              "Ratio = graphgen / llama.cpp. Weights are mapped in "
              "both engines (llama.cpp's default and graphgen's; `--no-mmap` copies them in either). "
              f"dump: inject 5 + block 16; draft: `--n-predict {args.n_predict}`; bench: "
-             f"`--repeat {args.bench_repeat} --prompt 64`; `--threads {args.threads}`. `bench --engines llama.cpp` "
+             f"`--repeat {args.bench_repeat} --prompt 64`; `--threads {args.threads}`. `bench --engine llama.cpp` "
              "keeps graphgen's session in its own process (it times graphgen's graph building), so that tree holds "
              "both engines.", "",
              "| draft | file MB | command | runs | graphgen peak RSS MiB | llama.cpp peak RSS MiB | RSS ratio "

@@ -23,10 +23,14 @@ def _cmd_devices(args) -> int:
         state = "yes" if has_backend(kind) else f"no (build with {BUILD_HINT[kind]})" if kind in BUILD_HINT else "no"
         print(f"  {kind:7s} {state}")
     print("devices (llama.cpp's names, as -dev takes them):")
-    for d in devices():
+    devs = devices()
+    for d in devs:
         mem = (f"{d.memory_free / 2**20:,.0f} MiB free of {d.memory_total / 2**20:,.0f} MiB"
                if d.memory_total else "memory not reported")
         print(f"  {d.name:12s} {d.kind:6s} {mem:<32} {d.description}")
+    for d in devs:
+        if d.memory_free_source and d.kind == "cpu":
+            print(f"  ({d.name}'s free memory: {d.memory_free_source})")
     return 0
 
 

@@ -123,11 +123,21 @@ def _n_kv(text: str) -> list[int]:
 
 
 def _engines(text: str) -> tuple[str, ...]:
+    if text.strip() == "both":
+        return tuple(ENGINES)
     engines = tuple(e.strip() for e in text.split(",") if e.strip())
     bad = [e for e in engines if e not in ENGINES]
     if bad or not engines:
-        raise argparse.ArgumentTypeError(f"expected graphgen and/or llama.cpp, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected graphgen and/or llama.cpp (a comma list), or both, got {text!r}")
     return engines
+
+
+class _Deprecated(argparse.Action):
+    """--engines, bench's old spelling: still taken, with one line saying the new one."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"graphgen: {option_string} is deprecated: use --engine (the same comma list)", file=sys.stderr)
+        setattr(namespace, self.dest, values)
 
 
 DEFAULT_PROMPT = 64  # the inject bench times without --scenario
@@ -140,8 +150,9 @@ def register(sub) -> None:
     add_context_flags(p, parallel=False, default_prompt=DEFAULT_PROMPT)
     add_device(p)
     p.add_argument("--repeat", type=_positive, default=20, help="timed repetitions of each step (default 20)")
-    p.add_argument("--engines", type=_engines, default=("graphgen", "llama.cpp"),
-                   help="graphgen, llama.cpp or both (default both)")
+    p.add_argument("--engine", dest="engines", type=_engines, default=("graphgen", "llama.cpp"), metavar="E[,E]",
+                   help="the engines to time: graphgen, llama.cpp, or both (graphgen,llama.cpp) (default both)")
+    p.add_argument("--engines", dest="engines", type=_engines, action=_Deprecated, help=argparse.SUPPRESS)
     p.add_argument("-np", "--n-seq", dest="n_seq", type=_n_seq, default=[1],
                    help="block batches of this many sequences, e.g. 1,4,16 (default 1)")
     add_kv_type_flags(p, fa_hint=FA_FLAG)

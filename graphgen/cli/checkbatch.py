@@ -64,8 +64,8 @@ def register(sub) -> None:
                    help="block length of the equal blocks, and the longest unequal one (default: the draft's "
                         "block_size, 4 when it has none)")
     p.add_argument("--prompt", type=int, default=6, metavar="N",
-                   help="rows injected as sequence 0's prompt, sequence k's N + (3k mod 5) (a number of rows, not "
-                        "llama.cpp's -p text; default 6)")
+                   help="N injected prompt rows for sequence 0, N + (3k mod 5) for sequence k, a count (not "
+                        "llama.cpp's -p prompt text) (default 6)")
     add_context_flags(p, scenario=False, parallel=False, threads_default="1")
     add_kv_type_flags(p, "f16", fa_hint="-fa on")
     p.add_argument("--engine", choices=("graphgen", "llama.cpp", "both"), default="both",

@@ -110,7 +110,8 @@ def add_context_flags(p, *, scenario: bool = True, threads_default: str = "the s
         p.add_argument("--scenario", default=None, metavar="FILE",
                        help="what to run, as JSON (default: built from --prompt, --block, --steps and -np)")
         p.add_argument("--prompt", dest="n_prompt", type=count_arg(1), default=None, metavar="N",
-                       help=f"without --scenario: prompt rows injected per sequence (default {default_prompt})")
+                       help=f"without --scenario: N injected prompt rows per sequence, a count (not llama.cpp's -p "
+                            f"prompt text) (default {default_prompt})")
         p.add_argument("--block", dest="block", type=count_arg(1), default=None, metavar="N",
                        help="without --scenario: block size (default: the draft's dflash.block_size, else 4)")
         p.add_argument("--steps", dest="steps", type=count_arg(1), default=None, metavar="N",

@@ -36,8 +36,9 @@ class Device:
     name: str
     description: str
     kind: str
-    memory_free: int | None = None   # bytes, as the device reports them (host RAM for the CPU)
+    memory_free: int | None = None   # bytes: the device's report; for the CPU, the host's MemAvailable
     memory_total: int | None = None
+    memory_free_source: str | None = None   # where memory_free comes from
 
 
 def _fn(name: str):
@@ -59,8 +60,27 @@ def _vk_count() -> int:
     return int(fn())
 
 
+MEMINFO = "/proc/meminfo"
+
+
+def host_available(path: str = MEMINFO) -> int | None:
+    """The host's available memory in bytes (MemAvailable: free pages plus what the kernel can
+    reclaim without swapping), or None where the file or the field is missing."""
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 def devices() -> list[Device]:
-    """Every device of the compiled-in backends, as ggml's device registry lists them."""
+    """Every device of the compiled-in backends, as ggml's device registry lists them. ggml's CPU
+    device reports the host's total memory as its free memory (ggml-cpu: "free system memory is
+    ill-defined ... assume that all of it is free"), so the CPU's free memory is read from
+    /proc/meminfo's MemAvailable instead, where there is one."""
     if has_backend("vulkan"):
         _vk_count()
     out = []
@@ -69,9 +89,18 @@ def devices() -> list[Device]:
         d = G.ggml_backend_dev_get(i)
         free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
         G.ggml_backend_dev_memory(d, ctypes.byref(free), ctypes.byref(total))
-        out.append(Device(G.ggml_backend_dev_name(d).decode(), G.ggml_backend_dev_description(d).decode(),
-                          DEV_TYPE.get(G.ggml_backend_dev_type(d), "?"),
-                          int(free.value) if total.value else None, int(total.value) or None))
+        dev = Device(G.ggml_backend_dev_name(d).decode(), G.ggml_backend_dev_description(d).decode(),
+                     DEV_TYPE.get(G.ggml_backend_dev_type(d), "?"),
+                     int(free.value) if total.value else None, int(total.value) or None)
+        if dev.memory_total:
+            dev.memory_free_source = "the device (ggml_backend_dev_memory)"
+            if dev.kind == "cpu":
+                avail = host_available()
+                if avail is not None:
+                    dev.memory_free, dev.memory_free_source = min(avail, dev.memory_total), f"MemAvailable in {MEMINFO}"
+                else:
+                    dev.memory_free_source = "ggml, which reports the CPU's total memory as free"
+        out.append(dev)
     return out
 
 

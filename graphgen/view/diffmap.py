@@ -1,8 +1,9 @@
 """A DiffResult as per-node statuses, for the viewers.
 
-Statuses: matched (identical), changed (structure), value (NMSE or NaN/Inf failure), missing (in
-ref, not in ours: deleted), extra (in ours only: inserted), explained (covered by an equivalence
-rule), uncompared (structure equal, but a side kept neither values nor a digest).
+Statuses: matched (identical), changed (structure), value (NMSE or NaN/Inf failure), deleted (in
+ref, not in ours), inserted (in ours only), explained (covered by an equivalence rule), uncompared
+(structure equal, but a side kept neither values nor a digest). deleted and inserted are the
+words `graphgen diff` prints, so a page and a report name a node's status alike.
 """
 
 from __future__ import annotations
@@ -14,13 +15,13 @@ from typing import Any
 from graphgen.diff import DiffResult
 from graphgen.dump import Dump
 
-STATUSES = ("matched", "changed", "value", "missing", "extra", "explained", "uncompared")
+STATUSES = ("matched", "changed", "value", "deleted", "inserted", "explained", "uncompared")
 STATUS_COLOURS = {"matched": "#c8e6c9", "changed": "#ffcc80", "value": "#f48fb1",
-                  "missing": "#ef9a9a", "extra": "#90caf9", "explained": "#e0e0e0",
+                  "deleted": "#ef9a9a", "inserted": "#90caf9", "explained": "#e0e0e0",
                   "uncompared": "#fff59d"}
 # what a legend calls each status: the diff's own words for them
 STATUS_LABELS = {"matched": "identical", "changed": "changed", "value": "value failure",
-                 "missing": "deleted (ref only)", "extra": "inserted (ours only)",
+                 "deleted": "deleted (ref only)", "inserted": "inserted (ours only)",
                  "explained": "explained by a rule", "uncompared": "not compared"}
 
 
@@ -72,11 +73,11 @@ def diff_map(res: DiffResult, ref: Dump, ours: Dump) -> DiffMap:
         ins_at.setdefault(d.ref_pos, []).append(j)
     rows: list[Row] = []
     for i in range(len(ref.nodes) + 1):
-        rows += [Row(None, j, "extra", detail=inserted[j].describe()) for j in ins_at.get(i, [])]
+        rows += [Row(None, j, "inserted", detail=inserted[j].describe()) for j in ins_at.get(i, [])]
         if i == len(ref.nodes):
             break
         if i in deleted:
-            rows.append(Row(i, None, "missing", detail=f"ref #{i} '{ref.nodes[i].name}' has no counterpart in ours"))
+            rows.append(Row(i, None, "deleted", detail=f"ref #{i} '{ref.nodes[i].name}' has no counterpart in ours"))
             continue
         if i in ex_ref:
             rows.append(Row(i, None, "explained", detail="covered by an equivalence rule"))

@@ -267,7 +267,7 @@ def to_html(ref: Dump, ours: Dump | None = None, res: DiffResult | None = None,
         s = res.summary
         summary = (f"{'IDENTICAL' if res.identical else 'DIVERGED'}: ref {s.get('nodes_ref')} nodes, "
                    f"ours {s.get('nodes_ours')}; {s.get('matched')} matched, {s.get('changed')} changed, "
-                   f"{s.get('deleted')} missing, {s.get('inserted')} extra, "
+                   f"{s.get('deleted')} deleted, {s.get('inserted')} inserted, "
                    f"{s.get('numeric_failed')} value failures")
         for what, event in (("first structural change", res.first_structural),
                             ("first value failure", res.first_value)):
