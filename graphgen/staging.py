@@ -3,7 +3,9 @@
 A run that is interrupted or fails leaves nothing that looks complete and never touches what
 the user had: files are written under a temporary name beside their target and renamed at the
 end (`staged_file`); a dump folder's files are written into a temporary folder beside it and
-moved in, replacing earlier graphgen dumps, only when the run completes (`staged_dump_dir`).
+moved in, replacing earlier graphgen dumps, only when the run completes (`staged_dump_dir`); a
+run refused part way keeps the graphs written before it apart, in OUT.incomplete/ marked
+INCOMPLETE; files that belong together are renamed together (`staged_files`).
 
 SIGINT and SIGTERM raise `KeyboardInterrupt` / `Terminated` wherever Python runs next, except while
 ggml computes: ggml calls Python back (the eval callback) and ctypes prints and drops an exception
