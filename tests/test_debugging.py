@@ -94,6 +94,46 @@ def test_at_finds_the_planted_element(pair, how):
     assert pr["stats"]["ours"]["sum"] - pr["stats"]["ref"]["sum"] == pytest.approx(0.26, abs=1e-5)
 
 
+def test_at_by_index_when_the_graphs_do_not_line_up(tmp_path):
+    """ours has a node inserted early, so every later node's index is one more than ref's:
+    `--at ours#K` is ours' node K and its ref partner K-1, `--at #K-1` (ref's) the same pair,
+    and the planted element is found in either."""
+    import dataclasses
+
+    from graphgen.dump import load_dump, write_dump
+    ref_dir, ours_dir = tmp_path / "ref", tmp_path / "ours"
+    shutil.copytree(CASE, ref_dir)
+    ref = load_dump(ref_dir / "01-block.json")
+    at = 5
+    extra = dataclasses.replace(ref.nodes[at - 1], name="extra_scale", op="SCALE", src=[ref.nodes[at - 1].name],
+                                view_src=None, digest=None, stats=None)
+    order = ref.nodes[:at] + [extra] + ref.nodes[at:]
+    nodes, values = [], {}
+    for k, n in enumerate(order):
+        nodes.append(dataclasses.replace(n, index=k))
+        v = ref.values(n.index) if n is not extra else None
+        if v is not None:
+            values[k] = v.copy()
+    k_ref = _index(_nodes(ref_dir), "ffn_out-1")
+    k_ours = k_ref + 1
+    assert nodes[k_ours].name == "ffn_out-1" and nodes[k_ref].name != "ffn_out-1"
+    values[k_ours].flat[9] += np.float32(0.5)
+    header = {"source": ref.source, "model": ref.model, "settings": ref.settings, "cpu_features": ref.cpu_features}
+    write_dump(ours_dir, 1, "block", header, nodes, values)
+    for target in (f"ours#{k_ours}", f"#{k_ref}", f"ref#{k_ref}"):
+        p = run("diff", ref_dir / "01-block.json", ours_dir / "01-block.json", "--at", target, "--json")
+        assert p.returncode == 1, p.stderr
+        probes = [pr for r in json.loads(p.stdout)["results"] for pr in r["probes"]]
+        assert len(probes) == 1, target
+        pr = probes[0]
+        assert (pr["ref_index"], pr["ours_index"], pr["name"]) == (k_ref, k_ours, "ffn_out-1"), target
+        assert pr["largest"][0]["index"] == 9 and pr["differing"] == 1, target
+    # ours' inserted node has no partner in ref
+    p = run("diff", ref_dir / "01-block.json", ours_dir / "01-block.json", "--at", f"ours#{at}", "--json")
+    pr = [pr for r in json.loads(p.stdout)["results"] for pr in r["probes"]][0]
+    assert (pr["ref_index"], pr["ours_index"], pr["name"]) == (None, at, "extra_scale")
+
+
 def test_at_text_report(pair):
     ref, ours = pair
     k = _index(_nodes(ours), "ffn_out-1")

@@ -9,6 +9,7 @@ tensors b11739 computed.
 """
 
 import json
+import math
 import os
 import re
 import shutil
@@ -435,3 +436,29 @@ def test_build_lines_of_imports(tmp_path):
     # the full side's line is unchanged
     assert describe_build(full).startswith("llama.cpp b11739 on ggml ")
     assert sched.source["version"] == cb.source["version"] == "unknown (imported)"
+
+
+@pytest.mark.parametrize("printed", ["0.500000", "1000.000000", "-250000.000000"])
+def test_printed_sum_against_printed_sum_at_the_tolerance(printed):
+    """Printed against printed, a sum agrees when within half a unit of each side's last printed
+    digit (%f: 5e-7 each) plus 2 float32 ulps of the larger: just inside agrees, just outside
+    differs, for a sum where the digits dominate (0.5) and where the rounding does (1000)."""
+    from graphgen.printed import Side, compare_node, parse_printed
+    a = float(printed)
+    eps32 = 2.0 ** -23
+
+    def outcome(b: float):
+        ref = Side(printed=parse_printed({"at": [], "values": [], "sum": printed}))
+        ours = Side(printed=parse_printed({"at": [], "values": [], "sum": f"{b:.6f}"}))
+        return compare_node(ref, ours, [1, 1, 1, 1])
+
+    tol = 5e-7 + 5e-7 + 2 * eps32 * abs(a)
+    inside = math.floor(tol * 1e6) / 1e6   # the largest difference on the printed grid within it
+    for d, ok in ((inside, True), (inside + 1e-6, False)):
+        b = a + d
+        want_tol = 1e-6 + 2 * eps32 * max(abs(a), abs(b))
+        assert (abs(b - a) <= want_tol) == ok, (a, b, want_tol)
+        out = outcome(b)
+        assert out.sum_checked and (not out.failures) == ok, (a, b, out.failures)
+        if not ok:
+            assert out.failures[0].startswith("printed sum differs: ref ")

@@ -136,6 +136,29 @@ def test_file_changed_in_place_is_refused(tiny, tmp_path):
         s.close()
 
 
+@pytest.mark.parametrize("shift_s", [-5, 5], ids=["earlier", "later"])
+def test_same_size_rewrite_with_only_the_mtime_moved_is_refused(tiny, tmp_path, shift_s):
+    """Rewritten in place with its own bytes and size: only the mtime moved, whichever way (a
+    tool that keeps or restores times sets it back), and the next compute is refused."""
+    p = tmp_path / "draft.gguf"
+    shutil.copy(tiny, p)
+    s = Session(M.load(p, use_mmap=True))
+    try:
+        w = s.hparams.n_embd_inp_enc
+        s.inject(np.zeros((2, w), np.float32), 0)
+        st = p.stat()
+        data = p.read_bytes()
+        with open(p, "r+b") as f:
+            f.write(data)
+        os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns + shift_s * 10**9))
+        assert p.stat().st_size == st.st_size and p.read_bytes() == data
+        with pytest.raises(GGUFModelError, match=r"the file changed on disk while its weights were mapped "
+                                                 r"\(it was modified\)"):
+            s.block([7, 255, 255, 255], 2)
+    finally:
+        s.close()
+
+
 def test_file_replaced_keeps_the_mapped_contents(tiny, tmp_path):
     """A file replaced by a rename (as make-model and most tools write) leaves the mapping on the
     old contents, whole: nothing is read half-new, so nothing is refused."""
