@@ -64,3 +64,31 @@ def test_over_budget_graph_is_refused_where_llama_cpp_aborts(tmp_path):
     sc_path.write_text(json.dumps(sc))
     with pytest.raises(ReferenceFailed, match="GGML_ASSERT"):
         run_reference(gguf, sc_path, tmp_path / "ref", stderr_log=None)
+
+
+
+def test_graph_exactly_at_the_budget_is_built(tmp_path):
+    """ggml's graph holds `size` nodes (ggml_visit_parents asserts n_nodes < size before it adds
+    one), so llama.cpp builds a graph of exactly graph_max_nodes nodes: graphgen refuses one node
+    more, never the graph at the budget itself."""
+    import numpy as np
+
+    from graphgen.runtime.session import Session
+    gguf = tmp_path / "d.gguf"
+    make_model(gguf, "dflash", "base")
+
+    def block_with_budget(budget):
+        s = Session(gguf, n_ctx=256)
+        try:
+            if budget is not None:
+                s.max_nodes = budget  # before the first graph is built
+            s.inject(np.zeros((6, s.hparams.n_embd_inp_enc), np.float32), 0)
+            return s.block([7, 255, 255, 255], 6).n_nodes
+        finally:
+            s.close()
+    n_block = block_with_budget(None)
+    assert 17 < n_block < 1024  # the inject graph is smaller: only the block meets the budget
+    assert block_with_budget(n_block) == n_block
+    with pytest.raises(GraphgenError, match=rf"the block graph has {n_block} nodes, more than llama.cpp's budget "
+                                            rf"for this draft \({n_block - 1}:"):
+        block_with_budget(n_block - 1)
