@@ -128,6 +128,8 @@ def test_deep_draft_where_the_authors_f32_is_farther(tmp_path, capsys):
     code, doc = _check(make_hf(tmp_path / "deep", spec), capsys)
     arb = doc["arbiter"]
     assert code == 0 and arb["agree"], doc["verdict"]
+    # the blocks ran at the trained size: 16 rows of logits per block graph
+    assert doc["block_size"] == 16 and [a["rows"] for a in arb["argmax"]] == [16, 16]
     worst_l = max(n["llama.cpp"] for n in arb["nodes"])
     worst_a = max(n["authors_f32"] for n in arb["nodes"])
     assert 0 < worst_l < worst_a

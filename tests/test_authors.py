@@ -157,6 +157,9 @@ def _control(work, converted, runs, edit, first):
     assert res.first_bad is not None and res.first_bad.name == first, res.format_text()
     assert res.first_bad.rel_l2 > 1e-2
     assert f"first mapped node out of band: {first}" in res.format_text()
+    # no check-nmse name ("very good match") beside a failure
+    assert not [line for line in res.format_text().splitlines() if "match" in line and "out of band" in line]
+    assert not [line for line in res.format_text().splitlines() if first in line and "match" in line]
     # graphgen check's float64 arbiter (the edited authors' model in double) blames llama.cpp's side
     # and names the node
     from graphgen.authors.arbiter import arbitrate

@@ -133,6 +133,9 @@ DRAFTERS = ("tests/test_drafters.py",)
 # catch, seen here from the authors' side, and bugs in the comparison itself
 AUTHORS = ("tests/test_authors.py",)
 VIEWER = ("tests/test_viewer_browser.py",)
+ARBITER = ("tests/test_arbiter.py",)
+AUTHORS_COMPARE = ("tests/test_authors_compare.py",)
+CONVERT = ("tests/test_authors_convert.py",)
 
 IMPORT_VALUES = ("tests/test_import_values.py",)
 CHECK_BATCH = ("tests/test_check_batch.py",)
@@ -192,6 +195,41 @@ MUTATIONS = [
              "pred = int(np.argmax(scores))", "pred = 0", AUTHORS),
     Mutation("authors_nan_positions_compared", "graphgen/authors/compare.py:compare_values",
              "keep = ~np.isnan(a)", "keep = np.ones(a.shape, dtype=bool)", AUTHORS),
+    Mutation("authors_rel_l2_over_the_ggml_side", "graphgen/authors/compare.py:compare_values",
+             "den = float(np.sqrt(np.sum(a * a)))", "den = float(np.sqrt(np.sum(b * b)))", AUTHORS_COMPARE),
+    Mutation("authors_mixed_cache_gets_f32_bands", "_band_for",
+             'if types == {"f32"}:', 'if "f32" in types:', AUTHORS_COMPARE),
+    Mutation("authors_unmapped_counts_every_node", "_compare_into",
+             "res.unmapped += len(o.nodes) - len(matched)", "res.unmapped += len(o.nodes)", AUTHORS_COMPARE),
+    # --- graphgen check's float64 arbiter and the converter's refusals ---
+    Mutation("arbiter_band_ignores_the_authors_rounding", "Judged.band",
+             "return max(self.floor, RATIO * (self.e_authors or 0.0))", "return self.floor", ARBITER),
+    Mutation("arbiter_band_is_the_authors_distance_alone", "Judged.band",
+             "return max(self.floor, RATIO * (self.e_authors or 0.0))", "return RATIO * (self.e_authors or 0.0)",
+             ARBITER),
+    Mutation("arbiter_uncompared_node_passes", "Judged.llama_departs",
+             "return self.e_llama is None or self.e_llama > self.band", "return self.e_llama is not None and "
+             "self.e_llama > self.band", ARBITER),
+    Mutation("arbiter_every_near_tie_excused", "Arbitration.choices_depart",
+             "if n - eq - excused > 0:", "if n - eq - excused > n:", ARBITER),
+    Mutation("arbiter_floor_without_depth", "floor_band",
+             "return UNIT[cache] * GROWTH * (1 + depth)", "return UNIT[cache] * GROWTH", ARBITER),
+    Mutation("arbiter_drift_blames_nobody", "Judged.authors_drift",
+             "return self.e_authors > max(UNIT[\"f32\"] * GROWTH * (1 + self.depth), RATIO * self.e_llama)",
+             "return False", ARBITER),
+    Mutation("check_scenario_never_cut", "croppable",
+             "if not draft.sliding_layers:", "if True:", ARBITER),
+    Mutation("check_block_capped_at_8", "default_check_scenario",
+             "block = [7] + [mask_token_id] * (block_size - 1)",
+             "block = [7] + [mask_token_id] * (min(block_size, 8) - 1)", ARBITER),
+    Mutation("convert_yarn_beta_default_wrong", "_refuse_departures",
+             'for name, default in (("beta_fast", 32.0), ("beta_slow", 1.0)):',
+             'for name, default in (("beta_fast", 32.0), ("beta_slow", 2.0)):', CONVERT),
+    Mutation("convert_dflash2_output_scale_refused", "_refuse_departures",
+             'and arch == "DFlashDraftModel":', 'and arch in ("DFlashDraftModel", "DFlash2DraftModel"):', CONVERT),
+    Mutation("convert_conf_markov_not_refused", "_refuse_departures",
+             'hp.get("confidence_head_with_markov") is False', 'hp.get("confidence_head_with_markov") is None',
+             CONVERT),
     # --- rope ---
     Mutation("rope_attn_factor_ignored", "rope_params",
              "attn = f32(attn * f32(hp.rope_attn_factor))", "attn = f32(attn)", ROPE),

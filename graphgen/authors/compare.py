@@ -135,7 +135,9 @@ class AuthorsDiff:
             worst = max(ok, key=lambda n: n.rel_l2, default=None)
             line = f"  {g}: {len(ok)} of {len(mine)} mapped nodes compared"
             if worst is not None:
-                line += f", worst relative L2 {worst.rel_l2:.2e} ({worst.name}, {nmse_band(worst.nmse)})"
+                # check-nmse's names ("very good match") only beside a node that passes
+                line += (f", worst relative L2 {worst.rel_l2:.2e} ({worst.name}, "
+                         + (f"{nmse_band(worst.nmse)})" if worst.status == "ok" else "out of band)"))
             for gg, e, t in self.argmax:
                 if gg == g:
                     line += f"; argmax {e}/{t}"
