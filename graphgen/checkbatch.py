@@ -25,6 +25,7 @@ measurement: the plan's offsets and cells are what the comparison slices by.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -217,6 +218,7 @@ class Graph:
     values: dict
 
 
+@functools.lru_cache(maxsize=None)  # built on first use: it subclasses the ggml-bound recorder
 def _recorder_class():
     from .dump import Node
     from .record import NodeRecorder, TensorStruct, as_float32, read_array, read_quantized_rows, src_names
@@ -244,13 +246,7 @@ def _recorder_class():
 
 
 def _Recorder(*args):
-    global _RECORDER
-    if _RECORDER is None:
-        _RECORDER = _recorder_class()
-    return _RECORDER(*args)
-
-
-_RECORDER = None
+    return _recorder_class()(*args)
 
 
 def run_graphgen(model, sc: Scenario, backend: str = "cpu"):

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import logging
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Callable
 
 import numpy as np
 
@@ -231,19 +233,17 @@ def make_model(path, variant="dflash", backbone="base", *, wtype="f32", progress
     written and how many MB of the total are done."""
     if wtype not in WTYPES:
         raise ValueError(f"wtype must be one of {', '.join(WTYPES)}, got {wtype!r}")
-    global _WTYPE, _PROGRESS
-    _WTYPE, _PROGRESS = wtype, progress
-    try:
-        return _make_model(path, variant, backbone, **kwargs)
-    finally:
-        _WTYPE, _PROGRESS = "f32", None
+    return _make_model(path, variant, backbone, output=_Output(wtype, progress), **kwargs)
 
 
-_WTYPE = "f32"
-_PROGRESS = None
+@dataclass(frozen=True)
+class _Output:
+    """How a draft's tensors are written: the matmul weights' type, and who hears of progress."""
+    wtype: str = "f32"
+    progress: Callable[[str], None] | None = None
 
 
-def _make_model(path, variant="dflash", backbone="base", *, n_embd=64, n_layer=2, n_head=4,
+def _make_model(path, variant="dflash", backbone="base", *, output: _Output, n_embd=64, n_layer=2, n_head=4,
                 n_head_kv=None, n_ff=128, n_vocab=256, block_size=4, target_layers=(1, 2), seed=0,
                 context_length=4096, rope_freq_base=10000.0, rms_eps=1e-6, conf=False,
                 **options) -> dict:
@@ -258,7 +258,7 @@ def _make_model(path, variant="dflash", backbone="base", *, n_embd=64, n_layer=2
     if backbone not in BACKBONES:
         raise ValueError(f"backbone must be one of {', '.join(BACKBONES)}, got {backbone!r}")
     if backbone != "base":
-        return _make_backbone_model(path, variant, backbone, n_embd=n_embd, n_layer=n_layer, n_head=n_head,
+        return _make_backbone_model(path, variant, backbone, output=output, n_embd=n_embd, n_layer=n_layer, n_head=n_head,
                                     n_ff=n_ff, n_vocab=n_vocab, block_size=block_size,
                                     target_layers=target_layers, seed=seed, context_length=context_length,
                                     rope_freq_base=rope_freq_base, rms_eps=rms_eps, conf=conf, **options)
@@ -349,7 +349,7 @@ def _make_model(path, variant="dflash", backbone="base", *, n_embd=64, n_layer=2
     d.linear_t(C0["output"], None, dims)
     _base_layers(d, opts, n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff)
 
-    _write(Path(path), d)
+    _write(Path(path), d, output)
     return {
         "variant": variant,
         "backbone": backbone,
@@ -637,7 +637,7 @@ BACKBONE_OPTIONS: dict[str, tuple[object, str]] = {
 }
 
 
-def _make_backbone_model(path, variant, backbone, *, n_embd, n_layer, n_head, n_ff, n_vocab, block_size,
+def _make_backbone_model(path, variant, backbone, *, output: _Output, n_embd, n_layer, n_head, n_ff, n_vocab, block_size,
                          target_layers, seed, context_length, rope_freq_base, rms_eps, conf, **options) -> dict:
     """load_hparams_dsv4 / load_hparams_mistral_large4 and their load_tensors_layers_* (seed's dspark.cpp)."""
     runs = sorted(h.name for h in _m.arch.HEADS.values() if h.on_backbones)
@@ -749,7 +749,7 @@ def _make_backbone_model(path, variant, backbone, *, n_embd, n_layer, n_head, n_
     else:
         _ml4_layers(d, opts, n_layer, n_embd, n_head, n_ff, n_rot, block_size)
 
-    _write(Path(path), d)
+    _write(Path(path), d, output)
     return {
         "variant": variant, "backbone": backbone, "path": str(path), "n_tensors": len(d.tensors),
         "keys": {name: value for name, (_, value) in d.keys.items()},
@@ -830,7 +830,7 @@ _HEAD_WRITERS = {
 }
 
 
-def _write(path: Path, d: _Draft) -> None:
+def _write(path: Path, d: _Draft, output: _Output) -> None:
     import gguf
 
     # gguf logs its endianness on every writer at INFO
@@ -848,8 +848,8 @@ def _write(path: Path, d: _Draft) -> None:
     plan = []
     for name, t in d.tensors.items():
         kind = t.dtype.name
-        if _WTYPE != "f32" and t.dtype == np.float32 and t.ndim == 2 and _QUANTIZABLE.match(name):
-            if _WTYPE == "f16":
+        if output.wtype != "f32" and t.dtype == np.float32 and t.ndim == 2 and _QUANTIZABLE.match(name):
+            if output.wtype == "f16":
                 kind = "f16"
             elif t.shape[-1] % 32 == 0:  # q8_0 blocks hold 32 values of a row
                 kind = "q8_0"
@@ -882,9 +882,9 @@ def _write(path: Path, d: _Draft) -> None:
                     block = gguf.quants.quantize(block, gguf.GGMLQuantizationType.Q8_0)
                 flat[r0:r0 + block.shape[0]] = block
                 r0 += block.shape[0]
-                if _PROGRESS is not None:
+                if output.progress is not None:
                     digits = 0 if total >= 100e6 else 2
-                    _PROGRESS(f"writing {name}, {(done + r0 * flat.shape[1] * dtype.itemsize) / 1e6:.{digits}f} of "
+                    output.progress(f"writing {name}, {(done + r0 * flat.shape[1] * dtype.itemsize) / 1e6:.{digits}f} of "
                               f"{total / 1e6:.{digits}f} MB")
             w.write_tensor_data(out)
             done += out.nbytes

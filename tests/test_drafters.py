@@ -22,14 +22,12 @@ from graphgen.runtime.drafters import (
     DraftRequest,
     DSparkDrafter,
     LiliCorrDrafter,
-    SimulatedVerifier,
     SpecTypeError,
     create_drafter,
-    open_drafter,
-    run_speculative,
     types_from_gguf,
     types_from_names,
 )
+from graphgen.speculate import SimulatedVerifier, open_drafter, run_speculative
 from graphgen.errors import GraphgenError
 from graphgen.runtime.mt19937 import MT19937, uniform_real
 from graphgen.runtime.session import Session

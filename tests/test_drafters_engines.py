@@ -9,7 +9,8 @@ probabilities (DFlash2's probabilistic walk), its acceptance, and the tokens gen
 import numpy as np
 import pytest
 
-from graphgen.runtime.drafters import DraftParams, SimulatedVerifier, open_drafter, run_speculative
+from graphgen.runtime.drafters import DraftParams
+from graphgen.speculate import SimulatedVerifier, open_drafter, run_speculative
 from graphgen.synth import make_model
 
 pytestmark = [pytest.mark.reference]

@@ -51,13 +51,8 @@ def _features(args, n_rows: int, width: int, seq: int = 0):
 
 
 def _cmd_draft(args) -> int:
-    from ..runtime.drafters import (
-        LLAMA_DEFAULT_SEED,
-        DraftParams,
-        SimulatedVerifier,
-        open_drafter,
-        run_speculative,
-    )
+    from ..runtime.drafters import LLAMA_DEFAULT_SEED, DraftParams
+    from ..speculate import SimulatedVerifier, open_drafter, run_speculative
 
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))

@@ -1,0 +1,256 @@
+"""A speculative loop over the seed's drivers, with a simulated verifier in the target's place.
+
+`open_drafter` opens a draft in either engine (graphgen's Session, or b11739's context driven call
+by call in a child process) and creates the driver of its head (runtime/drafters.py, the seed's
+common/speculative.cpp); `run_speculative` prefills the sequences, then drafts round after round
+while `SimulatedVerifier` accepts a given prefix of each draft, and records what each round did.
+No target model runs here: the verifier's tokens are the given continuation or random ones.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .errors import GraphgenError
+from .runtime.drafters import (LLAMA_DEFAULT_SEED, DFlashDrafter, DraftParams, DraftRequest, SpecTypeError, _field_str,
+                               check_types, create_drafter, types_from_gguf, types_from_names)
+
+
+def open_drafter(model_path, spec_types=None, params: DraftParams | None = None, engine: str = "graphgen",
+                 **session_kw) -> DFlashDrafter:
+    """Check the spec types against the GGUF (a non-DFlash draft is refused with upstream's message),
+    open a Session on it and create the driver. engine "llama.cpp" runs the driver's batches in
+    llama.cpp b11739 instead (graphgen.reference.session)."""
+    if engine == "graphgen":
+        from .runtime.session import Session
+    elif engine == "llama.cpp":
+        from .reference.session import ReferenceSession as Session
+    else:
+        raise ValueError(f"engine must be graphgen or llama.cpp, got {engine!r}")
+    types = types_from_gguf(model_path) if not spec_types else types_from_names(spec_types)
+    fam = check_types(types)
+    if fam is not None:
+        from gguf import GGUFReader
+        try:
+            arch = _field_str(GGUFReader(str(model_path), "r"), "general.architecture")
+        except Exception:  # noqa: BLE001 -- not a readable GGUF: Session reports it
+            arch = None
+        if arch is not None and arch != "dflash":
+            raise SpecTypeError(f"--spec-type {fam} requires a DFlash draft model")
+    session = Session(model_path, **session_kw)
+    try:
+        return create_drafter(session, types or spec_types, params)
+    except BaseException:
+        session.close()
+        raise
+
+
+
+@dataclass
+class RoundRecord:
+    """One drafting round of one sequence."""
+    round: int
+    seq: int
+    pos0: int
+    id_last: int
+    draft: list
+    n_accepted: int
+    bonus: int                 # the token the (simulated) target samples after the accepted prefix
+    t_draft: float             # seconds of the round's draft() (shared by the sequences drafted together)
+    t_process: float           # seconds injecting the verified positions' features
+    q: list | None = None      # DFlash2 probabilistic drafting: the candidate distribution per token
+
+
+@dataclass
+class LoopResult:
+    spec_type: str             # the driver's (concrete) type
+    variant: str
+    n_max: int
+    rounds: list
+    tokens: dict               # seq -> prompt + generated tokens
+    n_prompt: dict             # seq -> prompt length
+    t_prefill: float
+    t_total: float
+    # seq -> why it stopped: "n_predict" (that many tokens generated) or "target_tokens" (the
+    # verifier's given continuation ran out first)
+    stop_reasons: dict = field(default_factory=dict)
+
+    def summary(self) -> dict:
+        n_rounds = len({r.round for r in self.rounds})
+        blocks = len(self.rounds)
+        drafted = sum(len(r.draft) for r in self.rounds)
+        accepted = sum(r.n_accepted for r in self.rounds)
+        t_draft = sum({r.round: r.t_draft for r in self.rounds}.values())
+        t_proc = sum(r.t_process for r in self.rounds)
+        return {
+            "spec_type": self.spec_type, "variant": self.variant, "n_max": self.n_max,
+            "rounds": n_rounds, "blocks": blocks, "drafted_tokens": drafted, "accepted_tokens": accepted,
+            "mean_accepted_length": accepted / blocks if blocks else 0.0,
+            # one drafting batch serves every sequence: the tokens over the drafting wall time
+            "drafted_tokens_per_s": drafted / t_draft if t_draft > 0 else 0.0,
+            "acceptance_rate": accepted / drafted if drafted else 0.0,
+            "generated_tokens": sum(len(t) - self.n_prompt[s] for s, t in self.tokens.items()),
+            "ms_per_round": 1e3 * (t_draft + t_proc) / n_rounds if n_rounds else 0.0,
+            "ms_draft_per_round": 1e3 * t_draft / n_rounds if n_rounds else 0.0,
+            "ms_process_per_round": 1e3 * t_proc / n_rounds if n_rounds else 0.0,
+            "ms_prefill": 1e3 * self.t_prefill, "ms_total": 1e3 * self.t_total,
+            "stop_reasons": [self.stop_reasons.get(s) for s in sorted(self.tokens)],
+        }
+
+
+class SimulatedVerifier:
+    """Stands in for the target: accepts a given prefix of each draft.
+
+    accept: draft tokens to accept per round (a list is cycled; -1 accepts the whole draft).
+    target_tokens: alternatively, the target's continuation per sequence ({seq: tokens} or one list for
+    all); the verifier accepts the longest draft prefix that matches it and samples its next token.
+    Without target_tokens, the target's own tokens come from a generator seeded with `seed`, never the
+    mask token and never the rejected draft token.
+    """
+
+    def __init__(self, accept=(-1,), target_tokens=None, n_vocab: int = 256, mask_token: int = -1, seed: int = 0):
+        self.accept = [int(a) for a in (accept if isinstance(accept, (list, tuple)) else [accept])] or [-1]
+        self.target = target_tokens
+        self.n_vocab, self.mask = n_vocab, mask_token
+        self.rng = np.random.default_rng(seed)
+        self.n_gen = {}
+
+    def _target_list(self, seq):
+        if self.target is None:
+            return None
+        return self.target.get(seq) if isinstance(self.target, dict) else self.target
+
+    def _random_token(self, avoid=()):
+        while True:
+            t = int(self.rng.integers(0, self.n_vocab))
+            if t != self.mask and t not in avoid:
+                return t
+
+    def first_token(self, seq: int) -> int | None:
+        """The target's first sampled token after the prompt (id_last of round 0); None: nothing left."""
+        self.n_gen[seq] = 1
+        tl = self._target_list(seq)
+        if tl is not None:
+            return int(tl[0]) if len(tl) else None
+        return self._random_token()
+
+    def verify(self, seq: int, round_idx: int, draft: list):
+        """-> (n_accepted, next token or None when the given continuation is used up)."""
+        tl = self._target_list(seq)
+        j = self.n_gen[seq]
+        if tl is not None:
+            n = 0
+            while n < len(draft) and j + n < len(tl) and int(tl[j + n]) == draft[n]:
+                n += 1
+            self.n_gen[seq] = j + n + 1
+            return n, (int(tl[j + n]) if j + n < len(tl) else None)
+        a = self.accept[round_idx % len(self.accept)]
+        n = len(draft) if a < 0 else min(a, len(draft))
+        self.n_gen[seq] = j + n + 1
+        return n, self._random_token(avoid=(draft[n],) if n < len(draft) else ())
+
+
+def run_speculative(drafter: DFlashDrafter, sequences, *, n_predict: int = 32, verifier: SimulatedVerifier | None = None,
+                    temp: float = 1.0, seed: int = LLAMA_DEFAULT_SEED, progress=None) -> LoopResult:
+    """Speculative decoding rounds on an open driver, against a simulated verifier.
+
+    sequences: [(prompt_tokens, features), ...], sequence i on seq id i; features holds one row per
+    position (prompt and generated), [n_rows, len(target_layers) * n_embd], as the target's extracted
+    layers would give them. Per sequence: the prompt's features are injected, then each round drafts
+    from (id_last, pos0) -- every sequence in one decode --, the verifier accepts a prefix, the
+    features of the verified positions pos0..pos0+len(draft) are injected and the rejected ones removed
+    again, as the server does. Stops once n_predict tokens are generated per sequence (the last
+    round's accepted run is cut there, so exactly n_predict), or when a verifier with
+    target_tokens has none left; `stop_reasons` says which.
+    """
+    t_start = time.perf_counter()
+    hp = drafter.session.hparams
+    verifier = verifier or SimulatedVerifier(n_vocab=hp.n_vocab, mask_token=drafter.mask_token_id)
+    if len(sequences) > drafter.n_seq:
+        raise GraphgenError(f"{len(sequences)} sequences for a session of n_seq {drafter.n_seq}")
+    if n_predict < 1:
+        raise GraphgenError(f"n_predict must be at least 1, got {n_predict}")
+    state = {}
+    for seq, (prompt, feats) in enumerate(sequences):
+        prompt = [int(t) for t in prompt]
+        feats = np.asarray(feats, dtype=np.float32)
+        if not prompt:
+            raise GraphgenError(f"sequence {seq}: the prompt is empty")
+        if feats.ndim != 2:
+            raise GraphgenError(f"sequence {seq}: features must be a 2-D array [n_positions, "
+                                f"{drafter.n_embd_enc}], got shape {list(feats.shape)}")
+        need = len(prompt) + n_predict + drafter.n_max - 1
+        if feats.shape[0] < need:
+            raise GraphgenError(f"sequence {seq}: the features hold {feats.shape[0]} positions; {len(prompt)} prompt "
+                                f"tokens, n_predict {n_predict} and n_max {drafter.n_max} need {need}")
+        state[seq] = {"tokens": list(prompt), "feats": feats, "n_prompt": len(prompt)}
+    t0 = time.perf_counter()
+    if not drafter.process_multi([(seq, st["feats"][:st["n_prompt"]], 0) for seq, st in state.items()]):
+        raise GraphgenError("injecting the prompt features failed")
+    for seq, st in state.items():
+        drafter.begin(seq, st["tokens"])
+        st["id_last"] = verifier.first_token(seq)
+        st["generated"] = 1
+        st["done"] = st["id_last"] is None or n_predict <= 1
+        if st["id_last"] is None:
+            st["stop"] = "target_tokens"
+        elif st["done"]:
+            st["stop"] = "n_predict"
+            st["tokens"].append(st["id_last"])
+    t_prefill = time.perf_counter() - t0
+
+    rounds = []
+    r_idx = 0
+    while True:
+        active = [seq for seq, st in state.items() if not st["done"]]
+        if not active:
+            break
+        reqs = {}
+        for seq in active:
+            st = state[seq]
+            reqs[seq] = DraftRequest(id_last=st["id_last"], pos0=len(st["tokens"]), temp=temp, seed=seed,
+                                     want_q=drafter.params.probabilistic)
+        t0 = time.perf_counter()
+        drafts = drafter.draft(reqs)
+        t_draft = time.perf_counter() - t0
+        for seq in active:
+            st, dp = state[seq], reqs[seq]
+            draft = drafts.get(seq, [])
+            n_acc, nxt = verifier.verify(seq, r_idx, draft)
+            # tokens this round may still add after id_last: an accepted run that reaches n_predict is
+            # cut there and the target's next token dropped, as a server stops at n_predict
+            room = n_predict - st["generated"]
+            if n_acc >= room:
+                n_acc, nxt, st["stop"] = room, None, "n_predict"
+            elif nxt is None:
+                st["stop"] = "target_tokens"
+            pos0 = dp.pos0
+            t0 = time.perf_counter()
+            # the target's verify batch [id_last, draft...] at pos0.. gives these positions' features
+            if not drafter.process(st["feats"][pos0:pos0 + len(draft) + 1], pos0, seq):
+                raise GraphgenError(f"sequence {seq}: injecting the verified features failed")
+            drafter.seq_rm(seq, pos0 + n_acc + 1, -1)
+            drafter.accept(seq, n_acc)
+            t_proc = time.perf_counter() - t0
+            rec = RoundRecord(r_idx, seq, pos0, st["id_last"], list(draft), n_acc,
+                              -1 if nxt is None else nxt, t_draft, t_proc, dp.result_q)
+            rounds.append(rec)
+            st["tokens"] += [st["id_last"]] + draft[:n_acc]
+            st["generated"] += n_acc + (1 if nxt is not None else 0)
+            st["id_last"] = nxt
+            if nxt is None or st["generated"] >= n_predict:
+                st["done"] = True
+                st.setdefault("stop", "n_predict")
+                if nxt is not None:
+                    st["tokens"].append(nxt)
+            if progress is not None:
+                progress(rec)
+        r_idx += 1
+    return LoopResult(spec_type=drafter.type, variant=drafter.model.variant, n_max=drafter.n_max, rounds=rounds,
+                      tokens={seq: st["tokens"] for seq, st in state.items()},
+                      n_prompt={seq: st["n_prompt"] for seq, st in state.items()}, t_prefill=t_prefill,
+                      t_total=time.perf_counter() - t_start,
+                      stop_reasons={seq: st.get("stop") for seq, st in state.items()})
