@@ -91,6 +91,9 @@ class Dump:
     values_path: Path | None = None
     model_sha256: str | None = None       # of the GGUF file; absent in dumps made before it was recorded
     scenario: dict[str, Any] | None = None  # digest (of its canonical JSON), name, path, seed
+    # the whole scenario document that ran (the file's `scenario.doc`), which parse_scenario reads
+    # back to rerun it; kept apart from `scenario` so reports that show `scenario` stay short
+    scenario_doc: dict[str, Any] | None = None
     _npz: Any = field(default=None, init=False, repr=False, compare=False)
 
     @property
@@ -282,9 +285,15 @@ def _parse_doc(doc: Any, path: Path) -> dict[str, Any]:
                 raise _fail(path, f"scenario.{key}", f"expected a string, got {_short(scenario[key])}")
         if "seed" in scenario and not _is_int_or_null(scenario["seed"]):
             raise _fail(path, "scenario.seed", f"expected an int, got {_short(scenario['seed'])}")
+        # its fields are checked where it is rerun (parse_scenario), so a reader of an older
+        # graphgen still reads the rest of a dump whose scenario has fields it does not know
+        if "doc" in scenario and not _is_dict(scenario["doc"]):
+            raise _fail(path, "scenario.doc", f"expected an object, got {_short(scenario['doc'])}")
+    scenario = dict(scenario) if scenario is not None else None
+    scenario_doc = scenario.pop("doc", None) if scenario is not None else None
     return {"format": FORMAT, "source": dict(source), "model": model, "graph": graph,
             "settings": dict(settings), "cpu_features": dict(cpu), "nodes": nodes,
-            "model_sha256": model_sha256, "scenario": dict(scenario) if scenario is not None else None}
+            "model_sha256": model_sha256, "scenario": scenario, "scenario_doc": scenario_doc}
 
 
 def _is_sha256(v: Any) -> bool:
@@ -508,12 +517,14 @@ def provenance(model_path: str | os.PathLike | None = None, scenario: Any = None
                scenario_path: str | os.PathLike | None = None) -> dict[str, Any]:
     """The header fields that say what ran: `model_sha256`, and `scenario` with the digest of
     `scenario.to_dict()` (defaults filled in, so an omitted default and a spelled-out one agree),
-    its file's name and path, and its seed."""
+    its file's name and path, its seed, and `doc`, that document itself (what `--scenario-from`
+    reruns)."""
     out: dict[str, Any] = {}
     if model_path is not None:
         out["model_sha256"] = model_sha256(model_path)
     if scenario is not None:
-        info: dict[str, Any] = {"digest": scenario_digest(scenario.to_dict())}
+        doc = scenario.to_dict()
+        info: dict[str, Any] = {"digest": scenario_digest(doc), "doc": doc}
         if scenario_path is not None:
             info["name"] = Path(scenario_path).name
             info["path"] = str(Path(scenario_path).resolve())
@@ -522,3 +533,28 @@ def provenance(model_path: str | os.PathLike | None = None, scenario: Any = None
             info["seed"] = seed
         out["scenario"] = info
     return out
+
+
+def recorded_scenario(path: str | os.PathLike) -> tuple[dict[str, Any], Path]:
+    """The scenario document a dump recorded, and the dump file it came from: `path` is a dump
+    folder (its first graph's file) or one dump file. A dump that records none (made before dumps
+    recorded their scenario, or imported from llama.cpp's logs) is refused, as is one whose
+    document no longer matches its digest (edited: it would not rerun what ran)."""
+    p = Path(path)
+    file = dump_files(p)[0] if p.is_dir() else p
+    try:
+        head = json.loads(file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise DumpError(f"{file}: no such file") from None
+    except (OSError, ValueError) as e:
+        raise DumpError(f"{file}: not a {FORMAT} dump ({_one_line(e)}), so it records no scenario") from None
+    if not isinstance(head, dict) or "format" not in head:
+        raise DumpError(f"{file}: not a {FORMAT} dump, so it records no scenario")
+    d = load_dump(file)
+    if d.scenario_doc is None:
+        how = "it was imported" if "import" in d.source else "it was made before dumps recorded it"
+        raise DumpError(f"{file}: records no scenario ({how}); give the scenario with --scenario FILE")
+    digest = (d.scenario or {}).get("digest")
+    if digest is not None and digest != scenario_digest(d.scenario_doc):
+        raise _fail(file, "scenario.doc", "does not match scenario.digest (edited since it ran?)")
+    return d.scenario_doc, file

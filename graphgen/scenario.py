@@ -220,18 +220,41 @@ def parse_scenario(doc: dict, where: str = "scenario") -> Scenario:
 
 
 def read_scenario_doc(path) -> dict:
-    """A scenario file's JSON, unchecked (parse_scenario checks it)."""
+    """A scenario file's JSON, unchecked (parse_scenario checks it); given a dump folder or dump
+    file, the scenario it recorded (`recorded_scenario_doc`)."""
+    return _read(path)[0]
+
+
+def _read(path) -> tuple[dict, str]:
+    """(the document, where it came from, for errors)."""
     p = Path(path)
+    if p.is_dir():
+        return recorded_scenario_doc(p)
     try:
-        return json.loads(p.read_text())
+        doc = json.loads(p.read_text())
     except FileNotFoundError:
         raise ScenarioError(f"{p}: no such scenario file") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ScenarioError(f"{p}: not valid JSON ({e})") from None
+    if isinstance(doc, dict) and "format" in doc:  # a dump, not a scenario: the one it ran
+        return recorded_scenario_doc(p)
+    return doc, str(p)
+
+
+def recorded_scenario_doc(path) -> tuple[dict, str]:
+    """(the scenario document a dump folder or dump file recorded, where it was read: the file);
+    a dump that records none is refused in one line naming the file."""
+    from .dump import DumpError, recorded_scenario
+    try:
+        doc, file = recorded_scenario(path)
+    except DumpError as e:
+        raise ScenarioError(str(e)) from None
+    return doc, f"{file} (its recorded scenario)"
 
 
 def load_scenario(path) -> Scenario:
-    return parse_scenario(read_scenario_doc(path), where=str(path))
+    """A scenario file, or the scenario a dump folder or dump file recorded."""
+    return parse_scenario(*_read(path))
 
 
 def default_scenario(block_size: int = 4, mask_token: int = 255, n_prompt: int = 6,

@@ -247,15 +247,16 @@ def _keep_incomplete(tmp, out, e: Exception) -> None:
     is replaced; anything else of that name is left alone (and the graphs go)."""
     import shutil
 
-    from .dump import dump_files
+    from .dump import DumpError, dump_files
     ctx = e
     while ctx is not None:
         if isinstance(ctx, KeyboardInterrupt) or _pending is not None:
             return  # the consequence of an interrupt: the run ends as interrupted, leaving nothing
         ctx = ctx.__context__
-    graphs = dump_files(tmp)
-    if not graphs:
-        return
+    try:
+        graphs = dump_files(tmp)
+    except DumpError:
+        return  # refused before its first graph: nothing to keep, and the refusal is the error
     dest = out.with_name(out.name + ".incomplete")
     if dest.exists() or dest.is_symlink():
         if not (dest.is_dir() and not dest.is_symlink() and (dest / INCOMPLETE).is_file()):

@@ -217,6 +217,16 @@ def test_provenance_round_trip(tmp_path, cache):
     assert d.model_sha256 == hashlib.sha256(model.read_bytes()).hexdigest()
     assert d.scenario == {"digest": canonical_digest(sc), "name": "s.json", "path": str(tmp_path / "s.json"),
                           "seed": 5}
+    # the whole document, defaults spelled out, beside the digest in the file; apart from
+    # `scenario` once read, so what reports show of it stays short
+    whole = {"n_ctx": 64, "n_ubatch": 8, "flash_attn": "off", "type_kv": "f16", "seed": 5, "n_seq": 1,
+             "n_threads": 1, "steps": [{"inject": {"n_tokens": 2, "pos0": 0, "seq": 0}},
+                                       {"block": {"seqs": [{"seq": 0, "tokens": [1, 2], "pos0": 2,
+                                                            "embd_state": "context"}]}}]}
+    assert json.loads(p.read_text())["scenario"]["doc"] == whole
+    assert d.scenario_doc == whole
+    assert D.recorded_scenario(tmp_path / "d") == (whole, p)
+    assert parse_scenario(d.scenario_doc) == sc
 
 
 def test_dump_without_provenance_still_loads(tmp_path):
@@ -233,6 +243,7 @@ def test_dump_without_provenance_still_loads(tmp_path):
     ("scenario", {"digest": "zz"}, "'scenario.digest'"),
     ("scenario", {"seed": "1"}, "'scenario.seed'"),
     ("scenario", {"name": 3}, "'scenario.name'"),
+    ("scenario", {"doc": [1]}, "'scenario.doc'"),
 ])
 def test_bad_provenance_field(tmp_path, key, value, fragment):
     p, _, _ = write_sample(tmp_path)

@@ -5,8 +5,9 @@
 Without --scenario, the scenario comes from the flags: every sequence (-np) injects a prompt of
 --prompt rows (in chunks of the micro-batch, as llama_decode splits a batch), then --steps drafting
 rounds: one block of --block tokens for all sequences in one batch, the block removed and as
-many accepted rows injected, as the drafting loop does. Given a scenario file, the flags that are
-set override its fields.
+many accepted rows injected, as the drafting loop does. Given a scenario file, or with
+--scenario-from a dump (every dump records the whole scenario it ran), the flags that are set
+override its fields.
 """
 
 from __future__ import annotations
@@ -107,8 +108,12 @@ def add_context_flags(p, *, scenario: bool = True, threads_default: str = "the s
         p.add_argument("-np", "--parallel", dest="n_parallel", type=count_arg(1), default=None, metavar="N",
                        help=f"sequences drafted together (default: {src + ', else 1' if src else '1'})")
     if scenario:
-        p.add_argument("--scenario", default=None, metavar="FILE",
-                       help="what to run, as JSON (default: built from --prompt, --block, --steps and -np)")
+        which = p.add_mutually_exclusive_group()
+        which.add_argument("--scenario", default=None, metavar="FILE",
+                           help="what to run, as JSON (default: built from --prompt, --block, --steps and -np)")
+        which.add_argument("--scenario-from", dest="scenario", action=_FromDump, metavar="DUMP",
+                           help="rerun the scenario a dump recorded: a dump folder or one of its files; the "
+                                "flags that are set override it, as with --scenario (default: none)")
         p.add_argument("--prompt", dest="n_prompt", type=count_arg(1), default=None, metavar="N",
                        help=f"without --scenario: N injected prompt rows per sequence, a count (not llama.cpp's -p "
                             f"prompt text) (default {default_prompt})")
@@ -118,6 +123,20 @@ def add_context_flags(p, *, scenario: bool = True, threads_default: str = "the s
                        help=f"without --scenario: drafting rounds (default {DEFAULT_STEPS})")
         p.add_argument("--seed", dest="scenario_seed", type=count_arg(0), default=None, metavar="N",
                        help="seed of the injected features (default: the scenario's, else 1)")
+
+
+class _FromDump(argparse.Action):
+    """--scenario-from: a dump reads as the scenario it recorded (graphgen.scenario.load_scenario),
+    so it fills --scenario's place, and the flag's name is kept for messages."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        namespace.scenario = values
+        namespace.scenario_flag = option_string
+
+
+def scenario_flag(args) -> str:
+    """How the run's scenario was given, for messages: --scenario or --scenario-from."""
+    return getattr(args, "scenario_flag", None) or "--scenario"
 
 
 def resolve_fa(value: str | None) -> bool | None:
@@ -162,14 +181,19 @@ def build_scenario_doc(n_prompt: int, block: int, steps: int, n_seq: int, mask_t
 def scenario_from_args(args, model: str):
     """The scenario a command runs: the file's, or the one the flags build, with the flags that
     are set laid over it. Errors name the flag or the scenario field."""
-    from ..scenario import load_scenario, parse_scenario
+    from ..scenario import load_scenario, parse_scenario, recorded_scenario_doc
     n_parallel = getattr(args, "n_parallel", None)
     if args.scenario:
+        given = f"{scenario_flag(args)} {args.scenario}"
         for flag, v in (("--prompt", args.n_prompt), ("--block", args.block), ("--steps", args.steps)):
             if v is not None:
-                raise GraphgenError(f"{flag} builds a scenario; it cannot change --scenario {args.scenario}")
-        doc = load_scenario(args.scenario).to_dict()
-        where = args.scenario
+                raise GraphgenError(f"{flag} builds a scenario; it cannot change {given}")
+        if scenario_flag(args) == "--scenario-from":
+            doc, where = recorded_scenario_doc(args.scenario)  # a plain scenario file is not a dump
+            doc = parse_scenario(doc, where=where).to_dict()
+        else:
+            doc = load_scenario(args.scenario).to_dict()
+            where = args.scenario
     else:
         block, mask = _draft_shape(model)
         doc = build_scenario_doc(args.n_prompt or DEFAULT_PROMPT, args.block or block, args.steps or DEFAULT_STEPS,
