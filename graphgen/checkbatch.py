@@ -713,7 +713,7 @@ def check_batch(model, n_seqs=DEFAULT_N_SEQ, block: int | None = None, prompt: i
     llamaflags.resolve_fa does; the engines' parity shows a disagreement)."""
     from .cli.llamaflags import resolve_fa
     from .runtime.model import load
-    from .validate import check_kv_types
+    from .runtime.kvcache import check_kv_types
 
     engines = tuple(engines)
     if not engines or any(e not in ENGINES for e in engines):

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .errors import GraphgenError
-from .runtime.drafters import (LLAMA_DEFAULT_SEED, DFlashDrafter, DraftParams, DraftRequest, SpecTypeError, _field_str,
+from .ggufile import field_value, try_open
+from .runtime.drafters import (LLAMA_DEFAULT_SEED, DFlashDrafter, DraftParams, DraftRequest, SpecTypeError,
                                check_types, create_drafter, types_from_gguf, types_from_names)
 
 
@@ -33,11 +34,8 @@ def open_drafter(model_path, spec_types=None, params: DraftParams | None = None,
     types = types_from_gguf(model_path) if not spec_types else types_from_names(spec_types)
     fam = check_types(types)
     if fam is not None:
-        from gguf import GGUFReader
-        try:
-            arch = _field_str(GGUFReader(str(model_path), "r"), "general.architecture")
-        except Exception:  # noqa: BLE001 -- not a readable GGUF: Session reports it
-            arch = None
+        reader = try_open(model_path)   # not a readable GGUF: Session reports it
+        arch = field_value(reader, "general.architecture") if reader is not None else None
         if arch is not None and arch != "dflash":
             raise SpecTypeError(f"--spec-type {fam} requires a DFlash draft model")
     session = Session(model_path, **session_kw)

@@ -302,7 +302,8 @@ def test_llama_cpp_engine_takes_no_mmap(tiny, tmp_path):
 def test_reader_reads_what_gguf_py_reads(tiny):
     """The loader's faster reader gives every field's parts, data indices, types and contents,
     and every tensor's placement, exactly as gguf-py's own reader."""
-    ours, theirs = M._bounded_reader_class()(str(tiny), "r"), gguf.GGUFReader(str(tiny))
+    from graphgen.ggufile import _bounded_reader_class
+    ours, theirs = _bounded_reader_class()(str(tiny), "r"), gguf.GGUFReader(str(tiny))
     kinds = {tuple(f.types) for f in theirs.fields.values()}
     # string and number arrays, the two the reader reads its own way
     assert (gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.STRING) in kinds

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import GGUFModelError
+from ..ggufile import field_value
 from ..ops import ggml as G
 
 ARCH = "dflash"
@@ -241,18 +242,10 @@ class GGUFMeta:
             self._fail(f"key '{key}' is malformed")
 
     def _raw(self, key):
-        f = self.r.fields[key]
         try:
-            t = int(f.types[0])
-            vals = [f.parts[i] for i in f.data]
-            if t != ARR:
-                v = vals[0]
-                return v.tobytes().decode(errors="replace") if t == STR else v[0].item()
-            if len(f.types) > 1 and int(f.types[1]) == STR:
-                return [v.tobytes().decode(errors="replace") for v in vals]
-            return [v[0].item() for v in vals]
-        except Exception as e:  # malformed field data
-            self._fail(f"key '{key}' is malformed ({e})")
+            return field_value(self.r, key)
+        except GGUFModelError as e:
+            self._fail(str(e))
 
     def _checked(self, key, n=None):
         """The value of a present key as llama.cpp takes it, None when llama.cpp reads it as absent."""

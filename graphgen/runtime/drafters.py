@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import GraphgenError
+from ..ggufile import field_value, try_open
 from ..ops.cmath import expf
 from .mt19937 import MT19937, uniform_real
 
@@ -558,16 +559,14 @@ def types_from_gguf(path) -> list[str]:
     """common_speculative_types_from_gguf: a `dflash` draft gives the concrete type of its head
     (draft-dflash, -dspark, -dflash2 or -lilicorr), another architecture with a nextn head
     draft-mtp, anything else nothing."""
-    from gguf import GGUFReader
-    try:
-        reader = GGUFReader(str(path), "r")
-    except Exception:  # noqa: BLE001 -- gguf-py raises many kinds on a bad file; upstream returns {}
+    reader = try_open(path)
+    if reader is None:  # upstream finds no type in a file it cannot read
         return []
-    arch = _field_str(reader, "general.architecture")
+    arch = field_value(reader, "general.architecture")
     if arch is None:
         return []
     if arch != "dflash":
-        n = _field_str(reader, f"{arch}.block_count")
+        n = field_value(reader, f"{arch}.block_count")
         if n is not None and any(t.name == f"blk.{int(n) - 1}.nextn.eh_proj.weight" for t in reader.tensors):
             return ["draft-mtp"]
         return []
@@ -576,17 +575,6 @@ def types_from_gguf(path) -> list[str]:
     spec = detect_head({t.name for t in reader.tensors}, set(reader.fields)).spec_type
     log.info("auto-detected speculative type '%s' from the draft model metadata", spec)
     return [spec]
-
-
-def _field_str(reader, key):
-    fld = reader.fields.get(key)
-    if fld is None:
-        return None
-    try:
-        return str(fld.contents())
-    except (AttributeError, ValueError, IndexError):
-        return bytes(fld.parts[fld.data[0]]).decode() if fld.types and fld.types[0].name == "STRING" \
-            else str(fld.parts[fld.data[0]][0])
 
 
 def check_types(types) -> str | None:

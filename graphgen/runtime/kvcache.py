@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import KVCacheFullError
+from ..errors import GraphgenError, KVCacheFullError
 from ..ops import ggml as G
 
 N_KV_PAD = 256
@@ -443,3 +443,36 @@ class KVCache:
                 at = np.ix_(np.arange(seq.shape[0]), cells) if isinstance(rows, slice) else np.ix_(rows, cells)
                 out[at] = np.where(seen, zero, ninf)
         return out
+
+
+# ---- cache types llama.cpp's context refuses ----
+
+class KVCacheTypeError(GraphgenError, ValueError):
+    """KV cache types llama.cpp refuses for this draft (or computes garbage with)."""
+
+
+# ggml's block size for each quantized cache type graphgen takes (all hold 32 values a block)
+_KV_BLOCK = {"q8_0": 32, "q4_0": 32, "q4_1": 32, "q5_0": 32, "q5_1": 32, "iq4_nl": 32}
+
+
+def check_kv_types(hp, type_k: str, type_v: str, flash_attn: bool, k_only: bool = False) -> None:
+    """llama.cpp's context checks on the cache types: a quantized V cache needs flash attention,
+    and a quantized head must hold whole blocks. llama.cpp checks the heads only with flash
+    attention; without it, it takes such a K cache and scores against K rows that start inside a
+    block (garbage, and not reproducible), which graphgen refuses instead. The same holds for a
+    K-only cache (the DSpark backbones read V as a view of K): llama.cpp does not check its
+    quantized K without flash attention, and then copies it transposed, block by block."""
+    if type_v in _KV_BLOCK and not flash_attn:
+        raise KVCacheTypeError(f"type_v {type_v}: a quantized V cache requires flash attention (flash_attn on)")
+    if getattr(hp, "n_lora_kv", 0) > 0 and type_k != type_v:
+        # llama.cpp's check for MLA models (Mistral Large 4 here): one latent cache, one type
+        raise KVCacheTypeError(f"type_k {type_k} / type_v {type_v}: an MLA draft does not support different K "
+                               "and V cache types")
+    if k_only and type_k in _KV_BLOCK and not flash_attn:
+        raise KVCacheTypeError(f"type_k {type_k}: this backbone reads V from the K cache, so a quantized K cache "
+                         "requires flash attention (flash_attn on)")
+    for key, name, head in (("type_k", type_k, hp.n_embd_head_k), ("type_v", type_v, hp.n_embd_head_v)):
+        blck = _KV_BLOCK.get(name)
+        if blck is not None and head % blck != 0:
+            what = "n_embd_head_k" if key == "type_k" else "n_embd_head_v"
+            raise KVCacheTypeError(f"{key} {name}: its block size {blck} does not divide {what}={head}")

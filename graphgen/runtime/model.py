@@ -19,14 +19,12 @@ compute reads it (`check_file`).
 from __future__ import annotations
 
 import ctypes
-import functools
 import math
 import os
+import re
 from pathlib import Path
 
-import numpy as np
 
-from .. import validate as V
 from ..errors import GGUFModelError
 from ..models import arch
 from ..models.arch import BACKBONE_BASE, BACKBONE_DSV4, BACKBONE_DSV41, BACKBONE_MISTRAL_LARGE4
@@ -35,8 +33,8 @@ from .mmapfile import MappedFile, mmap_default
 from ..models.arch import HParams
 from ..models.loader import (ARCH, GGUFMeta, read_base_hparams, read_loader_keys, read_rope_scaling,
                              read_rope_sections, read_vocab)
+from ..ggufile import N_DIMS_MAX, open_reader
 from ..ops import ggml as G
-from ..validate import check_memory, check_tensor_data, check_tensor_types
 
 # gguf-py GGMLQuantizationType values graphgen can hold as weights
 SUPPORTED_WEIGHT_TYPES = {0: "f32", 1: "f16", 8: "q8_0", 30: "bf16", 26: "i32", 27: "i64"}
@@ -141,93 +139,84 @@ def read_hparams(reader, path) -> tuple[HParams, str, str]:
     return hp, variant, backbone
 
 
-def open_reader(path: Path):
-    """The GGUF's reader (metadata and tensor table; the data stays on disk), its errors naming
-    the file."""
-    # the magic, then every count bounded by the file's size: gguf-py trusts the counts and can
-    # loop for hours
-    V.check_gguf_layout(path)
+# ---- checks of a draft's tensors and of the memory they need, before ggml sees them ----
+
+def check_tensor_data(reader, path, file_size: int) -> int:
+    """Every tensor's dims and data range are sane; returns the bytes the weights need."""
+    total = 0
+    for t in reader.tensors:
+        shape = [int(x) for x in t.shape]
+        if not 1 <= len(shape) <= N_DIMS_MAX or any(d <= 0 for d in shape):
+            raise GGUFModelError(f"{path}: tensor '{t.name}' has shape {shape}; ggml takes 1 to "
+                                 f"{N_DIMS_MAX} positive dims")
+        n = int(t.n_bytes)
+        off = int(t.data_offset)
+        if off < 0 or n < 0 or off + n > file_size:
+            raise GGUFModelError(f"{path}: tensor '{t.name}' data lies past the end of the file "
+                                 f"(offset {off} + {n} bytes > {file_size})")
+        total += n
+    return total
+
+
+INT_TENSORS = {"d2t"}        # the only integer tensor a draft holds (read by ggml_get_rows)
+_INT_TYPES = {24: "i8", 25: "i16", 26: "i32", 27: "i64"}
+
+
+# tensors that only enter elementwise ops (ggml_add/ggml_mul with f32 operands)
+_ELEMENTWISE = re.compile(r"(norm\.|_norm$|\.bias$|\.scale$|_sinks|rope_freqs|_conv_base$|_embedding\.weight$|"
+                          r"exp_probs_b|_base\.weight$|_scale\.weight$|attention_bias)")
+# ggml_type -> values per block, for the quantized types a weight may have
+_QUANT_BLOCK = {2: 32, 3: 32, 6: 32, 7: 32, 8: 32, 9: 32, 10: 256, 11: 256, 12: 256, 13: 256, 14: 256, 15: 256}
+
+
+def check_tensor_types(reader, path) -> None:
+    """Weights are float (f32/f16/bf16/q8_0): an integer weight in a matmul or an add makes ggml
+    abort or read out of bounds."""
+    for t in reader.tensors:
+        tt = int(t.tensor_type)
+        if tt in _INT_TYPES and t.name not in INT_TENSORS:
+            raise GGUFModelError(f"{path}: tensor '{t.name}' has integer type {_INT_TYPES[tt]}; "
+                                 "weights must be f32, f16, bf16 or q8_0")
+        # norms, biases and scales enter ggml_mul/ggml_add with f32 activations, which need f32
+        if len(t.shape) == 1 and tt != 0 and t.name not in INT_TENSORS:
+            raise GGUFModelError(f"{path}: tensor '{t.name}' (1-D: a norm, bias or scale) has type "
+                                 f"{t.tensor_type.name}; it must be F32")
+        # so do the many-dimensional tensors that only meet activations elementwise
+        if tt != 0 and _ELEMENTWISE.search(t.name):
+            raise GGUFModelError(f"{path}: tensor '{t.name}' is used elementwise with f32 activations and "
+                                 f"has type {t.tensor_type.name}; it must be F32")
+        # a quantized row is made of whole blocks
+        blk = _QUANT_BLOCK.get(tt)
+        if blk and len(t.shape) and int(t.shape[0]) % blk:
+            raise GGUFModelError(f"{path}: tensor '{t.name}' has {int(t.shape[0])} values per row, not a "
+                                 f"multiple of its {t.tensor_type.name} block of {blk}")
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available for new allocations (MemAvailable), None when unknown."""
     try:
-        return _bounded_reader_class()(str(path), "r")
-    except GGUFModelError as e:
-        raise GGUFModelError(f"{path}: {e}") from None
-    except Exception as e:  # gguf-py raises ValueError/IndexError/struct.error on truncation
-        raise GGUFModelError(f"{path}: malformed or truncated GGUF ({type(e).__name__}: {e})") from None
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
-@functools.lru_cache(maxsize=None)
-def _bounded_reader_class():
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**27 else f"{n / 2**20:.1f} MiB"
 
-    class BoundedReader(GGUFReader):
-        """gguf-py's reader, naming the first tensor whose data runs past the end of a truncated
-        file (as llama.cpp's loader does) instead of failing to reshape an array.
 
-        It reads the same fields, parts and tensors, faster: a vocabulary's arrays make gguf-py
-        slice its np.memmap 100,000 times (a Python-level __getitem__ each: 3.5 s of a realistic
-        draft's 4.2 s load), so slices come from a plain ndarray view of the same mapping, and an
-        array of numbers is read in one slice and cut into its elements' parts."""
-
-        def _get(self, offset, dtype, count=1, override_order=None):
-            plain = self.__dict__.get("_plain")
-            if plain is None:
-                plain = self._plain = self.data.view(np.ndarray)
-            count = int(count)
-            dt = np.dtype(dtype)
-            arr = plain[offset:offset + dt.itemsize * count].view(dtype=dt)[:count]
-            return arr.view(arr.dtype.newbyteorder(self.byte_order if override_order is None else override_order))
-
-        def _get_field_parts(self, orig_offs, raw_type):
-            if raw_type == GGUFValueType.ARRAY:
-                itype = self._get(orig_offs, np.uint32)
-                alen = self._get(orig_offs + 4, np.uint64)
-                try:
-                    sub = GGUFValueType(int(itype[0]))
-                except ValueError:
-                    sub = None
-                nptype = self.gguf_scalar_to_np.get(sub)
-                if nptype is not None:
-                    n = int(alen[0])
-                    vals = self._get(orig_offs + 12, nptype, n)
-                    if vals.size != n:
-                        raise GGUFModelError(f"an array of {n} values at offset {orig_offs} runs past the end of "
-                                             "the file: the GGUF is truncated or corrupt")
-                    parts = [itype, alen] + [vals[i:i + 1] for i in range(n)]
-                    return 12 + int(vals.nbytes), parts, list(range(2, 2 + n)), [GGUFValueType.ARRAY, sub]
-                if sub == GGUFValueType.STRING:
-                    # each string as gguf-py gives it: its length (a u64 part) and its bytes
-                    len_type, byte_type = self._get(0, np.uint64).dtype, self._get(0, np.uint8).dtype
-                    plain, n, off = self._plain, int(alen[0]), orig_offs + 12
-                    parts, idxs = [itype, alen], []
-                    for _ in range(n):
-                        ln = plain[off:off + 8].view(len_type)
-                        size = int(ln[0]) if ln.size == 1 else -1
-                        text = plain[off + 8:off + 8 + size].view(byte_type)
-                        if size < 0 or text.size != size:
-                            raise GGUFModelError(f"a string array at offset {orig_offs} runs past the end of the "
-                                                 "file: the GGUF is truncated or corrupt")
-                        idxs.append(len(parts) + 1)
-                        parts += (ln, text)
-                        off += 8 + size
-                    return off - orig_offs, parts, idxs, [GGUFValueType.ARRAY, sub]
-            return super()._get_field_parts(orig_offs, raw_type)
-
-        def _build_tensors(self, start_offs, fields):
-            size = len(self.data)
-            for info in fields:
-                _, name_data, _, dims, raw_dtype, offset = info.parts
-                try:
-                    block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(int(raw_dtype[0]))]
-                except (ValueError, KeyError):
-                    continue  # the parent names the bad type
-                n_bytes = int(np.prod(dims.astype(np.int64))) * type_size // block
-                at = int(start_offs + offset[0])
-                if at + n_bytes > size:
-                    name = bytes(name_data).decode("utf-8", "replace")
-                    raise GGUFModelError(f"tensor '{name}' ({n_bytes} bytes at offset {at}) runs past the end of "
-                                         f"the file ({size} bytes): the GGUF is truncated or corrupt")
-            return super()._build_tensors(start_offs, fields)
-    return BoundedReader
+def check_memory(need: int, path, what: str = "its tensors") -> None:
+    """Refuse before allocating when `need` bytes would not fit in available memory."""
+    have = available_memory()
+    if have is not None and need > have:
+        raise GGUFModelError(f"{path}: {what} need {_gib(need)} ({need} bytes), only {_gib(have)} "
+                             "of memory is available")
 
 
 class Model:
@@ -396,7 +385,7 @@ class Model:
     def _map_buffer(self, created: list):
         """A CPU buffer over the whole mapped file, each tensor pointed at its bytes in it."""
         m = self._map
-        # ggml asserts the buffer's alignment; the GGUF's own check (validate.check_gguf_layout)
+        # ggml asserts the buffer's alignment; the GGUF's own check (ggufile.check_layout)
         # refused any tensor off it, as llama.cpp does, so a failure here is a bug, said in a line
         align = G.ggml_backend_buft_get_alignment(G.ggml_backend_cpu_buffer_type())
         bad = [t.name for _, t in created if (m.addr + int(t.data_offset)) % align]

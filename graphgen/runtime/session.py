@@ -19,12 +19,12 @@ import weakref
 
 import numpy as np
 
-from .. import validate as V
+from . import batch as B
 from ..graph import GraphParams, MemSlot, graph_capacity, graph_max_nodes
 from ..models.arch import build_arch_graph
 from ..ops import ggml as G
 from .backends import open_backend
-from .kvcache import KVCache, UBatch
+from .kvcache import KVCache, KVCacheTypeError, UBatch, check_kv_types
 from .model import Model, load
 from ..errors import ContextError, GraphgenError
 from ..scenario import KV_TYPE_IDS
@@ -155,7 +155,7 @@ class Session:
         type_v = type_kv if type_v is None else type_v
         for key, name in (("type_kv", type_kv), ("type_k", type_k), ("type_v", type_v)):
             if name not in KV_TYPES:
-                raise V.KVCacheTypeError(f"{key} must be one of {', '.join(KV_TYPES)}, got {name!r}")
+                raise KVCacheTypeError(f"{key} must be one of {', '.join(KV_TYPES)}, got {name!r}")
         if n_ctx < 1 or n_ubatch < 1 or n_seq < 1:
             raise ValueError("n_ctx, n_ubatch and n_seq must be positive")
         self._lock = threading.Lock()
@@ -170,7 +170,7 @@ class Session:
         self.model = model if isinstance(model, Model) else load(model)
         try:
             # llama.cpp refuses these at context creation, before any memory is taken
-            V.check_kv_types(self.model.hparams, type_k, type_v, flash_attn, k_only=self.model.backbone != "base")
+            check_kv_types(self.model.hparams, type_k, type_v, flash_attn, k_only=self.model.backbone != "base")
         except ValueError:
             if self.model is not model:
                 self.model.close()
@@ -233,7 +233,7 @@ class Session:
 
     # -- batches ----------------------------------------------------------------------------
     def _check_common(self, pos, seq):
-        V.check_batch(pos, seq, self.n_batch, self.n_seq, self._batch_limit())
+        B.check_batch(pos, seq, self.n_batch, self.n_seq, self._batch_limit())
 
     def _batch_limit(self) -> str:
         if self.n_batch < self.n_ubatch:
@@ -242,10 +242,10 @@ class Session:
         return f"n_ubatch {self.n_ubatch}"
 
     def make_inject(self, features, pos0: int, seq: int = 0) -> UBatch:
-        x = V.check_features(features, self.hparams.n_embd_inp_enc)
+        x = B.check_features(features, self.hparams.n_embd_inp_enc)
         n = x.shape[0]
-        pos0 = V.check_positions(pos0, n, "inject")
-        seq = V.check_seq(seq, self.n_seq)
+        pos0 = B.check_positions(pos0, n, "inject")
+        seq = B.check_seq(seq, self.n_seq)
         pos = np.arange(pos0, pos0 + n, dtype=np.int32)
         sq = np.full(n, seq, dtype=np.int32)
         if not 0 < n <= self.n_batch:
@@ -254,14 +254,14 @@ class Session:
 
     def make_block(self, blocks, embd_state=None) -> UBatch:
         """blocks: [(seq, tokens, pos0), ...] into one batch, in that order."""
-        quick = V.quick_blocks(blocks, self.block_rules, self.hparams.n_vocab, self.n_batch, self.n_seq)
+        quick = B.quick_blocks(blocks, self.block_rules, self.hparams.n_vocab, self.n_batch, self.n_seq)
         if quick is not None:
             tokens, pos_a, seq_a, runs = quick
         else:
-            tokens, pos_a, seq_a = V.block_arrays(blocks, self.block_rules, self.hparams.n_vocab)
+            tokens, pos_a, seq_a = B.block_arrays(blocks, self.block_rules, self.hparams.n_vocab)
             self._check_common(pos_a, seq_a)
             runs = None
-        st = V.check_embd_state(embd_state, tokens.size, self.hparams.n_embd)
+        st = B.check_embd_state(embd_state, tokens.size, self.hparams.n_embd)
         return UBatch(pos=pos_a, seq=seq_a, tokens=tokens, embd_state=st, runs=runs)
 
     def seq_pos_max(self, seq: int) -> int:
@@ -271,9 +271,9 @@ class Session:
     def _check_positions(self, ub: UBatch) -> None:
         # llama.cpp checks every batch's positions against the cache, the encoder's too
         mrope = self.hparams.n_pos_per_embd > 1
-        if ub.runs is not None and V.runs_follow_cache(ub.runs, self.seq_pos_max, mrope, ub.is_embd):
+        if ub.runs is not None and B.runs_follow_cache(ub.runs, self.seq_pos_max, mrope, ub.is_embd):
             return
-        V.check_seq_positions(ub.pos, ub.seq, self.seq_pos_max, self.hparams.n_pos_per_embd > 1, ub.is_embd)
+        B.check_seq_positions(ub.pos, ub.seq, self.seq_pos_max, self.hparams.n_pos_per_embd > 1, ub.is_embd)
 
     # -- compute ----------------------------------------------------------------------------
     def _lap(self, phase: str) -> None:

@@ -6,7 +6,8 @@ import threading
 import numpy as np
 import pytest
 
-import graphgen.validate as V
+import graphgen.runtime.batch as V
+from graphgen.runtime.model import available_memory
 from graphgen.errors import BatchError, GGUFModelError, KVCacheFullError
 from graphgen.models.head import BlockRules
 from graphgen.runtime.model import load
@@ -25,7 +26,8 @@ def tiny(tmp_path_factory):
 
 
 def test_refuses_weights_that_do_not_fit(tiny, monkeypatch):
-    monkeypatch.setattr(V, "available_memory", lambda: 1000)
+    import graphgen.runtime.model as M
+    monkeypatch.setattr(M, "available_memory", lambda: 1000)
     m = load(tiny)  # reading the metadata allocates nothing
     with pytest.raises(GGUFModelError, match=r"weight tensors need .*only"):
         Session(m)
@@ -35,7 +37,7 @@ def test_refuses_weights_that_do_not_fit(tiny, monkeypatch):
 
 
 def test_available_memory_is_known():
-    have = V.available_memory()
+    have = available_memory()
     assert have is None or have > 0
 
 
