@@ -24,7 +24,7 @@ def _cmd_dump(args) -> int:
         from ..scenario import load_scenario
         from .authors import _cmd_dump_torch
         if not args.scenario:
-            raise ValueError("--engine torch runs a --scenario file")
+            raise ValueError("--engine torch runs a --scenario file (or --scenario-from a dump)")
         sc = load_scenario(args.scenario)
         apply_to_scenario(args, sc)
         return _cmd_dump_torch(args, sc)
@@ -50,7 +50,9 @@ def _cmd_dump(args) -> int:
             if retyped:  # the reference reads a scenario file: give it the one the flags made
                 scenario_path = tmp / ".scenario.json"
                 scenario_path.write_text(json.dumps(sc.to_dict()))
-            paths = run_reference(model, scenario_path, tmp, args.max_data, announce_dir=out)
+            # the dumps name the user's file (or dump), as graphgen's engine does, not this copy
+            paths = run_reference(model, scenario_path, tmp, args.max_data, announce_dir=out,
+                                  recorded_as=args.scenario)
             if retyped:
                 scenario_path.unlink()
         else:

@@ -51,19 +51,13 @@ class ReferenceFailed(RuntimeError):
 
 
 def _model_meta(path: Path) -> dict:
-    from gguf import GGUFReader
+    from ..ggufile import field_value, open_reader
 
-    r = GGUFReader(str(path))
+    r = open_reader(path)
 
     def get(key, default=None):
-        f = r.fields.get(key)
-        if f is None:
-            return default
-        vals = [f.parts[i] for i in f.data]
-        if len(vals) == 1 and f.types[0] != 9:  # scalar (9 = array)
-            v = vals[0]
-            return v.tobytes().decode() if v.dtype == np.uint8 else v[0].item()
-        return [v[0].item() for v in vals]
+        v = field_value(r, key)
+        return default if v is None else v
 
     return {
         "n_embd": int(get("dflash.embedding_length")),
@@ -392,8 +386,12 @@ STDERR_LOG = "llama.cpp.log"
 
 
 def run_reference(model, scenario_path, out, max_data: int = 262144, timeout: float = 600,
-                  stderr_log: str | None = STDERR_LOG, announce_dir=None) -> list[Path]:
+                  stderr_log: str | None = STDERR_LOG, announce_dir=None, recorded_as="") -> list[Path]:
     """Run the reference in a child process; raise ReferenceFailed/ReferenceUnavailable on failure.
+
+    The dumps record `scenario_path` as their scenario's file, or `recorded_as` when it is not
+    "": None where the file is only this run's copy (a scenario built from flags), which would
+    name a file that is gone.
 
     ReferenceFailed's first line summarises llama.cpp's error, the lines after it (and its
     `reason`) hold the whole of it. The child's standard error is written, as it comes, to
@@ -408,6 +406,8 @@ def run_reference(model, scenario_path, out, max_data: int = 262144, timeout: fl
         old.with_suffix(".npz").unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "graphgen.reference.runner", str(model), str(scenario_path), str(out),
            "--max-data", str(max_data)]
+    if recorded_as != "":
+        cmd += ["--recorded-as", "" if recorded_as is None else str(recorded_as)]
     fd, log_name = tempfile.mkstemp(prefix="graphgen-ref-", suffix=".log")
     os.close(fd)
     log_path = Path(log_name)
@@ -619,9 +619,11 @@ def main(argv=None) -> int:
     ap.add_argument("scenario")
     ap.add_argument("out")
     ap.add_argument("--max-data", type=int, default=262144)
+    ap.add_argument("--recorded-as", default=None, help="the scenario file the dumps name (\"\": none)")
     a = ap.parse_args(argv)
+    recorded = a.scenario if a.recorded_as is None else a.recorded_as or None
     try:
-        paths = run_child(Path(a.model), load_scenario(a.scenario), Path(a.out), a.max_data, a.scenario)
+        paths = run_child(Path(a.model), load_scenario(a.scenario), Path(a.out), a.max_data, recorded)
     except ReferenceUnavailable as e:
         print(f"graphgen: error: {e}", file=sys.stderr)
         return 3
