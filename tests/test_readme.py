@@ -1,15 +1,21 @@
-"""The README's commands run as written.
+"""The README's and the docs' commands run as written, and their links lead somewhere.
 
-Every `sh` block of the README is run, line by line, in a folder of its own holding what the
-README itself defines: `s.json` is the scenario of its "Scenario format" section. Synopsis lines
-are run as their shortest form: optional `[...]` groups and continuation lines dropped, `a|b`
-taking `a`. A line is left out, and the reason counted, only when it names a placeholder
-(DUMP, REF, FILE, ...), a developer's own build (`~/...`), a GPU backend this machine lacks, a
-server that runs until stopped, or a job of its own (setup, the test suite, mutation, fuzz and
-soak runs, which CI runs anyway or which take minutes). Each line that runs must exit 0. A line
-that needs the graphgen[torch] extra is skipped where it is missing, and so is every later line
-of its block that uses a file or folder such a skipped line would have made; the block is then
-reported skipped, naming those lines, once the rest of it has run.
+Every `sh` block of README.md and of docs/*.md is run, line by line, in a folder of its own
+holding what the docs themselves define: `s.json` is the scenario of docs/formats.md's "Scenario
+format" section. Synopsis lines are run as their shortest form: optional `[...]` groups and
+continuation lines dropped, `a|b` taking `a`. A line is left out, and the reason counted, only
+when it names a placeholder (DUMP, REF, FILE, <head>, ...), a developer's own build (`~/...`), a
+GPU backend this machine lacks, a server that runs until stopped, or a job of its own (setup, the
+test suite, mutation, fuzz and soak runs, which CI runs anyway or which take minutes). Each line
+that runs must exit 0. A line that needs the graphgen[torch] extra is skipped where it is missing,
+and so is every later line of its block that uses a file or folder such a skipped line would have
+made; the block is then reported skipped, naming those lines, once the rest of it has run. A
+block with no `graphgen` line (setup, test and tool runs) has nothing to run here.
+
+Every `python` block runs whole, in a folder holding the tiny default draft `draft.gguf` and that
+`s.json`, and must exit 0. Every relative link of README.md and docs/*.md must name a file that
+exists and, with a `#fragment` into a Markdown page, a heading that page has; every docs page must
+be linked from the README.
 """
 
 from __future__ import annotations
@@ -26,6 +32,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
+# the pages whose blocks run and whose links are checked: the README, then docs/ by name
+PAGES = ["README.md"] + sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))
+TEXT = {page: (ROOT / page).read_text() for page in PAGES}
 PLACEHOLDERS = re.compile(r"\b(DUMP|REF|OURS|FILE|DIR|HOST|PORT|IDS|F\.npy|NAME|WORD)\b|<")
 OWN_JOBS = ("tools/setup.sh", "python tools/mutate.py", "python -m pytest", "make fuzz", "make sessions", "fuzz_main.py",
             "tools/soak.py")
@@ -34,13 +43,13 @@ GPU = re.compile(r"\b(vulkan|cuda|metal)(\b|\d)", re.I)
 
 
 def _scenario() -> str:
-    section = README.split("## Scenario format", 1)[1]
+    section = TEXT["docs/formats.md"].split("## Scenario format", 1)[1]
     return re.search(r"```json\n(.*?)```", section, re.S).group(1)
 
 
-def _blocks() -> list[tuple[int, list[str]]]:
+def _blocks(page: str) -> list[tuple[int, list[str]]]:
     out = []
-    for k, block in enumerate(re.findall(r"```sh\n(.*?)```", README, re.S)):
+    for k, block in enumerate(re.findall(r"^```sh\n(.*?)^```", TEXT[page], re.S | re.M)):
         lines = []
         for raw in block.splitlines():
             if not raw.strip() or raw.startswith((" ", "\t")):
@@ -119,18 +128,21 @@ def _skip(cmd: str, why: tuple[str, str], unmade: dict[str, str], folder: Path) 
     return f"`{cmd}`: {why[0]}"
 
 
-BLOCKS = [(k, lines) for k, lines in _blocks() if any(l.startswith("graphgen") for l in lines)]
+BLOCKS = [(page, k, lines) for page in PAGES for k, lines in _blocks(page)
+          if any(l.startswith("graphgen") for l in lines)]
 
 
 def test_the_readme_has_blocks_to_run():
-    runnable = [l for _, lines in BLOCKS for l in lines if _why_not(_shortest(l)) is None]
-    assert len(runnable) >= 20, runnable
+    runnable = {page: [l for p, _, lines in BLOCKS if p == page for l in lines if _why_not(_shortest(l)) is None]
+                for page in PAGES}
+    assert sum(map(len, runnable.values())) >= 30, runnable
+    assert len(runnable["README.md"]) >= 15, runnable["README.md"]
 
 
 def test_a_line_using_what_a_skipped_line_makes_is_skipped_for_the_same_reason(tmp_path):
     """Without the torch extra, the torch section's `diff torch/ ref/` is skipped, naming the
     missing extra, not run on a folder that was never made."""
-    lines = next(lines for _, lines in BLOCKS if "graphgen diff torch/ ref/" in lines)
+    lines = next(lines for _, _, lines in BLOCKS if "graphgen diff torch/ ref/" in lines)
     unmade: dict[str, str] = {}
     reasons = {}
     for line in lines:
@@ -144,11 +156,21 @@ def test_a_line_using_what_a_skipped_line_makes_is_skipped_for_the_same_reason(t
     assert "torch/" in diff and NO_TORCH in diff, diff
 
 
-@pytest.mark.parametrize("k,lines", BLOCKS, ids=[f"block{k}" for k, _ in BLOCKS])
-def test_readme_block_runs(tmp_path, k, lines):
+def _env() -> dict:
+    return dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+
+
+def _tiny_draft(folder: Path) -> None:
+    """The tiny default draft, `draft.gguf`, for a block that uses it without making it."""
+    subprocess.run([sys.executable, "-m", "graphgen.cli", "make-model", "draft.gguf"], cwd=folder,
+                   check=True, capture_output=True)
+
+
+@pytest.mark.parametrize("page,k,lines", BLOCKS, ids=[f"{page}-block{k}" for page, k, _ in BLOCKS])
+def test_readme_block_runs(tmp_path, page, k, lines):
     (tmp_path / "s.json").write_text(_scenario())
     json.loads((tmp_path / "s.json").read_text())
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    env = _env()
     have_torch = _torch_available()
     ran = 0
     unmade: dict[str, str] = {}  # what skipped lines would have made, and why they were skipped
@@ -163,20 +185,97 @@ def test_readme_block_runs(tmp_path, k, lines):
                 pytest.fail(f"GRAPHGEN_REQUIRE_TORCH=1 but `{cmd}` is skipped: {why[0]}")
             skipped.append(_skip(cmd, why, unmade, tmp_path))
             continue
-        if cmd.startswith("graphgen make-model draft.gguf") or cmd.startswith("graphgen dump draft.gguf") \
-                or cmd.startswith("graphgen info draft.gguf") or cmd.startswith("graphgen bench draft.gguf") \
-                or cmd.startswith("graphgen draft draft.gguf") or cmd.startswith("graphgen trace draft.gguf"):
-            if not (tmp_path / "draft.gguf").exists():
-                # a block that uses the draft without making it: the tiny default
-                subprocess.run([sys.executable, "-m", "graphgen.cli", "make-model", "draft.gguf"], cwd=tmp_path,
-                               check=True, capture_output=True)
         args = shlex.split(cmd)
+        if args[0] == "graphgen" and "draft.gguf" in args and args[1:2] != ["convert"] \
+                and not (tmp_path / "draft.gguf").exists():
+            _tiny_draft(tmp_path)  # a block that uses the draft without making it: the tiny default
         args = [sys.executable, "-m", "graphgen.cli"] + args[1:] if args[0] == "graphgen" else args
         if args[3:4] == ["bench"]:
             args += ["--repeat", "2"]  # the README's default of 20 repetitions is for measuring
         p = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=900, env=env)
-        assert p.returncode == 0, f"README block {k}: `{cmd}` exited {p.returncode}: {p.stderr[-1500:]}"
+        assert p.returncode == 0, f"{page} block {k}: `{cmd}` exited {p.returncode}: {p.stderr[-1500:]}"
         ran += 1
     if skipped:
-        pytest.skip(f"README block {k}: {len(skipped)} line(s) skipped, {ran} ran: " + "; ".join(skipped))
+        pytest.skip(f"{page} block {k}: {len(skipped)} line(s) skipped, {ran} ran: " + "; ".join(skipped))
     assert ran or all(_why_not(_shortest(l)) for l in lines if l.startswith("graphgen")), lines
+
+# -- python blocks ------------------------------------------------------------------------------
+
+PY_BLOCKS = [(page, k, block) for page in PAGES
+             for k, block in enumerate(re.findall(r"^```python\n(.*?)^```", TEXT[page], re.S | re.M))]
+
+
+def test_the_readme_has_python_to_run():
+    assert any(page == "README.md" for page, _, _ in PY_BLOCKS), "the README shows no Python API"
+
+
+@pytest.mark.parametrize("page,k,code", PY_BLOCKS, ids=[f"{page}-python{k}" for page, k, _ in PY_BLOCKS])
+def test_python_block_runs(tmp_path, page, k, code):
+    (tmp_path / "s.json").write_text(_scenario())
+    _tiny_draft(tmp_path)
+    p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=900,
+                       env=_env())
+    assert p.returncode == 0, f"{page} python block {k} exited {p.returncode}: {p.stderr[-1500:]}"
+
+
+# -- links --------------------------------------------------------------------------------------
+
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+FENCE = re.compile(r"^```.*?^```", re.S | re.M)
+
+
+def _prose(text: str) -> str:
+    """The page without its fenced blocks and inline code, where a link is not a link."""
+    return re.sub(r"`[^`\n]*`", "", FENCE.sub("", text))
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _anchors(text: str) -> set[str]:
+    seen: dict[str, int] = {}
+    out = set()
+    for heading in re.findall(r"^#{1,6} +(.+?) *#*$", FENCE.sub("", text), re.M):
+        slug = _slug(heading)
+        n = seen.get(slug, 0)
+        seen[slug] = n + 1
+        out.add(slug if n == 0 else f"{slug}-{n}")
+    return out
+
+
+def _broken_links(page: str, text: str) -> list[str]:
+    broken = []
+    for target in LINK.findall(_prose(text)):
+        if re.match(r"[a-z][a-z0-9+.-]*:", target):
+            continue  # http:, https:, mailto: ...: not a file of this tree
+        path, _, fragment = target.partition("#")
+        dest = (ROOT / page).parent / path if path else ROOT / page
+        if not dest.exists():
+            broken.append(f"{page}: {target}: no such file")
+        elif fragment and dest.suffix == ".md" and fragment not in _anchors(dest.read_text()):
+            broken.append(f"{page}: {target}: {dest.name} has no heading #{fragment}")
+    return broken
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_relative_links_lead_somewhere(page):
+    assert _broken_links(page, TEXT[page]) == []
+
+
+def test_a_broken_link_is_caught():
+    text = ("[ok](docs/formats.md#scenario-format) [gone](docs/nothing.md) "
+            "[anchor](docs/formats.md#no-such-heading) [here](#read-next) [there](#nowhere) "
+            "[web](https://example.org/x) `[code](not/a/link.md)`")
+    assert _broken_links("README.md", text) == [
+        "README.md: docs/nothing.md: no such file",
+        "README.md: docs/formats.md#no-such-heading: formats.md has no heading #no-such-heading",
+        "README.md: #nowhere: README.md has no heading #nowhere"]
+    assert _slug("Dump format `graphgen-dump/1`") == "dump-format-graphgen-dump1"
+    assert _slug("Progress, and llama.cpp's log") == "progress-and-llamacpps-log"
+
+
+def test_every_docs_page_is_linked_from_the_readme():
+    linked = {os.path.normpath(t.partition("#")[0]) for t in LINK.findall(_prose(README))}
+    assert [p for p in PAGES[1:] if p not in linked] == []
