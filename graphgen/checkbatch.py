@@ -252,27 +252,23 @@ def _Recorder(*args):
 def run_graphgen(model, sc: Scenario, backend: str = "cpu"):
     """The scenario in graphgen's engine, in a fresh Session; yields the block graphs, recorded,
     one at a time (a realistic draft's graphs of 16 sequences would not all fit in memory)."""
-    from .engine import block_states
+    from .player import SessionEngine, walk
     from .ops import ggml as G
     from .runtime.session import Session
 
     sess = Session(model, n_ctx=sc.n_ctx, n_ubatch=sc.n_ubatch, flash_attn=sc.flash_attn, type_k=sc.type_k,
                    type_v=sc.type_v, n_seq=sc.n_seq, n_threads=sc.n_threads, backend=backend)
-    context_rows: dict = {}
+    engine = SessionEngine(sess)
+
+    def before(index, step):
+        # block graphs alone are recorded, each into a recorder of its own
+        engine.recorder = _Recorder(G.op_desc, G.type_name, MAX_DATA, G.read_tensor_bytes) \
+            if step.kind == "block" else None
+
     try:
-        for step in sc.steps:
-            if step.kind == "seq_rm":
-                sess.seq_rm(step.seq, step.pos0, step.p1)
-            elif step.kind == "inject":
-                r = sess.inject(sc.features(step, sess.hparams.n_embd_inp_enc), step.pos0, step.seq)
-                if r.h_nextn is not None:
-                    for k in range(step.n_tokens):
-                        context_rows[(step.seq, step.pos0 + k)] = r.h_nextn[k]
-            else:
-                rec = _Recorder(G.op_desc, G.type_name, MAX_DATA, G.read_tensor_bytes)
-                sess.block_multi([(b.seq, b.tokens, b.pos0) for b in step.blocks], recorder=rec,
-                                 embd_state=block_states(sess, sc, step, context_rows))
-                yield Graph(rec.nodes, rec.values)
+        for _, step, _ in walk(sc, engine, before=before):
+            if step.kind == "block":
+                yield Graph(engine.recorder.nodes, engine.recorder.values)
     finally:
         sess.close()
 

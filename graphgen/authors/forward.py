@@ -38,6 +38,7 @@ import numpy as np
 from .. import __version__
 from ..dump import Node, provenance, write_dump
 from ..scenario import Scenario
+from ..player import Engine, play
 from . import AuthorsError, require_torch
 from .folder import authors_class, inspect, shape_mismatch
 from .tensormap import entries
@@ -586,37 +587,48 @@ def _has_dist(name: str) -> bool:
         return False
 
 
+class _Played(Engine):
+    """The torch engine as the scenario player drives it (graphgen/player.py)."""
+
+    def __init__(self, eng: TorchEngine):
+        self.eng, self.draft = eng, eng.draft
+        self.n_embd_inp, self.n_embd = self.draft.n_embd_inp, self.draft.n_embd
+        self.index = 0
+
+    def at(self, index: int, step) -> None:
+        self.index = index
+
+    def seq_rm(self, step) -> None:
+        if self.draft.sliding_layers:
+            raise AuthorsError(f"the authors' {self.draft.sliding_layers} sliding-window layer(s) keep a transformers "
+                               "sliding cache, which cannot crop; run the rounds before the first removal (graphgen "
+                               "check cuts the scenario there)")
+        self.eng.seq_rm(step.seq, step.pos0, step.p1)
+
+    def encoder(self, step, features):
+        raise AuthorsError("the authors' models have no encoder graph")
+
+    def inject(self, step, features):
+        self.eng.inject(self.index, step.seq, features, step.pos0)
+
+    def block(self, step, states):
+        d = self.draft
+        for b in step.blocks:
+            if max(b.tokens) >= d.n_vocab:
+                raise AuthorsError(f"token {max(b.tokens)} is outside the vocabulary of {d.n_vocab}")
+        if d.variant in ("dspark", "dflash2") and len({len(b.tokens) for b in step.blocks}) > 1:
+            raise AuthorsError(f"the {d.variant} heads need equal-size blocks")
+        self.eng.block(self.index, [(b.seq, b.tokens, b.pos0) for b in step.blocks])
+
+
 def run_scenario_torch(hf_dir, scenario: Scenario, out=None, target_dir=None, progress=None,
                        scenario_path=None, draft: AuthorsDraft | None = None) -> dict[int, dict]:
     """Run the scenario in the authors' model; write dumps into `out` when given. Returns the
     recorded values per dump index ({"graph", "values"})."""
     draft = draft or AuthorsDraft(hf_dir, target_dir)
     eng = TorchEngine(draft, scenario)
-    index = 0
-    for step in scenario.steps:
-        if progress:
-            progress(step)
-        if step.kind == "seq_rm":
-            if draft.sliding_layers:
-                raise AuthorsError(f"scenario step {step.index} (seq_rm): the authors' {draft.sliding_layers} "
-                                   "sliding-window layer(s) keep a transformers sliding cache, which cannot crop; "
-                                   "run the rounds before the first removal (graphgen check cuts the scenario there)")
-            eng.seq_rm(step.seq, step.pos0, step.p1)
-            continue
-        if step.kind == "encoder":
-            raise AuthorsError(f"scenario step {step.index}: the authors' models have no encoder graph")
-        if step.kind == "inject":
-            eng.inject(index, step.seq, scenario.features(step, draft.n_embd_inp), step.pos0)
-        else:
-            lens = {len(b.tokens) for b in step.blocks}
-            for b in step.blocks:
-                if max(b.tokens) >= draft.n_vocab:
-                    raise AuthorsError(f"scenario step {step.index}: token {max(b.tokens)} is outside the "
-                                       f"vocabulary of {draft.n_vocab}")
-            if draft.variant in ("dspark", "dflash2") and len(lens) > 1:
-                raise AuthorsError(f"scenario step {step.index}: the {draft.variant} heads need equal-size blocks")
-            eng.block(index, [(b.seq, b.tokens, b.pos0) for b in step.blocks])
-        index += 1
+    played = _Played(eng)
+    play(scenario, played, progress=progress, before=played.at)
     eng.flush(last=True)
     if out is not None:
         header = torch_header(draft, scenario, scenario_path)

@@ -57,7 +57,9 @@ def main(argv) -> int:
     feats = {s.index: np.ascontiguousarray(sc.features(s, n_embd_inp)) for s in sc.steps if s.kind == "inject"}
 
     # positions and feature rows are laid out once, as a C driver holds them in its own arrays;
-    # the timed part is what every step pays: filling the batch, llama_process, reading outputs
+    # the timed part is what every step pays: filling the batch, llama_process, reading outputs.
+    # Hence a loop of its own rather than graphgen/player.py's walk, whose per-step dispatch and
+    # feature draws would land inside the timings.
     mrope = meta["mrope"]
     prepared = []
     for step in sc.steps:

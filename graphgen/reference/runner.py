@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..player import Engine, play
 from ..record import NodeRecorder, cpu_features, n_kv_from_nodes
 from ..scenario import KV_TYPE_IDS, Scenario, load_scenario
 from ..runtime.mmapfile import llama_model_params
@@ -262,6 +263,38 @@ def compute_device(libdir: Path) -> str:
     return "CPU"
 
 
+class _Played(Engine):
+    """b11739's context as the scenario player drives it (graphgen/player.py): the player names
+    the step in every refusal."""
+
+    def __init__(self, rc: ReferenceContext):
+        self.rc = rc
+        self.n_embd_inp, self.n_embd = rc.n_embd_inp, rc.meta["n_embd"]
+        # LiliCorr's blocks carry the context features of the row before them
+        self.carries_context = bool(rc.meta["lilicorr"])
+
+    def seq_rm(self, step) -> None:
+        self.rc.seq_rm(step.seq, step.pos0, step.p1)
+
+    def _process(self, step, features=None, states=None) -> None:
+        ret = self.rc.process(step, features, states)
+        if ret != 0:
+            raise ReferenceFailed(f"llama_process returned {ret}")
+
+    def encoder(self, step, features):
+        self._process(step, features)
+
+    def inject(self, step, features):
+        self._process(step, features)
+
+    def block(self, step, states):
+        self._process(step, None, states)
+
+    def context_rows(self, step, result):
+        # the injected chunk's context features are h_nextn of each row
+        return [self.rc.nextn_row(i) for i in range(step.n_tokens)]
+
+
 def run_child(model: Path, scenario: Scenario, out: Path, max_data: int, scenario_path=None) -> list[Path]:
     from ..dump import provenance, write_dump
 
@@ -287,45 +320,16 @@ def run_child(model: Path, scenario: Scenario, out: Path, max_data: int, scenari
             **provenance(model, scenario, scenario_path),
         }
         written = []
-        context_rows: dict[tuple[int, int], np.ndarray] = {}
-        seq_no = 0
-        for step in scenario.steps:
-            rc.log.enter(f"step {step.index}")
-            if step.kind == "seq_rm":
-                rc.seq_rm(step.seq, step.pos0, step.p1)
-                continue
-            states = None
-            features = None
-            if step.kind in ("inject", "encoder"):
-                features = scenario.features(step, rc.n_embd_inp)
-            elif meta["lilicorr"]:
-                states = []
-                for b in step.blocks:
-                    if b.embd_state == "random":
-                        states.append(scenario.random_state(step, len(b.tokens), meta["n_embd"]))
-                    else:
-                        row = context_rows.get((b.seq, b.pos0 - 1))
-                        states.append(None if row is None else np.tile(row, (len(b.tokens), 1)))
-                # as graphgen's engine: a block without its state row leaves the whole batch
-                # without states (llama.cpp refuses a batch where only some tokens carry one)
-                if any(st is None for st in states):
-                    states = None
-            rec.reset()
-            ret = rc.process(step, features, states)
-            if ret != 0:
-                raise ReferenceFailed(f"llama_process returned {ret} at step {step.index} ({step.kind})")
-            if step.kind == "inject" and meta["lilicorr"]:
-                for i in range(step.n_tokens):
-                    # the injected chunk's context features are h_nextn of each row
-                    row = rc.nextn_row(i)
-                    if row is not None:
-                        context_rows[(step.seq, step.pos0 + i)] = row
+        engine = _Played(rc)
+
+        def after(index, step, result):
             settings = {"flash_attn": scenario.flash_attn, "type_k": scenario.type_k,
                         "type_v": scenario.type_v, "n_ctx": scenario.n_ctx, "n_ubatch": scenario.n_ubatch,
                         "n_kv": n_kv_from_nodes(rec.nodes), "causal": meta["causal"] if step.kind == "block" else True}
-            path = write_dump(out, seq_no, step.kind, dict(header, settings=settings), rec.nodes, rec.values)
-            written.append(path)
-            seq_no += 1
+            written.append(write_dump(out, index, step.kind, dict(header, settings=settings), rec.nodes, rec.values))
+
+        play(scenario, engine, progress=lambda step: rc.log.enter(f"step {step.index}"),
+             before=lambda index, step: rec.reset(), after=after)
     finally:
         rc.close()
     return written
@@ -336,7 +340,7 @@ def _added(idx: int, step, i: int) -> int:
     # that still runs and looks complete
     if idx < 0:
         raise ReferenceFailed(f"llama_batch_ext refused row {i} (error {idx}: the batch is full at its "
-                              f"n_batch rows) at step {step.index} ({step.kind})")
+                              "n_batch rows)")
     return idx
 
 
@@ -372,7 +376,8 @@ def _error_text(log_path: Path, stderr: str) -> tuple[str, str]:
     first = (errors or aborts or warns or runner or tail or ["no error message"])[0]
     # a message that continues over several lines is one reason: keep all of it
     headline = " ".join(ln.strip() for ln in first.splitlines() if ln.strip())
-    step = next((m.group(1) for ln in runner for m in [re.search(r" at (step \d+ \(\w+\))", ln)] if m), None)
+    # the player names the step first in a refusal: "graphgen: error: step 3 (block): ..."
+    step = next((m.group(1) for ln in runner for m in [re.search(r"error: (step \d+ \(\w+\)): ", ln)] if m), None)
     if step is None and last_phase and last_phase.startswith("step "):
         step = last_phase  # the child died in that step, before saying so
     if step and first not in runner:

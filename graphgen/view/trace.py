@@ -174,17 +174,12 @@ def _decoded(op: str, params: list[int], ne: list[int]) -> dict:
     return {k: plain(v) for k, v in decode_op_params(op, params, ne).items()}
 
 
-def _embd_state(sess, scenario, step, context_rows):
-    """The block's state rows, as graphgen.engine.run_scenario chooses them."""
-    from ..engine import block_states
-    return block_states(sess, scenario, step, context_rows)
-
-
 def run_trace(model, scenario, out: TextIO = sys.stdout, filter_patterns=None, abort_on_nan: bool = False,
               dump_dir=None, backend: str = "cpu", as_json: bool = False) -> int:
     """Run the scenario, printing every node; 0 when done, 1 when --abort-on-nan stopped it."""
     from graphgen.dump import write_dump
-    from graphgen.engine import engine_header, naming_step
+    from graphgen.engine import engine_header
+    from graphgen.player import SessionEngine, play
     from graphgen.record import n_kv_from_nodes
     from graphgen.runtime.session import Session
 
@@ -194,39 +189,29 @@ def run_trace(model, scenario, out: TextIO = sys.stdout, filter_patterns=None, a
                    type_k=scenario.type_k, type_v=scenario.type_v, n_seq=scenario.n_seq,
                    n_threads=scenario.n_threads, **kw)
     rec = TraceRecorder(out, filter_patterns, abort_on_nan, as_json=as_json)
-    hp = sess.hparams
-    context_rows: dict = {}
-    seq_no = 0
+    engine = SessionEngine(sess)
+    engine.recorder = rec
+
+    def before(index, step):
+        rec.graph = f"{index:02d}-{step.kind}"
+        if not as_json:
+            print(f"{GRAPH_MARK} {rec.graph}", file=out)
+        rec.reset()
+
+    def after(index, step, result):
+        if rec.pipe_closed:
+            raise BrokenPipeError("the trace's reader closed its end")
+        if rec.aborted:
+            return True
+        if dump_dir is not None:
+            settings = dict(sess.settings(step.kind), n_kv=n_kv_from_nodes(rec.nodes))
+            write_dump(dump_dir, index, step.kind, dict(engine_header(model.name, model, scenario), settings=settings),
+                       rec.nodes, rec.values)
+        return False
+
     try:
-        for step in scenario.steps:
-            if step.kind == "seq_rm":
-                with naming_step(step):
-                    sess.seq_rm(step.seq, step.pos0, step.p1)
-                continue
-            rec.graph = f"{seq_no:02d}-{step.kind}"
-            if not as_json:
-                print(f"{GRAPH_MARK} {rec.graph}", file=out)
-            rec.reset()
-            with naming_step(step):
-                if step.kind == "encoder":
-                    sess.encode(scenario.features(step, hp.n_embd_inp_enc), step.pos0, step.seq, recorder=rec)
-                elif step.kind == "inject":
-                    r = sess.inject(scenario.features(step, hp.n_embd_inp_enc), step.pos0, step.seq, recorder=rec)
-                    if r.h_nextn is not None:
-                        for i in range(step.n_tokens):
-                            context_rows[(step.seq, step.pos0 + i)] = r.h_nextn[i]
-                else:
-                    sess.block_multi([(b.seq, b.tokens, b.pos0) for b in step.blocks], recorder=rec,
-                                     embd_state=_embd_state(sess, scenario, step, context_rows))
-            if rec.pipe_closed:
-                raise BrokenPipeError("the trace's reader closed its end")
-            if rec.aborted:
-                return 1
-            if dump_dir is not None:
-                settings = dict(sess.settings(step.kind), n_kv=n_kv_from_nodes(rec.nodes))
-                write_dump(dump_dir, seq_no, step.kind, dict(engine_header(model.name), settings=settings),
-                           rec.nodes, rec.values)
-            seq_no += 1
+        if not play(scenario, engine, before=before, after=after):
+            return 1
     finally:
         sess.close()
     return 0
