@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .diff import compare_values
+from .compare.values import compare_values
 from .scenario import KV_QUANTIZED, KV_TYPES, SeqBlock, Scenario, Step
 
 ENGINES = ("graphgen", "llama.cpp")
@@ -220,8 +220,8 @@ class Graph:
 
 @functools.lru_cache(maxsize=None)  # built on first use: it subclasses the ggml-bound recorder
 def _recorder_class():
-    from .dump import Node
-    from .record import NodeRecorder, TensorStruct, as_float32, read_array, read_quantized_rows, src_names
+    from .compare.dump import Node
+    from .compare.record import NodeRecorder, TensorStruct, as_float32, read_array, read_quantized_rows, src_names
 
     class Recorder(NodeRecorder):
         """Names, shapes, values and digests only: the statistics a dump keeps are not needed here,
@@ -287,7 +287,7 @@ class ReferenceWorker:
 
     def run(self, model, sc: Scenario):
         """The scenario in b11739; yields the block graphs one at a time, as run_graphgen."""
-        from .dump import load_dump_dir
+        from .compare.dump import load_dump_dir
         from .reference.runner import ReferenceFailed, _error_text
 
         self.n += 1
@@ -350,7 +350,7 @@ def node_label(nodes, k: int) -> str:
     """A node's name, or for one ggml named itself (`node_3`, `node_3 (reshaped)`, which say
     nothing and shift with the graph) its op, the named node it reads and its index:
     `VIEW of Kcur-0 (#3)`."""
-    from .layers import is_auto_name
+    from .compare.layers import is_auto_name
 
     node = nodes[k]
     if not is_auto_name(node.name):

@@ -9,11 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import __version__
-from .dump import provenance, write_dump
+from .compare.dump import provenance, write_dump
 from .ops import ggml as G
 from .ops.runtime import describe as runtime_source
 from .player import SessionEngine, play
-from .record import NodeRecorder, cpu_features, n_kv_from_nodes
+from .compare.record import NodeRecorder, cpu_features, n_kv_from_nodes
 from .runtime.session import Session
 from .scenario import Scenario
 

@@ -244,7 +244,7 @@ def _read(path) -> tuple[dict, str]:
 def recorded_scenario_doc(path) -> tuple[dict, str]:
     """(the scenario document a dump folder or dump file recorded, where it was read: the file);
     a dump that records none is refused in one line naming the file."""
-    from .dump import DumpError, recorded_scenario
+    from .compare.dump import DumpError, recorded_scenario
     try:
         doc, file = recorded_scenario(path)
     except DumpError as e:

@@ -247,7 +247,7 @@ def _keep_incomplete(tmp, out, e: Exception) -> None:
     is replaced; anything else of that name is left alone (and the graphs go)."""
     import shutil
 
-    from .dump import DumpError, dump_files
+    from .compare.dump import DumpError, dump_files
     ctx = e
     while ctx is not None:
         if isinstance(ctx, KeyboardInterrupt) or _pending is not None:
@@ -291,7 +291,7 @@ def staged_dump_dir(out: str | os.PathLike):
     import tempfile
     from pathlib import Path
 
-    from .dump import DumpError, check_dump_dir, prepare_dump_dir
+    from .compare.dump import DumpError, check_dump_dir, prepare_dump_dir
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise DumpError(f"{out}: exists and is not a folder")

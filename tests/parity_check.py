@@ -24,7 +24,7 @@ def run_both_engines(tmp_path, variant, backbone, kw, sc):
     (tmp_path/ours), and return the graph-diffs of the two folders."""
     import json
 
-    from graphgen.diff import diff_paths
+    from graphgen.compare.pairing import diff_paths
     from graphgen.reference.runner import run_reference
     from graphgen.synth import make_model
 

@@ -217,7 +217,7 @@ class SessionResult:
 
 
 def compare_session(model: Path, doc: dict, work: Path, ours_worker, ref_worker) -> SessionResult:
-    from graphgen.diff import diff_paths
+    from graphgen.compare.pairing import diff_paths
     from graphgen.reference.runner import _error_text
     work.mkdir(parents=True, exist_ok=True)
     for d in ("ref", "ours"):

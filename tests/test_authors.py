@@ -24,7 +24,8 @@ require_extra()
 from graphgen.authors.checkpoint import HFSpec, make_hf  # noqa: E402
 from graphgen.authors.compare import compare_paths, lattice_path  # noqa: E402
 from graphgen.authors.convert import convert  # noqa: E402
-from graphgen.diff import diff_paths, exit_code  # noqa: E402
+from graphgen.compare.pairing import diff_paths  # noqa: E402
+from graphgen.compare.report import exit_code  # noqa: E402
 
 CASES = {
     "zlab-dflash": HFSpec(variant="dflash", authors="zlab"),
@@ -110,7 +111,7 @@ def test_authors_agree_f16_cache(runs, name):
 
 def test_dflash2_selector_leaves_the_argmax(runs):
     """The selector is exercised: its path is not the plain argmax of the logits."""
-    from graphgen.dump import load_dump_dir
+    from graphgen.compare.dump import load_dump_dir
     for name in ("zlab-dflash2", "spec-dflash2"):
         dumps = load_dump_dir(runs[(name, False)]["torch"])
         block = [d for d in dumps if d.graph == "block"][0]
@@ -122,7 +123,7 @@ def test_dflash2_selector_leaves_the_argmax(runs):
 
 
 def test_dspark_bonus_anchor_slot_has_no_authors_confidence(runs):
-    from graphgen.dump import load_dump_dir
+    from graphgen.compare.dump import load_dump_dir
     dumps = load_dump_dir(runs[("spec-dspark-bonus", False)]["torch"])
     block = [d for d in dumps if d.graph == "block"][0]
     conf = block.values([n for n in block.nodes if n.name == "[confidences]"][0].index).reshape(-1, 64)
@@ -130,7 +131,7 @@ def test_dspark_bonus_anchor_slot_has_no_authors_confidence(runs):
 
 
 def test_d2t_rows_are_minus_inf_where_the_draft_vocab_has_no_token(runs):
-    from graphgen.dump import load_dump_dir
+    from graphgen.compare.dump import load_dump_dir
     dumps = load_dump_dir(runs[("spec-dspark-conf-anchor", False)]["llama.cpp"])
     block = [d for d in dumps if d.graph == "block"][0]
     logits = block.values(block.nodes[-1].index).reshape(-1, 256)
@@ -165,7 +166,7 @@ def _control(work, converted, runs, edit, first):
     from graphgen.authors.arbiter import arbitrate
     from graphgen.authors.forward import AuthorsDraft
     from graphgen.cli.authors import verdict
-    from graphgen.diff import load_side
+    from graphgen.compare.pairing import load_side
     arb_dir = work / f"control-{first}-arbiter"
     run_scenario_torch(copy, sc, arb_dir, draft=AuthorsDraft(copy, dtype="float64"))
     ref = runs[("zlab-dflash", False)]
@@ -288,7 +289,7 @@ def test_check_runs_the_triangle(converted, capsys, tmp_path):
     assert doc["block_size"] == 8 and json.loads((keep / "scenario.json").read_text())["steps"][1]["block"]["tokens"][1:] == [255] * 7
     assert sorted(p.name for p in keep.iterdir()) == ["arbiter", "draft.gguf", "graphgen", "llama.cpp", "scenario.json",
                                                       "torch"]
-    from graphgen.dump import load_dump_dir
+    from graphgen.compare.dump import load_dump_dir
     assert {d.source["dtype"] for d in load_dump_dir(keep / "arbiter")} == {"float64"}
     for side in ("torch", "arbiter", "llama.cpp", "graphgen"):
         for d in load_dump_dir(keep / side):

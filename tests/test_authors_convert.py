@@ -451,7 +451,6 @@ def test_every_command_says_the_same_of_a_bad_checkpoint(work, zlab, tmp_path, c
                  ["check", "bad", "--target", str(zlab.target)],
                  ["dump", "bad", "--engine", "torch", "--scenario", str(sc), "--out", str(tmp_path / "out")],
                  ["info", "bad"]):
-        import os
         cwd = os.getcwd()
         os.chdir(tmp_path)   # the folder named as the user typed it
         try:

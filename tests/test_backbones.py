@@ -10,8 +10,8 @@ import pytest
 
 from conftest import REF_DIR
 from gguf_edit import rewrite
-from graphgen.diff import diff_paths
-from graphgen.dump import load_dump
+from graphgen.compare.pairing import diff_paths
+from graphgen.compare.dump import load_dump
 from graphgen.engine import run_scenario
 from graphgen.errors import GGUFModelError
 from graphgen.runtime.kvcache import KVCache, UBatch

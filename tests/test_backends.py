@@ -19,13 +19,13 @@ import pytest
 
 from conftest import REF_DIR
 from graphgen.ops.runtime import cache_root
-from graphgen.diff import diff_paths
+from graphgen.compare.pairing import diff_paths
 from graphgen.engine import run_scenario
 from graphgen.runtime.backends import BackendUnavailable, has_backend
 from graphgen.runtime.session import Session
 from graphgen.scenario import load_scenario
 from graphgen.synth import make_model
-from graphgen.xdiff import xdiff
+from graphgen.compare.xdiff import xdiff
 from make_references import build_model
 
 GPU_CASES = ["dflash-fa-off", "dflash-fa-on", "dflash2-fa-off", "dspark-conf-fa-on", "lilicorr-fa-off",
@@ -189,7 +189,7 @@ def _perturbed_copy(src, dst, pick, change):
 def test_xdiff_bounds_catch_a_value_difference(tmp_path):
     """The yardstick itself: within a matmul's bound passes, past it fails at that node, and a
     top-k in another order with the same candidates passes."""
-    from graphgen.xdiff import compare_dirs
+    from graphgen.compare.xdiff import compare_dirs
     case = REF_DIR / "dflash2-fa-off"
     model = build_model(case, tmp_path)
     cpu = tmp_path / "cpu"

@@ -100,7 +100,7 @@ def test_at_by_index_when_the_graphs_do_not_line_up(tmp_path):
     and the planted element is found in either."""
     import dataclasses
 
-    from graphgen.dump import load_dump, write_dump
+    from graphgen.compare.dump import load_dump, write_dump
     ref_dir, ours_dir = tmp_path / "ref", tmp_path / "ours"
     shutil.copytree(CASE, ref_dir)
     ref = load_dump(ref_dir / "01-block.json")
@@ -329,8 +329,8 @@ def test_a_mistyped_threshold_key_is_refused_with_the_nearest(pair, tmp_path):
 
 
 def test_integer_nodes_stay_exact_under_any_threshold(tmp_path):
-    from graphgen.diff import _thresholds
-    thr = _thresholds(1.0, {"GET_ROWS": 1.0, "i32": 1.0, "default": 1.0})
+    from graphgen.compare.values import thresholds
+    thr = thresholds(1.0, {"GET_ROWS": 1.0, "i32": 1.0, "default": 1.0})
     assert thr("i32", "GET_ROWS") == 0.0 and thr("f32", "GET_ROWS") == 1.0
 
 

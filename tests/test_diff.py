@@ -16,10 +16,13 @@ import pytest
 from conftest import REF_DIR
 from graphgen.cli import main as cli_main
 from graphgen.cli.dump import add_diff_args, run_diff
-from graphgen.diff import (RulesError, compare_values, diff_dumps, diff_paths, exit_code, load_rules,
-                           normalize_name, parse_rules)
-from graphgen.dump import Node, load_dump, write_dump
-from graphgen.importers import VIEW_OPS, import_file
+from graphgen.compare.diff import diff_dumps
+from graphgen.compare.pairing import diff_paths
+from graphgen.compare.report import exit_code
+from graphgen.compare.rules import RulesError, load_rules, normalize_name, parse_rules
+from graphgen.compare.values import compare_values
+from graphgen.compare.dump import Node, load_dump, write_dump
+from graphgen.compare.importers import VIEW_OPS, import_file
 
 HEADER = {
     "source": {"engine": "llama.cpp", "version": "b6000"},
@@ -659,9 +662,9 @@ def test_changed_op_params_shown_decoded(tmp_path, monkeypatch):
     g[1][0].op_params = f32_bits(1e-6) + [0] * 15
     res = diff(tmp_path, g)
     eps5, eps6 = f32_bits(1e-5)[0], f32_bits(1e-6)[0]
-    fake = types.ModuleType("graphgen.opparams")
+    fake = types.ModuleType("graphgen.compare.opparams")
     fake.format_op_params = lambda op, params: f"{op.lower()} eps={np.array(params[:1], np.int32).view(np.float32)[0]:g}"
-    monkeypatch.setitem(sys.modules, "graphgen.opparams", fake)
+    monkeypatch.setitem(sys.modules, "graphgen.compare.opparams", fake)
     text = res.format_text()
     assert "op_params: rms_norm eps=1e-05 -> rms_norm eps=1e-06" in text
     assert res.to_dict()["structural"][0]["fields"]["op_params"]["ref"][0] == eps5  # JSON keeps the ints
@@ -669,7 +672,7 @@ def test_changed_op_params_shown_decoded(tmp_path, monkeypatch):
     fake.format_op_params = lambda op, params: "same"
     assert f"op_params: [{eps5}, 0," in res.format_text()
     # without the module, the raw ints
-    monkeypatch.setitem(sys.modules, "graphgen.opparams", None)
+    monkeypatch.setitem(sys.modules, "graphgen.compare.opparams", None)
     text = res.format_text()
     assert f"op_params: [{eps5}, 0," in text and f"-> [{eps6}, 0," in text
 
@@ -701,7 +704,7 @@ def test_diff_quiet_flag_sets_silence(tmp_path, capsys):
 
 def xdiff_dirs(tmp_path, scale):
     """Two folders of one graph, ours with one MUL_MAT perturbed to an nmse of about scale**2."""
-    from graphgen.xdiff import compare_dirs
+    from graphgen.compare.xdiff import compare_dirs
     base = make_graph()
     g = copy_graph()
     k = 3  # Qcur-0, a MUL_MAT
@@ -802,7 +805,7 @@ def test_a_setting_only_one_side_records_is_a_note(tmp_path):
 # -- xdiff's failures ---------------------------------------------------------------------------
 
 def test_xdiff_fails_on_a_structural_difference(tmp_path):
-    from graphgen.xdiff import compare_dirs
+    from graphgen.compare.xdiff import compare_dirs
     g = copy_graph()
     g[21][0].op = "SUB"
     write(tmp_path / "a", make_graph())
@@ -814,7 +817,7 @@ def test_xdiff_fails_on_a_structural_difference(tmp_path):
 
 
 def test_xdiff_fails_on_a_graph_one_backend_did_not_run(tmp_path):
-    from graphgen.xdiff import compare_dirs
+    from graphgen.compare.xdiff import compare_dirs
     for seq in range(2):
         write(tmp_path / "a", make_graph(), seq=seq)
     write(tmp_path / "b", make_graph())
@@ -823,7 +826,7 @@ def test_xdiff_fails_on_a_graph_one_backend_did_not_run(tmp_path):
 
 
 def test_xdiff_keeps_integer_nodes_exact_under_any_bound(tmp_path):
-    from graphgen.xdiff import compare_dirs
+    from graphgen.compare.xdiff import compare_dirs
     ref, ours = _with_int_node(tmp_path, 1)
     res = compare_dirs(ref.parent, ours.parent, ["cpu", "other"], nmse=1e9)
     assert not res.ok
@@ -833,7 +836,7 @@ def test_xdiff_keeps_integer_nodes_exact_under_any_bound(tmp_path):
 
 def test_xdiff_fails_when_a_node_was_not_compared(tmp_path):
     """Values missing on a side are no agreement: the node is named and the run fails."""
-    from graphgen.xdiff import compare_dirs
+    from graphgen.compare.xdiff import compare_dirs
     g = make_graph()
     write(tmp_path / "a", g)
     nodes = [n for n, _ in g]
@@ -851,7 +854,7 @@ def test_xdiff_fails_when_a_node_was_not_compared(tmp_path):
 
 def test_xdiff_cli_exits_1_and_says_where(tmp_path, models_dir, capsys, monkeypatch):
     """The command's failure path: the second backend's run perturbed in one matmul."""
-    import graphgen.xdiff as X
+    import graphgen.compare.xdiff as X
     from make_references import build_model
     case = REF_DIR / "dflash-fa-off"
     model = build_model(case, models_dir)

@@ -5,8 +5,8 @@ import os
 import numpy as np
 import pytest
 
-from graphgen import dump as D
-from graphgen.dump import FORMAT, DumpError, Node, load_dump, load_dump_dir, write_dump
+from graphgen.compare import dump as D
+from graphgen.compare.dump import FORMAT, DumpError, Node, load_dump, load_dump_dir, write_dump
 from graphgen.scenario import parse_scenario
 
 HEADER = {
@@ -166,7 +166,7 @@ def test_graph_must_match_file_name(tmp_path):
 
 
 def test_too_many_nodes(tmp_path, monkeypatch):
-    import graphgen.dump as dump
+    import graphgen.compare.dump as dump
     path, _, _ = write_sample(tmp_path)
     monkeypatch.setattr(dump, "MAX_NODES", 3)
     check_error(path, "'nodes'", "limit")

@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from graphgen.diff import diff_paths, exit_code
+from graphgen.compare.pairing import diff_paths
+from graphgen.compare.report import exit_code
 from graphgen.engine import run_scenario
 from graphgen.errors import GraphgenError
 from graphgen.graph import graph_max_nodes

@@ -23,9 +23,11 @@ import pytest
 
 from conftest import REF_DIR
 from graphgen.cli import main as cli_main
-from graphgen.diff import describe_build, diff_dumps, diff_paths, exit_code
-from graphgen.dump import load_dump
-from graphgen.importers import VIEW_OPS, import_file, import_text, printed_positions, read_printed
+from graphgen.compare.diff import diff_dumps
+from graphgen.compare.pairing import diff_paths
+from graphgen.compare.report import describe_build, exit_code
+from graphgen.compare.dump import load_dump
+from graphgen.compare.importers import VIEW_OPS, import_file, import_text, printed_positions, read_printed
 
 CASE = REF_DIR / "dflash-fa-off"
 SDIST = "xllamacpp-2026.10.11549.tar.gz"
@@ -57,7 +59,7 @@ CHILD = r"""
 import ctypes, sys
 from pathlib import Path
 from graphgen.libload import lib_file
-from graphgen.record import NodeRecorder
+from graphgen.compare.record import NodeRecorder
 from graphgen.reference import runner
 from graphgen.scenario import load_scenario
 
@@ -443,7 +445,7 @@ def test_printed_sum_against_printed_sum_at_the_tolerance(printed):
     """Printed against printed, a sum agrees when within half a unit of each side's last printed
     digit (%f: 5e-7 each) plus 2 float32 ulps of the larger: just inside agrees, just outside
     differs, for a sum where the digits dominate (0.5) and where the rounding does (1000)."""
-    from graphgen.printed import Side, compare_node, parse_printed
+    from graphgen.compare.printed import Side, compare_node, parse_printed
     a = float(printed)
     eps32 = 2.0 ** -23
 

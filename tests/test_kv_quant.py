@@ -207,7 +207,7 @@ def test_drafter_session_keeps_its_cache_types(d128):
 
 
 def test_dump_flags_reach_both_engines(d128, tmp_path):
-    from graphgen.diff import diff_paths
+    from graphgen.compare.pairing import diff_paths
     from parity_check import assert_parity
     sc = scenario_file(tmp_path, type_kv="f16")
     for engine, out in (("llama.cpp", "ref"), ("graphgen", "ours")):
@@ -242,7 +242,7 @@ def test_run_bench_uses_the_scenario_types(d128):
 
 
 def test_xdiff_with_quantized_cache(d128, tmp_path, rpc_server):  # noqa: F811
-    from graphgen.xdiff import xdiff
+    from graphgen.compare.xdiff import xdiff
     sc = parse_scenario({"flash_attn": "on", "type_k": "q8_0", "type_v": "q4_1", "steps": STEPS})
     res = xdiff(d128, sc, ["cpu", rpc_server], tmp_path / "x")
     assert res.ok, res.format_text()

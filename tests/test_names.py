@@ -32,7 +32,7 @@ def test_diff_report_and_viewer_name_statuses_alike(tmp_path):
     page's statuses, legend and summary, and in Model Explorer's diff attribute."""
     import re
 
-    from graphgen.diff import diff_dumps
+    from graphgen.compare.diff import diff_dumps
     from graphgen.view.diffmap import STATUS_LABELS, diff_map
     from graphgen.view.explorer import graph_json
     from graphgen.view.html import to_html

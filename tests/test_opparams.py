@@ -9,7 +9,7 @@ import struct
 import numpy as np
 import pytest
 
-from graphgen.opparams import decode_op_params, format_op_params
+from graphgen.compare.opparams import decode_op_params, format_op_params
 
 
 def slots(fmt, *values):

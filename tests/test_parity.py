@@ -3,7 +3,7 @@
 import pytest
 
 from conftest import REF_DIR
-from graphgen.diff import diff_paths
+from graphgen.compare.pairing import diff_paths
 from graphgen.engine import run_scenario
 from graphgen.scenario import load_scenario
 from make_references import build_model

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from conftest import REF_DIR
-from graphgen.diff import diff_paths
+from graphgen.compare.pairing import diff_paths
 from make_references import build_model
 
 # reference-llama-cpp.md, "What b11739 produced for a tiny draft" (FA off / FA on)

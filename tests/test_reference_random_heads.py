@@ -7,8 +7,8 @@ import pytest
 
 import draws
 
-from graphgen.diff import diff_paths
-from graphgen.dump import load_dump
+from graphgen.compare.pairing import diff_paths
+from graphgen.compare.dump import load_dump
 from graphgen.engine import run_scenario
 from graphgen.scenario import parse_scenario
 from graphgen.synth import make_model

@@ -14,7 +14,7 @@ import struct
 import numpy as np
 import pytest
 
-from graphgen.diff import diff_paths
+from graphgen.compare.pairing import diff_paths
 from graphgen.errors import GGUFModelError
 from graphgen.synth import make_model
 from parity_check import assert_parity, run_ours

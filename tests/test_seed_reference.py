@@ -24,7 +24,7 @@ import json
 import numpy as np
 import pytest
 
-from graphgen.dump import load_dump
+from graphgen.compare.dump import load_dump
 from graphgen.engine import run_scenario
 from graphgen.scenario import parse_scenario
 from graphgen.synth import make_model

@@ -19,15 +19,15 @@ import pytest
 
 from conftest import REF_DIR
 from graphgen.cli import main as cli_main
-from graphgen.diff import diff_dumps
-from graphgen.dump import FORMAT, Dump, Node, dump_files, load_dump, write_dump
-from graphgen.opparams import decode_op_params, format_op_params
+from graphgen.compare.diff import diff_dumps
+from graphgen.compare.dump import FORMAT, Dump, Node, dump_files, load_dump, write_dump
+from graphgen.compare.opparams import decode_op_params, format_op_params
 from graphgen.view import dot as D
 from graphgen.view import graph as V
 from graphgen.view.diffmap import STATUS_COLOURS, diff_map
 from graphgen.view.explorer import export, graph_json
 from graphgen.view.html import to_html
-from graphgen.importers import VIEW_OPS, import_file, import_text, project
+from graphgen.compare.importers import VIEW_OPS, import_file, import_text, project
 from graphgen.view.trace import header_line, value_lines
 
 CASES = sorted(p.name for p in REF_DIR.iterdir() if (p / "case.json").is_file())

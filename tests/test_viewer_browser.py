@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from conftest import REF_DIR
-from graphgen.dump import load_dump
+from graphgen.compare.dump import load_dump
 from graphgen.view import graph as V
 from graphgen.view.diffmap import STATUS_COLOURS
 from graphgen.view.dot import op_colour
@@ -316,7 +316,7 @@ def test_model_explorer_web_app_loads_the_export(browser, tmp_path):
     pytest.importorskip("model_explorer", reason="the explorer extra (ai-edge-model-explorer) is not installed")
     import sys
 
-    from graphgen.diff import diff_dumps
+    from graphgen.compare.diff import diff_dumps
     from graphgen.view.explorer import export
     from test_view import _seeded
     ref, ours = _seeded(tmp_path)
@@ -383,7 +383,7 @@ def _planted(tmp_path: Path):
     values and digest dropped (not comparable), node 40's op ADD -> SUB."""
     import dataclasses
 
-    from graphgen.dump import write_dump
+    from graphgen.compare.dump import write_dump
     ref = load_dump(REF_DIR / "dflash-fa-off" / "01-block.json")
     vals = {i: ref.values(i) for i in range(len(ref.nodes)) if ref.values(i) is not None}
     nodes = [dataclasses.replace(n) for n in ref.nodes]
@@ -514,7 +514,7 @@ def _hex_rgb(h: str) -> str:
 
 
 def test_legend_names_the_colours_the_nodes_are_drawn_with(browser, tmp_path):
-    from graphgen.diff import diff_dumps
+    from graphgen.compare.diff import diff_dumps
     ref, ours = _planted(tmp_path)
     res = diff_dumps(ref, ours)
     url = _page(tmp_path, "legend.html", to_html(ref, ours, res))

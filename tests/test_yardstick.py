@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from conftest import REF_DIR
-from graphgen.diff import diff_paths, exit_code
-from graphgen.dump import load_dump
+from graphgen.compare.pairing import diff_paths
+from graphgen.compare.report import exit_code
+from graphgen.compare.dump import load_dump
 from graphgen.engine import run_scenario
 from graphgen.scenario import load_scenario
 from make_references import build_model

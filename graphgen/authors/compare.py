@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass, field
 import numpy as np
 
-from ..dump import Dump, DumpError
+from ..compare.dump import Dump, DumpError
 from .tensormap import TENSOR_MAP, UNMAPPED_NOTE, MapEntry
 
 BAND_F32 = 1e-5   # relative L2 with an f32 cache, every mapped node
@@ -327,7 +327,7 @@ def is_torch_side(dumps: list[Dump]) -> bool:
 
 def compare_paths(a_path, b_path, band: float | None = None) -> AuthorsDiff:
     """Either side may be the torch one; graphs pair by kind and step as graph-diff pairs them."""
-    from ..diff import load_side, pair_graphs
+    from ..compare.pairing import load_side, pair_graphs
     a_side, b_side = load_side(a_path), load_side(b_path)
     a_torch, b_torch = is_torch_side(a_side), is_torch_side(b_side)
     if a_torch == b_torch:

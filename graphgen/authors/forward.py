@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import __version__
-from ..dump import Node, provenance, write_dump
+from ..compare.dump import Node, provenance, write_dump
 from ..scenario import Scenario
 from ..player import Engine, play
 from . import AuthorsError, require_torch

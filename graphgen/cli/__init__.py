@@ -89,7 +89,7 @@ def _interrupted(e: KeyboardInterrupt) -> int:
 
 def _main(argv) -> int:
     from .. import progress
-    from ..dump import DumpError
+    from ..compare.dump import DumpError
     from ..errors import GraphgenError
     from ..scenario import ScenarioError
 

@@ -35,7 +35,7 @@ def _cmd_devices(args) -> int:
 
 
 def _cmd_xdiff(args) -> int:
-    from ..xdiff import xdiff
+    from ..compare.xdiff import xdiff
     from .dump import filter_options
     from .kvtypes import apply_to_scenario
     from .llamaflags import backend_of, model_path, scenario_from_args

@@ -66,7 +66,7 @@ def _demo(work: Path, shown: Path) -> int:
     except Exception as e:
         print(f"reference llama.cpp not installed ({e}); skipping the graph-diff")
         return 0
-    from ..diff import diff_paths
+    from ..compare.pairing import diff_paths
     from ..reference.runner import run_reference
     print("running the same scenario in llama.cpp b11739 ...")
     run_reference(model, scen_path, work / "llama.cpp", announce_dir=shown / "llama.cpp")

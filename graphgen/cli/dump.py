@@ -7,10 +7,12 @@ import json
 import sys
 from pathlib import Path
 
-from ..diff import RulesError, diff_paths, exit_code
-from ..nodefilter import FilterError
-from ..probe import ProbeError
-from ..dump import DumpError
+from ..compare.pairing import diff_paths
+from ..compare.report import exit_code
+from ..compare.rules import RulesError
+from ..compare.nodefilter import FilterError
+from ..compare.probe import ProbeError
+from ..compare.dump import DumpError
 from .kvtypes import add_kv_type_flags, apply_to_scenario
 
 
@@ -123,7 +125,7 @@ def add_filter_args(parser: argparse.ArgumentParser) -> None:
 
 def filter_options(args) -> dict:
     """The filter flags as diff_paths / xdiff take them."""
-    from ..nodefilter import NodeFilter, load_thresholds
+    from ..compare.nodefilter import NodeFilter, load_thresholds
     return {"select": NodeFilter.build(args.ops, args.names),
             "per_op": load_thresholds(args.thresholds) if args.thresholds else None}
 
@@ -141,7 +143,7 @@ def run_diff(args: argparse.Namespace) -> int:
         try:
             if _torch_side(args.ref) or _torch_side(args.ours):
                 return _authors_diff(args)
-            from ..probe import parse_target
+            from ..compare.probe import parse_target
             results = diff_paths(args.ref, args.ours, nmse=args.nmse, rules_path=args.rules, progress=report,
                                  at=[parse_target(a) for a in args.at], show_layers=args.layers,
                                  **filter_options(args))
@@ -162,7 +164,7 @@ def run_diff(args: argparse.Namespace) -> int:
         print(_verdict(results))
     elif args.at:
         # what was asked for, not under the whole report: each graph's probes, then the verdict
-        from ..probe import format_probe
+        from ..compare.probe import format_probe
         for r in results:
             if r.probes:
                 print(f"graph-diff [{r.graph}]  ref: {r.ref_path or '-'}  ours: {r.ours_path or '-'}")
@@ -194,7 +196,7 @@ def _verdict(results) -> str:
 def _torch_side(path) -> bool:
     """Whether a diff side holds the authors' model's dumps (compared by relative error, not node
     for node)."""
-    from ..dump import dump_files
+    from ..compare.dump import dump_files
     p = Path(path)
     files = dump_files(p) if p.is_dir() else [p] if p.suffix == ".json" and p.is_file() else []
     for f in files[:1]:

@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..dump import Dump, DumpError, load_dump, load_dump_dir
+from ..compare.dump import Dump, DumpError, load_dump, load_dump_dir
 
 VIEW_FORMATS = ("dot", "svg", "html", "explorer")
 
@@ -27,7 +27,7 @@ def is_dump_file(path: Path) -> bool:
 
 def load_any(path: str | Path) -> list[Dump]:
     """Dumps from a dump file, a dump folder, or an importable log / dot file."""
-    from ..importers import import_file
+    from ..compare.importers import import_file
     path = Path(path)
     if not path.exists():
         raise DumpError(f"{path}: no such file or folder")
@@ -100,12 +100,12 @@ def _diff(args, ref: Dump, ours: Dump | None):
     """The diff a two-dump view shows, with the equivalence rules of --rules as `diff` applies them."""
     if ours is None:
         return None
-    from ..diff import diff_dumps
+    from ..compare.diff import diff_dumps
     return diff_dumps(ref, ours, rules=args.rules_list)
 
 
 def _cmd_view(args) -> int:
-    from ..diff import RulesError, load_rules
+    from ..compare.rules import RulesError, load_rules
     if args.rules and not args.ours:
         raise ValueError("--rules needs two dumps (view REF OURS): rules explain differences between them")
     try:
@@ -210,7 +210,7 @@ def _write_all(files: dict, staged_files) -> None:
 
 def align_imports(refs: list[Dump], ours: list[Dump]) -> tuple[list[Dump], list[Dump]]:
     """Project a full side onto what an imported side knows, so the two compare like for like."""
-    from ..importers import import_format, project
+    from ..compare.importers import import_format, project
     fr = import_format(refs[0]) if refs else None
     fo = import_format(ours[0]) if ours else None
     if fo and not fr:
@@ -254,7 +254,7 @@ def _cmd_trace(args) -> int:
 
 
 def _cmd_import(args) -> int:
-    from ..importers import import_file, write_imported
+    from ..compare.importers import import_file, write_imported
     from ..staging import staged_dump_dir
     dumps = import_file(args.file, args.format, args.graph)
     with staged_dump_dir(args.out) as tmp:
@@ -269,7 +269,7 @@ def _cmd_import(args) -> int:
 
 
 def register(sub) -> None:
-    from ..importers import FORMATS
+    from ..compare.importers import FORMATS
     p = sub.add_parser("view", help="draw a dump (DOT, SVG, HTML, Model Explorer); two dumps: their diff")
     p.add_argument("dump", help="dump file or folder (or an eval-callback / dot / sched-debug file)")
     p.add_argument("ours", nargs="?", help="a second dump: show the diff of DUMP (ref) and this")

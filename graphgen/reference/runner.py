@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from ..player import Engine, play
-from ..record import NodeRecorder, cpu_features, n_kv_from_nodes
+from ..compare.record import NodeRecorder, cpu_features, n_kv_from_nodes
 from ..scenario import KV_TYPE_IDS, Scenario, load_scenario
 from ..runtime.mmapfile import llama_model_params
 from ..libload import (REFERENCE_BUILD, REFERENCE_VERSION, ReferenceUnavailable, custom_llama_dir, lib_file, load_llama,
@@ -296,7 +296,7 @@ class _Played(Engine):
 
 
 def run_child(model: Path, scenario: Scenario, out: Path, max_data: int, scenario_path=None) -> list[Path]:
-    from ..dump import provenance, write_dump
+    from ..compare.dump import provenance, write_dump
 
     rec = NodeRecorder(None, None, max_data)
     rc = ReferenceContext(model, scenario, recorder=rec)

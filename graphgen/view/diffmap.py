@@ -12,8 +12,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from graphgen.diff import DiffResult
-from graphgen.dump import Dump
+from graphgen.compare.report import DiffResult
+from graphgen.compare.dump import Dump
 
 STATUSES = ("matched", "changed", "value", "deleted", "inserted", "explained", "uncompared")
 STATUS_COLOURS = {"matched": "#c8e6c9", "changed": "#ffcc80", "value": "#f48fb1",

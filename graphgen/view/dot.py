@@ -7,8 +7,8 @@ import subprocess
 
 import networkx as nx
 
-from graphgen.dump import Node
-from graphgen.opparams import format_op_params
+from graphgen.compare.dump import Node
+from graphgen.compare.opparams import format_op_params
 
 from . import graph as V
 from .diffmap import STATUS_COLOURS

@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from graphgen.diff import DiffResult
-from graphgen.dump import Dump
-from graphgen.opparams import format_op_params, raw_params
+from graphgen.compare.report import DiffResult
+from graphgen.compare.dump import Dump
+from graphgen.compare.opparams import format_op_params, raw_params
 
 from . import graph as V
 from .diffmap import STATUS_COLOURS, diff_map
@@ -119,7 +119,7 @@ def export_docs(ref: Dump, ours: Dump | None = None, res: DiffResult | None = No
     status = None
     if ours is not None:
         if res is None:
-            from graphgen.diff import diff_dumps
+            from graphgen.compare.diff import diff_dumps
             res = diff_dumps(ref, ours)
         status = {i: r.status for i, r in diff_map(res, ref, ours).ref_status.items()}
     docs = {f"{stem}.graph.json": graph_json(ref, status=status)}

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
-from graphgen.diff import DiffResult
-from graphgen.dump import Dump
-from graphgen.opparams import format_op_params
+from graphgen.compare.report import DiffResult
+from graphgen.compare.dump import Dump
+from graphgen.compare.opparams import format_op_params
 
 from . import graph as V
 from .diffmap import STATUS_COLOURS, STATUS_LABELS, diff_map
@@ -261,7 +261,7 @@ def to_html(ref: Dump, ours: Dump | None = None, res: DiffResult | None = None,
         summary = f"{len(ref.nodes)} nodes, {ref.graph} graph, {ref.model}, {side_label(ref)}"
     else:
         if res is None:
-            from graphgen.diff import diff_dumps
+            from graphgen.compare.diff import diff_dumps
             res = diff_dumps(ref, ours)
         (rows, firsts), mode = _diff_rows(res, ref, ours), "diff"
         s = res.summary

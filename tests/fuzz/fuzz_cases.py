@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from graphgen.diff import RulesError
-from graphgen.dump import DumpError
+from graphgen.compare.rules import RulesError
+from graphgen.compare.dump import DumpError
 from graphgen.errors import GraphgenError
 from graphgen.runtime.backends import BackendUnavailable
 from graphgen.scenario import ScenarioError
@@ -172,8 +172,9 @@ def run_scenario_case(case: dict, work: Path, cache: Path) -> tuple[str, str | N
 
 def run_dump(case: dict, work: Path, cache: Path) -> tuple[str, str | None]:
     from fuzz_inputs import make_dump_case
-    from graphgen.diff import diff_dumps, diff_paths
-    from graphgen.dump import load_dump
+    from graphgen.compare.diff import diff_dumps
+    from graphgen.compare.pairing import diff_paths
+    from graphgen.compare.dump import load_dump
     from graphgen.view import dot as D
     from graphgen.view import graph as V
     from graphgen.view.diffmap import diff_map

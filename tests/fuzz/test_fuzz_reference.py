@@ -51,7 +51,7 @@ def _report(kind: str, rows: list) -> str:
 
 @pytest.mark.reference
 def test_fuzzed_ggufs_agree_with_llama_cpp(tmp_path):
-    from graphgen.diff import diff_paths
+    from graphgen.compare.pairing import diff_paths
     from graphgen.engine import run_scenario
     from graphgen.scenario import load_scenario
 

@@ -67,7 +67,7 @@ class NodeFilter:
 def known_ops() -> frozenset[str]:
     """The op names a dump can carry: ggml's ops as ggml_op_desc prints them, a unary or GLU op
     by its own name (SILU, SWIGLU)."""
-    from .ops import ggml as G
+    from ..ops import ggml as G
     names = set()
     for prefix, source in (("GGML_OP_", G.OP_IDS), ("GGML_GLU_OP_", G.OP_IDS), ("GGML_UNARY_OP_", dir(G))):
         names |= {k[len(prefix):] for k in source if k.startswith(prefix) and not k.endswith("_COUNT")}

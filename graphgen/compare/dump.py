@@ -464,7 +464,7 @@ _sha_memo: dict[tuple[str, int, int], str] = {}
 
 
 def _cache_file() -> Path:
-    from .cache import root
+    from ..cache import root
     return root() / "model-sha256.json"
 
 

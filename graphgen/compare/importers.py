@@ -5,7 +5,7 @@ Formats (detected from the content):
   trace` output). It shows name, type, op, the first two sources and ne, and for every type but
   the quantized ones some values: the first and last few per dimension (`%12.4f`) and the float32
   sum of all of them (`%f`), kept in `source.import.printed` (see `read_printed`) so that
-  graph-diff compares them (graphgen.printed). Graphs are split at `graphgen trace: graph
+  graph-diff compares them (graphgen.compare.printed). Graphs are split at `graphgen trace: graph
   NN-<kind>` lines or, in plain logs, at any other text between node blocks.
 - `dot`: a `ggml_graph_dump_dot` file: name, type, op symbol (unary and GLU ops only as UNARY /
   GLU), ne with 2 or 3 dimensions, and every source.
@@ -29,7 +29,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from graphgen.dump import FORMAT, N_OP_PARAMS, Dump, DumpError, Node, write_dump
+from graphgen.compare.dump import FORMAT, N_OP_PARAMS, Dump, DumpError, Node, write_dump
 
 FORMATS = ("eval-callback", "dot", "sched-debug")
 VIEW_OPS = {"VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE"}

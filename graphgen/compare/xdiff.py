@@ -15,10 +15,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .diff import EXACT_TYPES, diff_paths
-from .staging import staged_dump_dir
-from .ops import ggml as G
-from .engine import run_scenario
+from .pairing import diff_paths
+from .values import EXACT_TYPES
+from ..staging import staged_dump_dir
+from ..ops import ggml as G
+from ..engine import run_scenario
 
 # per-op NMSE bounds for a node of a full graph (inputs already carry upstream differences)
 OP_NMSE = {
@@ -71,11 +72,11 @@ def xdiff(model, scenario, backends, out=None, progress=None, nmse: float | None
           select=None, per_op: dict[str, float] | None = None) -> XDiffResult:
     """Run `scenario` on both `backends` and compare them (see `compare_dirs`; `nmse` overrides the
     per-op bounds, `per_op` (op or type -> bound) overrides both where it names the node's op or
-    type; `select` (graphgen.nodefilter.NodeFilter) keeps the comparison to the nodes it selects)."""
+    type; `select` (graphgen.compare.nodefilter.NodeFilter) keeps the comparison to the nodes it selects)."""
     if len(backends) != 2:
         raise ValueError("xdiff compares two backends, e.g. --backends cpu,vulkan")
     # both backends must open before either side runs: a missing one is reported at once
-    from .runtime.backends import open_backend
+    from ..runtime.backends import open_backend
     for b in backends:
         handle, _ = open_backend(b)
         G.ggml_backend_free(handle)
@@ -102,7 +103,7 @@ def compare_dirs(dir_a, dir_b, backends, nmse: float | None = None, select=None,
         raise ValueError(f"nmse must be a non-negative number, got {nmse!r}")
     bound = None if nmse is None else float(nmse)
     res = XDiffResult(list(backends), nmse=bound)
-    from .diff import compare_values
+    from .values import compare_values
     from .dump import load_dump
     from .nodefilter import NodeFilter
     select = select or NodeFilter()
