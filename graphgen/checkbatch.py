@@ -30,7 +30,6 @@ import hashlib
 import json
 import math
 import shutil
-import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass, field
@@ -274,45 +273,33 @@ def run_graphgen(model, sc: Scenario, backend: str = "cpu"):
 
 
 class ReferenceWorker:
-    """b11739 serving scenarios in one child process (`runner --serve`), each in a fresh context."""
+    """b11739 serving scenarios in one child process (`runner --serve`), each in a fresh context,
+    through the runner protocol's client."""
 
     def __init__(self, workdir: Path):
+        from .reference.protocol import LineWorker
         self.dir = Path(workdir)
-        self.err = open(self.dir / "llama.cpp.log", "wb")
         self.log = self.dir / "errors.jsonl"
-        self.proc = subprocess.Popen([sys.executable, "-m", "graphgen.reference.runner", "--serve"],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.err, text=True,
-                                     bufsize=1)
+        self.worker = LineWorker([sys.executable, "-m", "graphgen.reference.runner", "--serve"],
+                                 self.dir / "llama.cpp.log", None)
         self.n = 0
 
     def run(self, model, sc: Scenario):
         """The scenario in b11739; yields the block graphs one at a time, as run_graphgen."""
         from .compare.dump import load_dump_dir
-        from .reference.runner import ReferenceFailed, _error_text
+        from .reference.protocol import error_text
+        from .reference.runner import ReferenceFailed
 
         self.n += 1
         path = self.dir / f"s{self.n}.json"
         out = self.dir / f"d{self.n}"
         path.write_text(json.dumps(sc.to_dict()))
         self.log.write_text("")
-        req = {"id": self.n, "model": str(Path(model).resolve()), "scenario": str(path), "out": str(out),
-               "max_data": MAX_DATA, "log": str(self.log)}
-        res = None
-        try:
-            self.proc.stdin.write(json.dumps(req) + "\n")
-            self.proc.stdin.flush()
-            for line in self.proc.stdout:
-                if line.startswith("R "):
-                    res = json.loads(line[2:])
-                    break
-        except BrokenPipeError:
-            pass
+        res, how = self.worker.ask({"id": self.n, "model": str(Path(model).resolve()), "scenario": str(path),
+                                    "out": str(out), "max_data": MAX_DATA, "log": str(self.log)})
         if res is None:
-            rc = self.proc.wait()
-            self.err.flush()
-            headline, _ = _error_text(self.log, (self.dir / "llama.cpp.log").read_text(errors="replace"))
-            raise ReferenceFailed(f"llama.cpp b11739 ended ({'signal %d' % -rc if rc < 0 else 'exit %d' % rc}): "
-                                  f"{headline}")
+            headline, _ = error_text(self.log, (self.dir / "llama.cpp.log").read_text(errors="replace"))
+            raise ReferenceFailed(f"llama.cpp b11739 ended ({how.removeprefix('abort (').rstrip(')')}): {headline}")
         if not res["ok"]:
             raise ReferenceFailed(f"llama.cpp b11739: {res['error']}")
         try:
@@ -325,10 +312,7 @@ class ReferenceWorker:
             shutil.rmtree(out, ignore_errors=True)
 
     def close(self):
-        from .reference.session import end_child
-        end_child(self.proc)
-        self.proc = None
-        self.err.close()
+        self.worker.close()
 
 
 # ---- comparing --------------------------------------------------------------------------------

@@ -218,7 +218,7 @@ class SessionResult:
 
 def compare_session(model: Path, doc: dict, work: Path, ours_worker, ref_worker) -> SessionResult:
     from graphgen.compare.pairing import diff_paths
-    from graphgen.reference.runner import _error_text
+    from graphgen.reference.protocol import error_text
     work.mkdir(parents=True, exist_ok=True)
     for d in ("ref", "ours"):
         shutil.rmtree(work / d, ignore_errors=True)
@@ -229,7 +229,7 @@ def compare_session(model: Path, doc: dict, work: Path, ours_worker, ref_worker)
     ref, how = ref_worker.ask({"id": str(work), "model": str(model), "scenario": str(sc), "out": str(work / "ref"),
                                "max_data": 0, "log": str(log)})
     if ref is None:  # b11739 ended its process: it refuses by aborting, at the step it was in
-        headline, _ = _error_text(log, ref_worker.tail())
+        headline, _ = error_text(log, ref_worker.tail())
         ref = {"ok": False, "error": f"{how}: {headline}"}
     if not ref["ok"]:
         m = _STEP.search(ref["error"])

@@ -1,7 +1,7 @@
 """Long-lived child processes for cases that can end a process: a ggml abort or a segfault in one
 case fails that case, and a fresh worker takes the next.
 
-`Worker` speaks one JSON request a line: `S <id>` before a case, `R <json>` after it. Two servers
+`Worker` (graphgen/reference/protocol.py's client) speaks one JSON request a line: `S <id>` before a case, `R <json>` after it. Two servers
 answer it: b11739's (`python -m graphgen.reference.runner --serve`) and graphgen's (this file,
 `--serve`), which calls `module:function` with keyword arguments (tests/ and tests/fuzz are on its
 path) and answers with the function's JSON value, or the exception it raised.
@@ -15,76 +15,18 @@ from __future__ import annotations
 
 import importlib
 import json
-import os
-import queue
-import subprocess
 import sys
-import threading
-import time
 import traceback
 from pathlib import Path
+
+from graphgen.reference.protocol import LineWorker, write_reply, write_start
 
 HERE = Path(__file__).resolve().parent
 
 
-class Worker:
-    """A long-lived child serving one JSON request a line; restarted after it dies or hangs."""
-
-    def __init__(self, cmd: list[str], err_path: Path, timeout: float, env: dict | None = None):
-        self.cmd, self.err_path, self.timeout = cmd, Path(err_path), timeout
-        self.env = None if env is None else dict(os.environ, **env)
-        self.proc = None
-        self.restarts = 0
-
-    def _start(self):
-        self.err = open(self.err_path, "ab")
-        self.proc = subprocess.Popen(self.cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.err,
-                                     text=True, bufsize=1, cwd=HERE.parent, env=self.env)
-        # a reader thread: select() on a buffered pipe misses lines already read into the buffer
-        self.lines = queue.Queue()
-        proc, lines = self.proc, self.lines
-        threading.Thread(target=lambda: [lines.put(ln) for ln in proc.stdout] + [lines.put(None)],
-                         daemon=True).start()
-
-    def ask(self, req: dict) -> tuple[dict | None, str]:
-        """(the result, "") or (None, "abort (signal N)" / "abort (exit N)" / "hang")."""
-        if self.proc is None or self.proc.poll() is not None:
-            self._start()
-        self.proc.stdin.write(json.dumps(req) + "\n")
-        self.proc.stdin.flush()
-        deadline = time.monotonic() + self.timeout
-        while True:
-            try:
-                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                self.proc.kill()
-                self.proc.wait()
-                self.proc = None
-                self.restarts += 1
-                return None, "hang"
-            if line is None:
-                rc = self.proc.wait()
-                self.proc = None
-                self.restarts += 1
-                return None, f"abort (signal {-rc})" if rc < 0 else f"abort (exit {rc})"
-            if line.startswith("R "):
-                return json.loads(line[2:]), ""
-
-    def tail(self, n: int = 2000) -> str:
-        try:
-            return self.err_path.read_bytes()[-n:].decode(errors="replace")
-        except OSError:
-            return ""
-
-    def close(self):
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.stdin.close()
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc = None
+def Worker(cmd: list[str], err_path: Path, timeout: float, env: dict | None = None) -> LineWorker:
+    """The protocol's client (graphgen/reference/protocol.py), run from the project's root."""
+    return LineWorker(cmd, err_path, timeout, env, cwd=HERE.parent)
 
 
 class ChildDied(AssertionError):
@@ -135,7 +77,7 @@ def serve() -> int:
         if not line.strip():
             continue
         req = json.loads(line)
-        print(f"S {req['id']}", flush=True)
+        write_start(sys.stdout, req["id"])
         try:
             mod, fn = req["call"].split(":")
             value = getattr(importlib.import_module(mod), fn)(**req["kwargs"])
@@ -143,7 +85,7 @@ def serve() -> int:
         except Exception as e:  # noqa: BLE001 - reported to the caller, who decides
             res = {"id": req["id"], "value": None,
                    "error": {"type": type(e).__name__, "message": str(e), "traceback": traceback.format_exc()}}
-        print("R " + json.dumps(res), flush=True)
+        write_reply(sys.stdout, res)
     return 0
 
 

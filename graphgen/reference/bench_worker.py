@@ -21,7 +21,7 @@ from ..scenario import load_scenario
 from ..runtime.mmapfile import llama_model_params
 from .compute_timer import ComputeTimer
 from ..libload import load_llama
-from .runner import GGML_TYPE_IDS, _model_meta
+from .runner import GGML_TYPE_IDS, model_meta
 
 
 def main(argv) -> int:
@@ -40,7 +40,7 @@ def main(argv) -> int:
     if mdl == ffi.NULL:
         print(json.dumps({"error": f"llama.cpp could not load {model}"}), flush=True)
         return 4
-    meta = _model_meta(model)
+    meta = model_meta(model)
     n_embd_inp = meta["n_embd"] * len(meta["target_layers"])
     cp = lib.llama_context_default_params()
     cp.n_ctx, cp.n_batch, cp.n_ubatch = sc.n_ctx, sc.n_ubatch, sc.n_ubatch

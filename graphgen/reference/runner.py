@@ -14,7 +14,6 @@ import argparse
 import ctypes
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -23,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from ..player import Engine, play
+from .protocol import decode_rows, encode_rows, error_text, write_reply, write_start
 from ..compare.record import NodeRecorder, cpu_features, n_kv_from_nodes
 from ..scenario import KV_TYPE_IDS, Scenario, load_scenario
 from ..runtime.mmapfile import llama_model_params
@@ -51,7 +51,7 @@ class ReferenceFailed(RuntimeError):
         self.returncode = returncode
 
 
-def _model_meta(path: Path) -> dict:
+def model_meta(path: Path) -> dict:
     from ..ggufile import field_value, open_reader
 
     r = open_reader(path)
@@ -149,7 +149,7 @@ class ReferenceContext:
         self.ctx = ffi.NULL
         try:
             # read after llama.cpp accepted the file: a file it refuses is its to refuse
-            self.meta = meta = _model_meta(model)
+            self.meta = meta = model_meta(model)
             self.n_embd_inp = meta["n_embd"] * len(meta["target_layers"])
             self.log.enter("context")
             cparams = lib.llama_context_default_params()
@@ -344,47 +344,6 @@ def _added(idx: int, step, i: int) -> int:
     return idx
 
 
-_ABORT_LINE = re.compile(r"GGML_ASSERT|GGML_ABORT|terminate called|what\(\)|Segmentation fault|"
-                         r"^\S+:\d+: .*(fatal|error|failed)", re.I)
-
-
-def _error_text(log_path: Path, stderr: str) -> tuple[str, str]:
-    """(headline, whole error) of a failed child: llama.cpp's logged errors from every phase and
-    its warnings from the phase that failed, an assertion's own line, and the runner's line."""
-    entries = []
-    try:
-        for line in log_path.read_text(encoding="utf-8", errors="replace").splitlines():
-            try:
-                entries.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-    except OSError:
-        pass
-    last_phase = entries[-1]["phase"] if entries else None
-    kept = [e for e in entries if e.get("text", "").strip() and (
-        e.get("level") == "error" or e.get("level") == "warn" and e.get("phase") == last_phase)]
-    errors = [e["text"].rstrip() for e in kept if e["level"] == "error"]
-    warns = [e["text"].rstrip() for e in kept if e["level"] == "warn"]
-    lines = [ln.rstrip() for ln in stderr.splitlines()]
-    aborts = [ln.strip() for ln in lines if _ABORT_LINE.search(ln) and "No such file or directory" not in ln]
-    runner = [ln.strip() for ln in lines if ln.startswith("graphgen: error:")]
-    tail = []
-    if not (errors or warns or aborts or runner):
-        # a Python error in the child: its last lines say what
-        tail = [ln.strip() for ln in lines if ln.strip()][-3:]
-    text = "\n".join([e["text"].rstrip() for e in kept] + aborts + runner + tail)
-    first = (errors or aborts or warns or runner or tail or ["no error message"])[0]
-    # a message that continues over several lines is one reason: keep all of it
-    headline = " ".join(ln.strip() for ln in first.splitlines() if ln.strip())
-    # the player names the step first in a refusal: "graphgen: error: step 3 (block): ..."
-    step = next((m.group(1) for ln in runner for m in [re.search(r"error: (step \d+ \(\w+\)): ", ln)] if m), None)
-    if step is None and last_phase and last_phase.startswith("step "):
-        step = last_phase  # the child died in that step, before saying so
-    if step and first not in runner:
-        headline = f"{step}: {headline}"
-    return headline, text
-
-
 # the file in the dump folder that keeps the reference's standard error: llama.cpp's log and what
 # GGML_SCHED_DEBUG prints (`graphgen import` reads the latter)
 STDERR_LOG = "llama.cpp.log"
@@ -431,7 +390,7 @@ def run_reference(model, scenario_path, out, max_data: int = 262144, timeout: fl
         if keep is not None:
             keep.close()
         if rc is None:
-            _, text = _error_text(log_path, stderr)
+            _, text = error_text(log_path, stderr)
             raise ReferenceFailed(f"{reference_label()} did not finish within {timeout:.0f} s"
                                   + (f"\n{text}" if text else ""), text, stderr)
         if rc == 3:
@@ -439,7 +398,7 @@ def run_reference(model, scenario_path, out, max_data: int = 262144, timeout: fl
             raise ReferenceUnavailable(stderr.strip().splitlines()[-1].removeprefix("graphgen: error: "))
         if rc != 0:
             how = f"signal {-rc}" if rc < 0 else f"exit {rc}"
-            headline, text = _error_text(log_path, stderr)
+            headline, text = error_text(log_path, stderr)
             raise ReferenceFailed(f"{reference_label()} failed ({how}): {headline}\n{text}", text, stderr, rc)
         if keep is not None:
             progress.note(f"llama.cpp's stderr is in {Path(announce_dir or out) / stderr_log}")
@@ -530,26 +489,16 @@ def serve(stdin=None, stdout=None) -> int:
             continue
         req = json.loads(line)
         os.environ[ENV_ERROR_LOG] = req["log"]  # each case's phases and errors apart
-        print(f"S {req['id']}", file=stdout, flush=True)
+        write_start(stdout, req["id"])
         try:
             run_child(Path(req["model"]), load_scenario(req["scenario"]), Path(req["out"]),
                       int(req.get("max_data", 0)), req["scenario"])
             res = {"id": req["id"], "ok": True, "error": ""}
         except (ReferenceFailed, ReferenceUnavailable, ValueError) as e:
-            headline, _ = _error_text(Path(req["log"]), f"graphgen: error: {e}")
+            headline, _ = error_text(Path(req["log"]), f"graphgen: error: {e}")
             res = {"id": req["id"], "ok": False, "error": headline}
-        print("R " + json.dumps(res), file=stdout, flush=True)
+        write_reply(stdout, res)
     return 0
-
-
-def _b64(a) -> str | None:
-    import base64
-    return None if a is None else base64.b64encode(np.ascontiguousarray(a, dtype=np.float32).tobytes()).decode()
-
-
-def _unb64(text, cols: int) -> np.ndarray | None:
-    import base64
-    return None if text is None else np.frombuffer(base64.b64decode(text), dtype=np.float32).reshape(-1, cols)
 
 
 def serve_session(stdin=None, stdout=None) -> int:
@@ -561,7 +510,7 @@ def serve_session(stdin=None, stdout=None) -> int:
     stdout = stdout or sys.stdout
 
     def reply(**kw):
-        print("R " + json.dumps(kw), file=stdout, flush=True)
+        write_reply(stdout, kw)
 
     first = json.loads(stdin.readline())
     st = first["settings"]
@@ -585,7 +534,7 @@ def serve_session(stdin=None, stdout=None) -> int:
                 reply(ok=True, value=rc.seq_pos_max(req["seq"]))
                 continue
             if op == "inject":
-                x = _unb64(req["x"], rc.n_embd_inp)
+                x = decode_rows(req["x"], rc.n_embd_inp)
                 step = Step("inject", k, seq=req["seq"], n_tokens=x.shape[0], pos0=req["pos0"])
                 n, states = x.shape[0], None
             else:
@@ -593,7 +542,7 @@ def serve_session(stdin=None, stdout=None) -> int:
                 n, x = sum(len(b.tokens) for b in step.blocks), None
                 states = None
                 if req.get("states") is not None:
-                    rows = _unb64(req["states"], rc.meta["n_embd"])
+                    rows = decode_rows(req["states"], rc.meta["n_embd"])
                     cut = np.cumsum([len(b.tokens) for b in step.blocks])[:-1]
                     states = list(np.split(rows, cut))
             try:
@@ -607,7 +556,7 @@ def serve_session(stdin=None, stdout=None) -> int:
             nextn = [rc.nextn_row(i) for i in range(n)]
             nextn = None if any(r is None for r in nextn) else np.stack(nextn)
             logits = np.stack([rc.logits_row(i) for i in range(n)]) if op == "block" else None
-            reply(ok=True, logits=_b64(logits), h_nextn=_b64(nextn))
+            reply(ok=True, logits=encode_rows(logits), h_nextn=encode_rows(nextn))
     finally:
         rc.close()
     return 0

@@ -20,7 +20,8 @@ from pathlib import Path
 from ..errors import BatchError
 from ..runtime.model import load
 from ..scenario import KV_TYPES
-from .runner import ENV_ERROR_LOG, ReferenceFailed, _b64, _error_text, _unb64
+from .protocol import decode_rows, encode_rows, error_text
+from .runner import ENV_ERROR_LOG, ReferenceFailed
 
 
 class ReferenceResult:
@@ -88,7 +89,7 @@ class ReferenceSession:
             pass
         rc = self.proc.wait()
         self._err.seek(0)
-        headline, whole = _error_text(self._log, self._err.read().decode(errors="replace"))
+        headline, whole = error_text(self._log, self._err.read().decode(errors="replace"))
         self.proc = None
         how = f"signal {-rc}" if rc < 0 else f"exit {rc}"
         raise ReferenceFailed(f"llama.cpp b11739 ended ({how}): {headline}", reason=whole, returncode=rc)
@@ -98,14 +99,14 @@ class ReferenceSession:
         if not res["ok"]:
             # what the drivers see from graphgen's engine when a batch cannot run
             raise BatchError(f"llama.cpp: {res['error']}")
-        return ReferenceResult(_unb64(res["logits"], self.n_vocab), _unb64(res["h_nextn"], self.n_embd))
+        return ReferenceResult(decode_rows(res["logits"], self.n_vocab), decode_rows(res["h_nextn"], self.n_embd))
 
     def inject(self, features, pos0: int, seq: int = 0) -> ReferenceResult:
-        return self._batch({"op": "inject", "seq": int(seq), "pos0": int(pos0), "x": _b64(features)})
+        return self._batch({"op": "inject", "seq": int(seq), "pos0": int(pos0), "x": encode_rows(features)})
 
     def block_multi(self, blocks, embd_state=None) -> ReferenceResult:
         return self._batch({"op": "block", "blocks": [[int(s), [int(t) for t in toks], int(p)] for s, toks, p in blocks],
-                            "states": _b64(embd_state)})
+                            "states": encode_rows(embd_state)})
 
     def block(self, tokens, pos0: int, seq: int = 0, embd_state=None) -> ReferenceResult:
         return self.block_multi([(seq, tokens, pos0)], embd_state)
