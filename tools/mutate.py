@@ -116,29 +116,29 @@ def locate(tree: Path, m: Mutation) -> tuple[Path, int, int]:
     return f, hits[0].start(), hits[0].end()
 
 
-PARITY = ("tests/test_parity.py",)
-DSV4 = ("tests/test_backbones.py", "tests/test_reference_dsv4.py")
-SEED_ONLY = ("tests/test_backbones.py", "tests/test_heads.py", "tests/test_seed_reference.py")
-RANDOM = ("tests/test_reference_random.py",)
-HEADS = ("tests/test_reference_random_heads.py",)
-ROPE = ("tests/test_reference_rope.py",)
-DIFF = ("tests/test_diff.py",)
-DEBUGGING = ("tests/test_debugging.py",)
-SEEDREF = ("tests/test_seed_reference.py",)
-KVCACHE = ("tests/test_kvcache.py",)
-SESSION = ("tests/test_session.py",)
-SESSIONS = ("tests/test_reference_sessions.py",)
-DRAFTERS = ("tests/test_drafters.py",)
+PARITY = ("tests/reference/test_parity.py",)
+DSV4 = ("tests/models/test_backbones.py", "tests/reference/test_reference_dsv4.py")
+SEED_ONLY = ("tests/models/test_backbones.py", "tests/models/test_heads.py", "tests/models/test_seed_reference.py")
+RANDOM = ("tests/reference/test_reference_random.py",)
+HEADS = ("tests/reference/test_reference_random_heads.py",)
+ROPE = ("tests/reference/test_reference_rope.py",)
+DIFF = ("tests/compare/test_diff.py",)
+DEBUGGING = ("tests/compare/test_debugging.py",)
+SEEDREF = ("tests/models/test_seed_reference.py",)
+KVCACHE = ("tests/runtime/test_kvcache.py",)
+SESSION = ("tests/runtime/test_session.py",)
+SESSIONS = ("tests/reference/test_reference_sessions.py",)
+DRAFTERS = ("tests/runtime/test_drafters.py",)
 # the authors' models alone (needs graphgen[torch]): graph bugs llama.cpp's parity would also
 # catch, seen here from the authors' side, and bugs in the comparison itself
-AUTHORS = ("tests/test_authors.py",)
-VIEWER = ("tests/test_viewer_browser.py",)
-ARBITER = ("tests/test_arbiter.py",)
-AUTHORS_COMPARE = ("tests/test_authors_compare.py",)
-CONVERT = ("tests/test_authors_convert.py",)
+AUTHORS = ("tests/authors/test_authors.py",)
+VIEWER = ("tests/view/test_viewer_browser.py",)
+ARBITER = ("tests/authors/test_arbiter.py",)
+AUTHORS_COMPARE = ("tests/authors/test_authors_compare.py",)
+CONVERT = ("tests/authors/test_authors_convert.py",)
 
-IMPORT_VALUES = ("tests/test_import_values.py",)
-CHECK_BATCH = ("tests/test_check_batch.py",)
+IMPORT_VALUES = ("tests/compare/test_import_values.py",)
+CHECK_BATCH = ("tests/reference/test_check_batch.py",)
 MUTATIONS = [
     # --- the base backbone (graph_base) ---
     Mutation("kq_scale_sqrt_dropped", "GraphBase.build_layers",
@@ -151,12 +151,12 @@ MUTATIONS = [
              "inv_sqrtf(self.n_embd_head)", "1.0 / math.sqrt(float(self.n_embd_head))", HEADS),
     Mutation("dsv4_kq_scale_in_double", "build_attention",
              "inv_sqrtf(n_embd_head), il)", "1.0 / __import__('math').sqrt(float(n_embd_head)), il)",
-             ("tests/test_reference_dsv4.py",)),
+             ("tests/reference/test_reference_dsv4.py",)),
     Mutation("lilicorr_kq_scale_in_double", "build_lilicorr_scores",
              "kq_scale = inv_sqrtf(head_dim)", "kq_scale = 1.0 / math.sqrt(head_dim)", HEADS),
     Mutation("ml4_kq_scale_in_double", "GraphMistralLarge4._block",
              "kq_scale = inv_sqrtf(k_mla)", "kq_scale = 1.0 / __import__('math').sqrt(float(k_mla))",
-             ("tests/test_backbones.py",)),
+             ("tests/models/test_backbones.py",)),
     Mutation("inv_sqrtf_in_double", "inv_sqrtf",
              "float(np.float32(1.0) / sqrtf(n))", "1.0 / float(np.sqrt(float(n)))", RANDOM),
     Mutation("embedding_scale_ignored", "GraphBase.build_layers",
@@ -201,6 +201,18 @@ MUTATIONS = [
              'if types == {"f32"}:', 'if "f32" in types:', AUTHORS_COMPARE),
     Mutation("authors_unmapped_counts_every_node", "_compare_into",
              "res.unmapped += len(o.nodes) - len(matched)", "res.unmapped += len(o.nodes)", AUTHORS_COMPARE),
+    # --- the comparing side's pieces, tested directly: printed values, --at, filters, layers ---
+    Mutation("printed_element_one_ulp", "compare_node",
+             "tol = half + ELEMENT_ULPS * EPS32 * max(abs(a), abs(b))", "tol = half + EPS32 * max(abs(a), abs(b))",
+             ("tests/compare/test_printed.py",)),
+    Mutation("probe_window_planes_swapped", "window", "[at[3], at[2]]", "[at[2], at[3]]",
+             ("tests/compare/test_probe.py",)),
+    Mutation("filter_name_anchored_at_the_start", "NodeFilter.__call__",
+             "any(p.search(node.name) for p in self.names)", "any(p.match(node.name) for p in self.names)",
+             ("tests/compare/test_nodefilter.py",)),
+    Mutation("layers_auto_name_skips_its_producer", "node_layers",
+             "il = layers[k] if k is not None else name_layer(s)", "il = name_layer(s)",
+             ("tests/compare/test_layers.py",)),
     # --- graphgen check's float64 arbiter and the converter's refusals ---
     Mutation("arbiter_band_ignores_the_authors_rounding", "Judged.band",
              "return max(self.floor, RATIO * (self.e_authors or 0.0))", "return self.floor", ARBITER),
@@ -247,12 +259,12 @@ MUTATIONS = [
     # --- graph outputs and the dump ---
     Mutation("outputs_not_marked", "GraphResult.set_outputs",
              "                G.ggml_set_output(t)", "                pass",
-             ("tests/test_yardstick.py", "tests/test_reference_random_heads.py::test_lilicorr_context_row_is_the_injected_feature")),
+             ("tests/compare/test_yardstick.py", "tests/reference/test_reference_random_heads.py::test_lilicorr_context_row_is_the_injected_feature")),
     Mutation("digest_ignored_in_diff", "diff_dumps",
-             "same = r.digest == o.digest", "same = True", ("tests/test_yardstick.py",)),
+             "same = r.digest == o.digest", "same = True", ("tests/compare/test_yardstick.py",)),
     Mutation("not_compared_dropped", "diff_dumps",
              'not_compared.append((i, j, r.name, f"no values or digest in {why}"))', "pass",
-             ("tests/test_yardstick.py",)),
+             ("tests/compare/test_yardstick.py",)),
     # --- KV cache and masks ---
     Mutation("mask_causal_off_by_one", "KVCache.kq_mask_values",
              "seen = (pc <= qc) if causal else", "seen = (pc < qc) if causal else", RANDOM + KVCACHE),
@@ -278,9 +290,9 @@ MUTATIONS = [
              "self.seq_mask[:mask.shape[0], idx] = mask", "pass", KVCACHE),
     Mutation("quick_blocks_vocab_unchecked", "quick_blocks",
              "if not all(type(x) is int for x in t) or min(t) < 0 or max(t) >= n_vocab:",
-             "if not all(type(x) is int for x in t) or min(t) < 0:", ("tests/test_refusals.py", "tests/test_errors.py")),
+             "if not all(type(x) is int for x in t) or min(t) < 0:", ("tests/runtime/test_refusals.py", "tests/runtime/test_errors.py")),
     Mutation("runs_gap_accepted", "runs_follow_cache",
-             "elif x >= 0 and p0 != x + 1:", "elif x >= 0 and p0 <= x:", ("tests/test_refusals.py",)),
+             "elif x >= 0 and p0 != x + 1:", "elif x >= 0 and p0 <= x:", ("tests/runtime/test_refusals.py",)),
     Mutation("results_not_settled", "Session._compute",
              "            if other.results and other.sched == slot.sched:", "            if False:", SESSION),
     Mutation("moved_graph_not_unplaced", "Session._allocate",
@@ -305,7 +317,7 @@ MUTATIONS = [
              "self.n_batch = min(n_ctx, n_ubatch) if hp.ctx_causal else n_ubatch", "self.n_batch = n_ubatch",
              SESSIONS),
     Mutation("unplace_misses_leaves", "_graph_tensors",
-             "        todo += [s for s in c.src if s]", "        todo += []", ("tests/test_compute_buffer.py",)),
+             "        todo += [s for s in c.src if s]", "        todo += []", ("tests/runtime/test_compute_buffer.py",)),
     # --- the drivers: per-request state, blocks below the trained size ---
     Mutation("dflash2_generator_not_restarted_per_request", "DFlash2Drafter.begin",
              "            self.rng_seed[seq] = -1", "            pass", DRAFTERS),
@@ -326,14 +338,14 @@ MUTATIONS = [
              "settings_differ = _settings_differ(ref, ours)", "settings_differ = []", DIFF),
     Mutation("opparams_view_offset_sign_extended", "graphgen/compare/opparams.py",
              "(p[0] & 0xFFFFFFFF) | ((p[1] & 0xFFFFFFFF) << 32)", "p[0] | ((p[1] & 0xFFFFFFFF) << 32)",
-             ("tests/test_opparams.py",)),
+             ("tests/compare/test_opparams.py",)),
     Mutation("xdiff_not_compared_ignored", "compare_dirs",
              "res.ok &= not structural and first_bad is None and not unseen and (bool(r.numeric) or idle_ok)",
              "res.ok &= not structural and first_bad is None", DIFF),
     Mutation("xdiff_integer_nodes_loose", "compare_dirs",
              "exact = op in EXACT_OPS or node.type in EXACT_TYPES", "exact = op in EXACT_OPS", DIFF),
     Mutation("stats_sumsq_is_the_sum", "graphgen/compare/record.py:summarize",
-             '"sumsq": float(np.dot(finite, finite))', '"sumsq": float(finite.sum())', ("tests/test_dump.py",)),
+             '"sumsq": float(np.dot(finite, finite))', '"sumsq": float(finite.sum())', ("tests/compare/test_dump.py",)),
     Mutation("rope_base_default_wrong", "read_hparams",
              'hp.rope_freq_base = m.get(k("rope.freq_base"), 10000.0, kind="float")',
              'hp.rope_freq_base = m.get(k("rope.freq_base"), 1000000.0, kind="float")', ROPE),
@@ -371,7 +383,7 @@ MUTATIONS = [
              "anchor_out = ggml_l2_norm(ctx0, anchor_out, 0.0)", PARITY + HEADS),
     Mutation("dflash2_conv_base_dropped", "build_dflash2_conv",
              "weight_all = ggml_add(ctx0, coeff_all, base_side)", "weight_all = coeff_all", PARITY + HEADS),
-    # --- the seed-only graphs against the seed reference (tests/seedref) ---
+    # --- the seed-only graphs against the seed reference (tests/support/seedref) ---
     Mutation("seedref_rnn_hidden_of_the_anchor", "build_dspark_markov_head",
              "block_drafts * G.nb(hidden, 1), i * G.nb(hidden, 1))", "block_drafts * G.nb(hidden, 1), 0)",
              SEEDREF),
@@ -422,13 +434,13 @@ MUTATIONS = [
              "hp.set_swa_uniform(n_swa + 1)", "hp.set_swa_uniform(n_swa)", SEEDREF),
     # --- drafting drivers ---
     Mutation("drafter_p_min_inclusive", "DFlashDrafter.read_draft",
-             "if probs[0] < F32(p.p_min):", "if probs[0] <= F32(p.p_min):", ("tests/test_drafters.py",)),
+             "if probs[0] < F32(p.p_min):", "if probs[0] <= F32(p.p_min):", ("tests/runtime/test_drafters.py",)),
     Mutation("drafter_n_min_off_by_one", "DFlashDrafter.read_draft",
              "break\n            dp.result.append(int(ids[0]))\n        if len(dp.result) < p.n_min:",
              "break\n            dp.result.append(int(ids[0]))\n        if len(dp.result) <= p.n_min:",
-             ("tests/test_drafters.py",)),
+             ("tests/runtime/test_drafters.py",)),
     Mutation("drafter_n_max_not_clamped", "DFlashDrafter.init",
-             "p.n_max = min(p.n_max, n_draft_max)", "p.n_max = p.n_max", ("tests/test_drafters.py",)),
+             "p.n_max = min(p.n_max, n_draft_max)", "p.n_max = p.n_max", ("tests/runtime/test_drafters.py",)),
     # --- graph-diff and xdiff: the yardsticks ---
     Mutation("diff_ignores_nan_positions", "graphgen/compare/values.py:compare_values",
              "bad = (nan_a != nan_b) | (inf_a != inf_b) | (inf_a & inf_b & (np.signbit(a) != np.signbit(b)))",
@@ -442,54 +454,54 @@ MUTATIONS = [
     Mutation("dump_max_data_zero", "run_scenario",
              "rec = NodeRecorder(G.op_desc, G.type_name, max_data, G.read_tensor_bytes) if out is not None else None",
              "rec = NodeRecorder(G.op_desc, G.type_name, 0, G.read_tensor_bytes) if out is not None else None",
-             PARITY + ("tests/test_yardstick.py",)),
+             PARITY + ("tests/compare/test_yardstick.py",)),
     Mutation("xdiff_value_check_disabled", "compare_dirs",
              "bad = (reason is not None) or nmse > thr", "bad = reason is not None",
-             ("tests/test_backends.py",)),
+             ("tests/runtime/test_backends.py",)),
     # --- weights used in place from the mapped GGUF, --no-mmap, the bindings' bytecode ---
     Mutation("mmap_weights_copied_on_cpu", "Model.upload",
-             "in_place = self.use_mmap and host", "in_place = False", ("tests/test_mmap.py",)),
+             "in_place = self.use_mmap and host", "in_place = False", ("tests/runtime/test_mmap.py",)),
     Mutation("mmap_tensor_at_data_section_offset", "Model._map_buffer",
              "if G.ggml_backend_tensor_alloc(buf, gt, m.addr + int(t.data_offset)) != 0:",
              "if G.ggml_backend_tensor_alloc(buf, gt, m.addr + int(t.data_offset) - int(self._reader.data_offset)) != 0:",
-             ("tests/test_mmap.py",)),
+             ("tests/runtime/test_mmap.py",)),
     Mutation("mmap_mtime_change_ignored", "MappedFile.changed",
-             "if st.st_mtime_ns != self.stamp[1]:", "if False:", ("tests/test_mmap.py",)),
+             "if st.st_mtime_ns != self.stamp[1]:", "if False:", ("tests/runtime/test_mmap.py",)),
     Mutation("fa_auto_resolved_off", "resolve_fa", 'return value != "off"', 'return value == "on"',
-             ("tests/test_fa_auto.py",)),
+             ("tests/runtime/test_fa_auto.py",)),
     Mutation("budget_refuses_the_graph_at_it", "Session._compute", "if n_nodes > self.max_nodes:",
-             "if n_nodes >= self.max_nodes:", ("tests/test_graph_budget.py::test_graph_exactly_at_the_budget_is_built",)),
+             "if n_nodes >= self.max_nodes:", ("tests/runtime/test_graph_budget.py::test_graph_exactly_at_the_budget_is_built",)),
     Mutation("mmap_only_a_later_mtime_seen", "MappedFile.changed",
              "if st.st_mtime_ns != self.stamp[1]:", "if st.st_mtime_ns > self.stamp[1]:",
-             ("tests/test_mmap.py::test_same_size_rewrite_with_only_the_mtime_moved_is_refused",)),
+             ("tests/runtime/test_mmap.py::test_same_size_rewrite_with_only_the_mtime_moved_is_refused",)),
     Mutation("mmap_size_change_ignored", "MappedFile.changed",
-             "if st.st_size != self.stamp[0]:", "if False:", ("tests/test_mmap.py",)),
+             "if st.st_size != self.stamp[0]:", "if False:", ("tests/runtime/test_mmap.py",)),
     Mutation("mmap_not_checked_before_compute", "Session._start",
-             "self.model.check_file()", "pass", ("tests/test_mmap.py",)),
+             "self.model.check_file()", "pass", ("tests/runtime/test_mmap.py",)),
     Mutation("mmap_metadata_change_ignored", "Model.upload",
-             "if self._map.stamp != self._stamp:", "if False:", ("tests/test_mmap.py",)),
+             "if self._map.stamp != self._stamp:", "if False:", ("tests/runtime/test_mmap.py",)),
     Mutation("mmap_never_unmapped", "MappedFile.close",
-             "_libc().munmap(self.addr, self.size)", "pass", ("tests/test_mmap.py",)),
+             "_libc().munmap(self.addr, self.size)", "pass", ("tests/runtime/test_mmap.py",)),
     Mutation("mmap_kept_after_device_upload", "Model.upload",
-             "int(t.n_bytes))\n                    self._map.close()", "int(t.n_bytes))", ("tests/test_mmap.py",)),
+             "int(t.n_bytes))\n                    self._map.close()", "int(t.n_bytes))", ("tests/runtime/test_mmap.py",)),
     Mutation("no_mmap_flag_ignored", "add_mmap_flag.run",
-             'if not getattr(args, "no_mmap", False):', "if True:", ("tests/test_mmap.py",)),
+             'if not getattr(args, "no_mmap", False):', "if True:", ("tests/runtime/test_mmap.py",)),
     Mutation("no_mmap_left_set_after_command", "no_mmap",
-             "os.environ.pop(ENV_NO_MMAP, None)", "pass", ("tests/test_mmap.py",)),
+             "os.environ.pop(ENV_NO_MMAP, None)", "pass", ("tests/runtime/test_mmap.py",)),
     Mutation("no_mmap_not_passed_to_llama_cpp", "llama_model_params",
-             "params.load_mode = 0", "pass", ("tests/test_mmap.py",)),
+             "params.load_mode = 0", "pass", ("tests/runtime/test_mmap.py",)),
     Mutation("reader_string_index_on_its_length", "_bounded_reader_class.BoundedReader._get_field_parts",
-             "idxs.append(len(parts) + 1)", "idxs.append(len(parts))", ("tests/test_mmap.py",)),
+             "idxs.append(len(parts) + 1)", "idxs.append(len(parts))", ("tests/runtime/test_mmap.py",)),
     Mutation("reader_number_parts_shifted", "_bounded_reader_class.BoundedReader._get_field_parts",
-             "list(range(2, 2 + n))", "list(range(1, 1 + n))", ("tests/test_mmap.py",)),
+             "list(range(2, 2 + n))", "list(range(1, 1 + n))", ("tests/runtime/test_mmap.py",)),
     Mutation("memory_shared_pages_counted_twice", "tools/memory.py:run_measured.sample",
-             'pss += st["Pss"]', 'pss += st["VmRSS"]', ("tests/test_memory_tool.py",)),
+             'pss += st["Pss"]', 'pss += st["VmRSS"]', ("tests/cli/test_memory_tool.py",)),
     Mutation("memory_grandchildren_missed", "tools/memory.py:run_measured.sample",
-             "for p in _tree(proc.pid):", "for p in [proc.pid]:", ("tests/test_memory_tool.py",)),
+             "for p in _tree(proc.pid):", "for p in [proc.pid]:", ("tests/cli/test_memory_tool.py",)),
     Mutation("memory_failed_run_measured", "tools/memory.py:run_measured",
-             "if proc.returncode != 0:", "if False:", ("tests/test_memory_tool.py",)),
+             "if proc.returncode != 0:", "if False:", ("tests/cli/test_memory_tool.py",)),
     Mutation("bindings_compiled_at_each_import", "activate",
-             '_compile_bindings(root / "ggml")', "pass", ("tests/test_bindings_bytecode.py",)),
+             '_compile_bindings(root / "ggml")', "pass", ("tests/runtime/test_bindings_bytecode.py",)),
     # --- the HTML viewer (its script is matched as a whole file) ---
     Mutation("viewer_opened_layer_not_fitted", "graphgen/view/static/viewer.js:",
              "if (!wasOpen) zoomToGroup(g); else render();",
@@ -530,11 +542,11 @@ MUTATIONS = [
     Mutation("printed_sum_one_sides_digits", "_sum_check",
              "tol = ref.printed.sum_half + ours.printed.sum_half",
              "tol = max(ref.printed.sum_half, ours.printed.sum_half)",
-             ("tests/test_import_values.py::test_printed_sum_against_printed_sum_at_the_tolerance",)),
+             ("tests/compare/test_import_values.py::test_printed_sum_against_printed_sum_at_the_tolerance",)),
     Mutation("printed_sum_no_rounding_room", "_sum_check",
              "return a, b, tol + ELEMENT_ULPS * EPS32 * max(abs(a), abs(b)) if math.isfinite(a + b) else tol",
              "return a, b, tol",
-             ("tests/test_import_values.py::test_printed_sum_against_printed_sum_at_the_tolerance",)),
+             ("tests/compare/test_import_values.py::test_printed_sum_against_printed_sum_at_the_tolerance",)),
     Mutation("printed_inf_sign_ignored", "_agree", "return a == b", "return abs(a) == abs(b)", IMPORT_VALUES),
     Mutation("sched_debug_gaps_not_recorded", "parse_sched_debug.close",
              "skipped.append([k for k in range(max(seen) + 1) if k not in shown])", "skipped.append([])",
@@ -586,17 +598,17 @@ MUTATIONS = [
     # --- one word for one thing: bench's --engine, the diff's statuses, devices' free memory ---
     Mutation("bench_engines_alias_silent", "_Deprecated.__call__",
              'print(f"graphgen: {option_string} is deprecated: use --engine (the same comma list)", file=sys.stderr)',
-             "pass", ("tests/test_bench.py::test_engine_flag_as_every_command_spells_it",)),
+             "pass", ("tests/reference/test_bench.py::test_engine_flag_as_every_command_spells_it",)),
     Mutation("view_deleted_called_missing", "diff_map",
              'rows.append(Row(i, None, "deleted",', 'rows.append(Row(i, None, "missing",',
-             ("tests/test_names.py",)),
+             ("tests/view/test_names.py",)),
     Mutation("view_summary_missing_extra", "graphgen/view/html.py",
              "f\"{s.get('deleted')} deleted, {s.get('inserted')} inserted, \"",
-             "f\"{s.get('deleted')} missing, {s.get('inserted')} extra, \"", ("tests/test_names.py",)),
+             "f\"{s.get('deleted')} missing, {s.get('inserted')} extra, \"", ("tests/view/test_names.py",)),
     Mutation("devices_cpu_free_is_the_total", "devices", 'if dev.kind == "cpu":', "if False:",
-             ("tests/test_debugging.py::test_devices_cpu_free_memory_is_what_is_available",)),
+             ("tests/compare/test_debugging.py::test_devices_cpu_free_memory_is_what_is_available",)),
     Mutation("host_available_reads_memfree", "host_available", 'if line.startswith("MemAvailable:"):',
-             'if line.startswith("MemFree:"):', ("tests/test_debugging.py::test_host_available_reads_memavailable",)),
+             'if line.startswith("MemFree:"):', ("tests/compare/test_debugging.py::test_host_available_reads_memavailable",)),
     Mutation("checkbatch_progress_only_on_a_terminal", "Task.__init__",
              'if every_step and self.mode == "auto":', "if False:", CHECK_BATCH),
     # --- finding where graphs part: diff --at, the strip, filters, thresholds; llama.cpp's flags ---
@@ -606,15 +618,15 @@ MUTATIONS = [
     Mutation("probe_ours_index_read_as_refs", "find_pairs",
              "return [(back.get(target.index), target.index)] if target.index < len(O) else []",
              "return [(target.index, target.index)] if target.index < len(O) else []",
-             ("tests/test_debugging.py::test_at_by_index_when_the_graphs_do_not_line_up",)),
+             ("tests/compare/test_debugging.py::test_at_by_index_when_the_graphs_do_not_line_up",)),
     Mutation("probe_ours_index_through_the_ref_map", "find_pairs",
              "return [(back.get(target.index), target.index)] if target.index < len(O) else []",
              "return [(pairs.get(target.index), target.index)] if target.index < len(O) else []",
-             ("tests/test_debugging.py::test_at_by_index_when_the_graphs_do_not_line_up",)),
+             ("tests/compare/test_debugging.py::test_at_by_index_when_the_graphs_do_not_line_up",)),
     Mutation("probe_ref_index_partner_is_itself", "find_pairs",
              "return [(target.index, pairs.get(target.index))] if target.index < len(R) else []",
              "return [(target.index, target.index)] if target.index < len(R) else []",
-             ("tests/test_debugging.py::test_at_by_index_when_the_graphs_do_not_line_up",)),
+             ("tests/compare/test_debugging.py::test_at_by_index_when_the_graphs_do_not_line_up",)),
     Mutation("probe_largest_smallest_first", "largest_errors",
              "top = nz[np.argsort(-err[nz], kind=\"stable\")[:k]]", "top = nz[np.argsort(err[nz], kind=\"stable\")[:k]]",
              DEBUGGING),
@@ -647,61 +659,61 @@ MUTATIONS = [
              DEBUGGING),
     Mutation("view_replaces_any_file", "refuse_to_replace",
              "if path.exists() and not force and not ours(path):", "if False:",
-             ("tests/test_view.py::test_view_does_not_replace_a_file_it_did_not_write",)),
+             ("tests/view/test_view.py::test_view_does_not_replace_a_file_it_did_not_write",)),
     Mutation("view_several_graphs_without_index", "_cmd_view", "index = out", "index = None",
-             ("tests/test_view.py::test_view_of_several_graphs_writes_the_page_named",)),
+             ("tests/view/test_view.py::test_view_of_several_graphs_writes_the_page_named",)),
     Mutation("staged_files_keep_the_folders_they_made", "staged_files", "_undo_parents(made)", "pass",
-             ("tests/test_view.py::test_staged_files_appear_together_or_not_at_all",)),
+             ("tests/view/test_view.py::test_staged_files_appear_together_or_not_at_all",)),
     Mutation("draft_rate_over_the_whole_round", "LoopResult.summary",
              "drafted / t_draft if t_draft > 0 else 0.0", "drafted / (t_draft + t_proc) if t_draft > 0 else 0.0",
-             ("tests/test_drafters.py::test_draft_output_says_what_ran_and_what_was_simulated",)),
+             ("tests/runtime/test_drafters.py::test_draft_output_says_what_ran_and_what_was_simulated",)),
     Mutation("thresholds_unknown_key_accepted", "parse_thresholds", "if key not in ops:", "if False:",
-             ("tests/test_debugging.py::test_a_mistyped_threshold_key_is_refused_with_the_nearest",)),
+             ("tests/compare/test_debugging.py::test_a_mistyped_threshold_key_is_refused_with_the_nearest",)),
     Mutation("diff_quiet_prints_the_report", "run_diff", 'elif getattr(args, "quiet", False):', "elif False:",
-             ("tests/test_debugging.py::test_at_prints_the_node_not_the_whole_report_and_quiet_the_verdict",)),
+             ("tests/compare/test_debugging.py::test_at_prints_the_node_not_the_whole_report_and_quiet_the_verdict",)),
     Mutation("diff_at_under_the_whole_report", "run_diff", "elif args.at:", "elif False:",
-             ("tests/test_debugging.py::test_at_prints_the_node_not_the_whole_report_and_quiet_the_verdict",)),
+             ("tests/compare/test_debugging.py::test_at_prints_the_node_not_the_whole_report_and_quiet_the_verdict",)),
     Mutation("demo_keeps_its_folder_silently", "_cmd_demo",
              'print(f"the draft, scenario and dumps are in {work} (a temporary folder, kept: remove it when "\n'
              '              "done, or give --out DIR)")', "pass",
-             ("tests/test_cli.py::test_demo_says_where_its_files_are",)),
+             ("tests/cli/test_cli.py::test_demo_says_where_its_files_are",)),
     Mutation("refused_step_not_named", "naming_step",
              'e.args = (f"step {step.index} ({step.kind}): {e.args[0]}",) + e.args[1:]', "pass",
-             ("tests/test_dump.py::test_run_scenario_names_the_refused_step",)),
+             ("tests/compare/test_dump.py::test_run_scenario_names_the_refused_step",)),
     Mutation("refused_run_drops_its_graphs", "staged_dump_dir", "_keep_incomplete(tmp, out, e)", "pass",
-             ("tests/test_dump.py::test_a_step_refused_part_way_is_named_and_its_graphs_kept_apart",)),
+             ("tests/compare/test_dump.py::test_a_step_refused_part_way_is_named_and_its_graphs_kept_apart",)),
     Mutation("incomplete_replaces_a_users_folder", "_keep_incomplete",
              "if not (dest.is_dir() and not dest.is_symlink() and (dest / INCOMPLETE).is_file()):", "if False:",
-             ("tests/test_dump.py::test_a_step_refused_part_way_is_named_and_its_graphs_kept_apart",)),
+             ("tests/compare/test_dump.py::test_a_step_refused_part_way_is_named_and_its_graphs_kept_apart",)),
     Mutation("cli_abbreviations_allowed", "_Parser.__init__",
              'kw.setdefault("allow_abbrev", False)', 'kw.setdefault("allow_abbrev", True)',
-             ("tests/test_cli.py::test_no_subcommand_takes_an_abbreviated_flag",)),
+             ("tests/cli/test_cli.py::test_no_subcommand_takes_an_abbreviated_flag",)),
     Mutation("cli_single_dash_prefixes_allowed", "_Parser._get_option_tuples",
-             "return []", "return found", ("tests/test_cli.py::test_no_subcommand_takes_an_abbreviated_flag",)),
+             "return []", "return found", ("tests/cli/test_cli.py::test_no_subcommand_takes_an_abbreviated_flag",)),
     Mutation("cli_n_is_n_parallel", "graphgen/cli/draft.py:register",
              '"-n", "--n-predict"', '"--n-predict"',
-             ("tests/test_cli.py::test_n_is_n_predict_on_draft_and_refused_where_there_is_none",)),
+             ("tests/cli/test_cli.py::test_n_is_n_predict_on_draft_and_refused_where_there_is_none",)),
     Mutation("rerun_scenario_not_recorded", "provenance",
              '{"digest": scenario_digest(doc), "doc": doc}', '{"digest": scenario_digest(doc)}',
-             ("tests/test_scenario_from.py::test_rerun_is_bit_identical",)),
+             ("tests/reference/test_scenario_from.py::test_rerun_is_bit_identical",)),
     Mutation("rerun_inject_seq_not_recorded", "Scenario.to_dict",
              '{"n_tokens": s.n_tokens, "pos0": s.pos0, "seq": s.seq}', '{"n_tokens": s.n_tokens, "pos0": s.pos0}',
-             ("tests/test_scenario_from.py::test_rerun_is_bit_identical",)),
+             ("tests/reference/test_scenario_from.py::test_rerun_is_bit_identical",)),
     Mutation("rerun_edited_scenario_accepted", "recorded_scenario",
              "digest is not None and digest != scenario_digest(d.scenario_doc)", "False",
-             ("tests/test_scenario_from.py::test_refusals",)),
+             ("tests/reference/test_scenario_from.py::test_refusals",)),
     Mutation("rerun_doc_left_in_scenario", "_parse_doc",
              'scenario.pop("doc", None)', 'scenario.get("doc")',
-             ("tests/test_dump.py::test_provenance_round_trip",)),
+             ("tests/compare/test_dump.py::test_provenance_round_trip",)),
     Mutation("rerun_from_a_plain_scenario_file", "scenario_from_args",
              'if scenario_flag(args) == "--scenario-from":', "if False:",
-             ("tests/test_scenario_from.py::test_refusals",)),
+             ("tests/reference/test_scenario_from.py::test_refusals",)),
     Mutation("reference_names_its_scenario_copy", "_cmd_dump",
              "recorded_as=args.scenario", 'recorded_as=""',
-             ("tests/test_scenario_from.py::test_rerun_in_llama_cpp",)),
+             ("tests/reference/test_scenario_from.py::test_rerun_in_llama_cpp",)),
     Mutation("refusal_before_the_first_graph_masked", "_keep_incomplete",
              "except DumpError:", "except FileNotFoundError:",
-             ("tests/test_scenario_from.py::test_a_refusal_before_the_first_graph_is_the_error",)),
+             ("tests/reference/test_scenario_from.py::test_a_refusal_before_the_first_graph_is_the_error",)),
 ]
 
 
