@@ -13,4 +13,4 @@ fuzz-reference:
 
 # whole sessions against llama.cpp b11739: 100 random sessions per variant, 500 in all (N=..., FIRST=...)
 sessions:
-	python3 tests/sessions.py --per-variant $${N:-100} --first-seed $${FIRST:-0}
+	python3 tests/support/sessions.py --per-variant $${N:-100} --first-seed $${FIRST:-0}

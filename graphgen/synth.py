@@ -28,7 +28,7 @@ import numpy as np
 
 
 ARCH = "dflash"
-# the heads of models/arch.HEADS (tests/test_synth.py keeps them equal), spelt here because the model
+# the heads of models/arch.HEADS (tests/models/test_synth.py keeps them equal), spelt here because the model
 # files load ggml, and the command line, which builds its options from this module, must be free
 # to choose which ggml (--ggml) after importing it
 VARIANTS = ("dflash", "dflash2", "dspark", "lilicorr")

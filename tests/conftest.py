@@ -4,9 +4,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tools"))
+# the tools the tests drive, and the tests' shared helpers (tests/support)
+sys.path[:0] = [str(ROOT / "tools"), str(ROOT / "tests" / "support")]
 
-REF_DIR = ROOT / "tests" / "reference"
+REF_DIR = ROOT / "tests" / "data" / "reference"
 
 
 @pytest.fixture(scope="session")
@@ -30,3 +31,17 @@ def reference_worker(tmp_path_factory):
                tmp_path_factory.mktemp("workers") / "reference.err", timeout=600)
     yield w
     w.close()
+
+
+def pytest_collection_modifyitems(items):
+    """What a test needs beyond the CPU, as markers (`-m "not torch"` and so on): the authors'
+    models need the graphgen[torch] extra, the viewer's browser tests Chromium, the GPU backends'
+    tests a ggml built with one (tools/build_ggml.sh)."""
+    for item in items:
+        path = Path(str(item.fspath))
+        if "authors" in path.parts:
+            item.add_marker(pytest.mark.torch)
+        if path.name == "test_viewer_browser.py":
+            item.add_marker(pytest.mark.browser)
+        if path.name == "test_backends.py" and any(k in item.name for k in ("gpu_backend_matches", "vulkan")):
+            item.add_marker(pytest.mark.gpu)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The agreement table of README's authors' section: every authors' class, `graphgen check`'s
 triangle over two drafting rounds, f32 and f16 caches; worst relative L2 per kind of mapped node.
-With --random N, the random configurations of tests/test_authors_random.py instead (N per class):
+With --random N, the random configurations of tests/authors/test_authors_random.py instead (N per class):
 agree/n per class, each side's worst distance to the float64 arbiter, and the arbiter's verdict on
 every case that does not agree.
 
@@ -70,7 +70,8 @@ def main(argv=None) -> int:
 
 
 def random_table(n: int, seed0: int, as_json: bool) -> int:
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    tests = Path(__file__).resolve().parent.parent / "tests"
+    sys.path[:0] = [str(tests / "authors"), str(tests / "support")]
     from test_authors_random import CLASSES as RANDOM_CLASSES, draw
     from graphgen.authors.checkpoint import label, make_hf
     from graphgen.cli.authors import run_check, verdict

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Regenerate tests/reference/<case>/ from llama.cpp b11739.
+"""Regenerate tests/data/reference/<case>/ from llama.cpp b11739.
 
 Each case folder holds case.json (the make-model arguments and the GGUF's sha256),
 scenario.json and the reference dumps (NN-<graph>.json + .npz). The GGUF itself is not
@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 from graphgen.scenario import default_scenario, parse_scenario  # noqa: E402
 from graphgen.synth import make_model  # noqa: E402
 
-REF_DIR = ROOT / "tests" / "reference"
+REF_DIR = ROOT / "tests" / "data" / "reference"
 
 BASE = {"n_embd": 64, "n_layer": 2, "n_head": 4, "n_ff": 128, "n_vocab": 256, "block_size": 4,
         "target_layers": [1, 2], "seed": 0}

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-REF_DUMPS = ROOT / "tests" / "reference"
+REF_DUMPS = ROOT / "tests" / "data" / "reference"
 
 # name -> make_model arguments; the fuzz draws edits against each of these
 BASES = {

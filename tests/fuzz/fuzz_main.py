@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent)]
+sys.path[:0] = [str(HERE), str(HERE.parent / "support")]
 
 from fuzz_gen import make_cases  # noqa: E402
 from fuzz_runner import run_cases  # noqa: E402

@@ -81,4 +81,4 @@ def test_joint_head_refused_on_the_base_backbone(tmp_path):
 
 # The RNN joint head (seed only: b11739 has none) exists in the seed on the Mistral Large 4 backbone
 # alone (the other backbones give the head no hidden state, and the seed asserts on that); its graph
-# and values are checked node by node in test_seed_reference.py against tests/seedref.
+# and values are checked node by node in test_seed_reference.py against tests/support/seedref.

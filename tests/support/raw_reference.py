@@ -1,7 +1,7 @@
 """Run batches in llama.cpp b11739 that a scenario file cannot hold (a sequence twice in one
 block batch): the steps go straight into the reference runner's run_child, in a child process.
 
-    python tests/raw_reference.py MODEL STEPS.json OUT     (exit 0: every step ran; 4: refused)
+    python tests/support/raw_reference.py MODEL STEPS.json OUT     (exit 0: every step ran; 4: refused)
 
 `run_raw(model, steps, tmp_path, n_seq)` returns (ran, llama.cpp's error text). Steps are the
 scenario's inject / seq_rm steps and {"block": {"seqs": [...]}} with any sequences.
@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_raw(model, steps: list, work: Path, n_seq: int = 1) -> tuple[bool, str]:

@@ -26,7 +26,7 @@ HERE = Path(__file__).resolve().parent
 
 def Worker(cmd: list[str], err_path: Path, timeout: float, env: dict | None = None) -> LineWorker:
     """The protocol's client (graphgen/reference/protocol.py), run from the project's root."""
-    return LineWorker(cmd, err_path, timeout, env, cwd=HERE.parent)
+    return LineWorker(cmd, err_path, timeout, env, cwd=HERE.parents[1])
 
 
 class ChildDied(AssertionError):
@@ -72,7 +72,7 @@ def _short(kwargs: dict) -> str:
 
 
 def serve() -> int:
-    sys.path[:0] = [str(HERE), str(HERE / "fuzz")]
+    sys.path[:0] = [str(HERE), str(HERE.parent / "fuzz"), str(HERE.parent / "reference")]
     for line in sys.stdin:
         if not line.strip():
             continue

@@ -36,7 +36,7 @@ What the seed hides, and what is inferred here:
   The mode is an op parameter, not part of the sequence; forward.py's values depend on it.
 
 Check on the helpers: graph_dsv4, which b11739 has, traced with these same helpers gives llama.cpp
-b11739's own dumps node for node (tests/reference/dsv4-*: inject 17, block 270 / 260 nodes).
+b11739's own dumps node for node (tests/data/reference/dsv4-*: inject 17, block 270 / 260 nodes).
 """
 
 from __future__ import annotations
@@ -484,7 +484,7 @@ class SeedGraphs:
     def graph_dsv4(self, ub):
         """The seed's graph_dsv4 with deepseek4.cpp's build_attention_impl
         (ratio 0, the k_iswa input) and build_hc_head: b11739 has this graph, so tracing it checks
-        the helpers above against llama.cpp's own dumps (tests/reference/dsv4-*)."""
+        the helpers above against llama.cpp's own dumps (tests/data/reference/dsv4-*)."""
         g, n, E, H, hd = self.g, self.n_tokens, self.n_embd, self.n_head, self.hd
         w = self.w
 

@@ -123,7 +123,7 @@ def upstream_printer(tmp_path_factory):
 def upstream_text(upstream_printer, tmp_path_factory):
     """(text upstream's callback printed for b11739's run of the dflash-fa-off case, the dumps of
     that run, graphgen's dumps of the same scenario)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
     from make_references import build_model
 
     from graphgen.engine import run_scenario

@@ -41,7 +41,7 @@ _WORKER = None
 
 
 def worker():
-    """This test process's graphgen worker (tests/workers.py), started on first use: the live
+    """This test process's graphgen worker (tests/support/workers.py), started on first use: the live
     cases here and the `isolated` fixture share it."""
     global _WORKER
     if _WORKER is None:

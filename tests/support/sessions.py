@@ -313,5 +313,6 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     import sys
-    sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent / "fuzz")]
+    here = Path(__file__).resolve().parent
+    sys.path[:0] = [str(here), str(here.parent / "fuzz"), str(here.parent / "reference")]
     sys.exit(main())

@@ -1,4 +1,4 @@
-"""Whole drafting sessions against llama.cpp b11739 (tests/sessions.py draws them).
+"""Whole drafting sessions against llama.cpp b11739 (tests/support/sessions.py draws them).
 
 Every graph of every step must be node-identical and bit-exact, and a step one engine refuses
 must be the step the other refuses. GRAPHGEN_SESSIONS sets the sessions per variant (30 by

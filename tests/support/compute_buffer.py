@@ -1,4 +1,4 @@
-"""Runs for tests/test_compute_buffer.py, called in a worker process (an invalid read there ends
+"""Runs for tests/runtime/test_compute_buffer.py, called in a worker process (an invalid read there ends
 that process, not the test run): a session whose graph kinds share one compute buffer, against
 sessions where every graph is built and placed afresh."""
 

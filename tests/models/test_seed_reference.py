@@ -1,7 +1,7 @@
 """The seed-only DSpark graphs (DeepSeek-V4.1, Mistral Large 4, the RNN joint head) checked against
-the seed itself: graphgen's dumps, node by node, against the float64 reference in tests/seedref
+the seed itself: graphgen's dumps, node by node, against the float64 reference in tests/support/seedref
 (written from the seed's dspark.cpp, sharing no code with graphgen's builders), and every node's
-op and name against the sequence tests/seedref/opseq.py derives from the seed's builder code.
+op and name against the sequence tests/support/seedref/opseq.py derives from the seed's builder code.
 
 Tolerances (relative L2 error of a node, ||ours - ref|| / ||ref||; TOL, TOL_AFTER_ATTN):
 - 1e-4 for every node up to the first attention output. The reference models what the seed's

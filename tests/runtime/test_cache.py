@@ -16,7 +16,7 @@ import pytest
 
 from graphgen import cache
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SITE = next(Path(sys.prefix).glob("lib/python3*/site-packages"))
 
 
@@ -72,7 +72,7 @@ def test_another_user_reads_a_cache_they_cannot_write(shared):
     out = tmp / "out"
     out.mkdir()
     out.chmod(0o777)
-    p = _as_nobody(["dump", str(model), "--scenario", str(ROOT / "tests/reference/dflash-fa-off/scenario.json"),
+    p = _as_nobody(["dump", str(model), "--scenario", str(ROOT / "tests/data/reference/dflash-fa-off/scenario.json"),
                     "--out", str(out / "d")], {"GRAPHGEN_CACHE": str(cache_dir)})
     assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
     assert sorted(x.name for x in cache_dir.iterdir()) == before

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-SOAK = [sys.executable, str(Path(__file__).resolve().parent.parent / "tools" / "soak.py")]
+SOAK = [sys.executable, str(Path(__file__).resolve().parents[2] / "tools" / "soak.py")]
 
 
 def _soak(*args, timeout=600):

@@ -1,5 +1,5 @@
 """The DSpark backbones: DeepSeek-V4 against llama.cpp b11739, DeepSeek-V4.1 and Mistral Large 4
-(seed only) against the node sequence traced from the seed's builders (tests/seedref; their values
+(seed only) against the node sequence traced from the seed's builders (tests/support/seedref; their values
 are checked in test_seed_reference.py)."""
 
 import json
@@ -111,9 +111,9 @@ def test_block_uniform_mask():
 
 
 # --- DeepSeek-V4.1 and Mistral Large 4: the seed's op order --------------------------------------
-# Every node (name, op, shape) against the sequence tests/seedref/opseq.py traces from the seed's
+# Every node (name, op, shape) against the sequence tests/support/seedref/opseq.py traces from the seed's
 # graph_dsv41 / graph_mistral_large4 and the upstream helpers they call; the values of every named
-# node are checked against the float64 reference in tests/test_seed_reference.py.
+# node are checked against the float64 reference in tests/models/test_seed_reference.py.
 
 @pytest.mark.parametrize("backbone, n_nodes", [("dsv41", (10, 157)), ("mistral-large4", (13, 154))])
 def test_seed_op_order(tmp_path, backbone, n_nodes):
