@@ -60,7 +60,7 @@ def _require_authors(ck) -> None:
                            "run z-lab's and speculators' formats only")
 
 
-def _quiet_transformers() -> None:
+def quiet_transformers() -> None:
     from transformers.utils import logging as hf_logging
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
@@ -80,7 +80,7 @@ class AuthorsDraft:
         model's type)."""
         require_torch()
         import torch
-        _quiet_transformers()
+        quiet_transformers()
         if dtype not in ("float32", "float64"):
             raise AuthorsError(f"dtype {dtype!r}: float32 or float64")
         self.dtype = getattr(torch, dtype)

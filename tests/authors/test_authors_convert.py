@@ -482,3 +482,12 @@ def test_info_reads_a_checkpoint_folder(zlab, capsys):
     assert doc["format"] == "z-lab DFlash (DFlashDraftModel)" and doc["config"]["hidden_size"] == 64
     names = {t["name"]: t["shape"] for t in doc["tensors"]}
     assert names["fc.weight"] == [64, 128]
+
+
+def test_make_model_hf_prints_its_line_alone(tmp_path, capfd):
+    """transformers' "Writing model shards" bars stay off stderr, --quiet or not."""
+    from graphgen.cli import main
+    assert main(["make-model", str(tmp_path / "ck"), "--format", "hf"]) == 0
+    out, err = capfd.readouterr()
+    assert out.strip().startswith(f"wrote {tmp_path / 'ck'}: z-lab DFlash (DFlashDraftModel)")
+    assert "Writing model shards" not in err and "it/s" not in err, err
