@@ -14,6 +14,14 @@ def test_every_mutation_finds_its_place_here():
         assert f.read_text()[a:b] != m.new, m.name
 
 
+def test_every_mutation_names_tests_that_exist():
+    """A test file moved or renamed would leave a mutation that runs nothing."""
+    for m in M.MUTATIONS:
+        assert m.tests or m.name == "m", m.name
+        for t in m.tests:
+            assert (M.ROOT / t.split("::")[0]).is_file(), f"{m.name}: no {t}"
+
+
 def _tree(tmp_path, files: dict) -> Path:
     for rel, text in files.items():
         p = tmp_path / "graphgen" / rel
