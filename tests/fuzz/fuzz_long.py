@@ -79,7 +79,7 @@ def main(argv=None) -> int:
 
     from fuzz_agree import agree_model, batch_cases, gguf_doc, make_gguf
     from fuzz_gen import make_cases
-    from graphgen.reference.runner import _error_text
+    from graphgen.reference.protocol import error_text
     from graphgen.scenario import ScenarioError, parse_scenario
 
     tmp = None if args.work else tempfile.TemporaryDirectory(prefix="graphgen-fuzz-long-")
@@ -126,7 +126,7 @@ def main(argv=None) -> int:
                                   "max_data": 0, "log": str(log)})
             if ref is None:
                 counts["b11739 " + how.split(" ")[0]] += 1
-                headline, _ = _error_text(log, _tail(ref_w.err_path))
+                headline, _ = error_text(log, _tail(ref_w.err_path))
                 ref = {"ok": False, "error": headline}
             m = _STEP.search((ref.get("error") or "").splitlines()[0] if ref.get("error") else "")
             ref_step = int(m.group(1)) if m else None

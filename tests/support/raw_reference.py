@@ -19,7 +19,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_raw(model, steps: list, work: Path, n_seq: int = 1) -> tuple[bool, str]:
-    from graphgen.reference.runner import ENV_ERROR_LOG, _error_text
+    from graphgen.reference.protocol import error_text
+    from graphgen.reference.runner import ENV_ERROR_LOG
     work.mkdir(parents=True, exist_ok=True)
     doc = work / "steps.json"
     doc.write_text(json.dumps({"n_seq": n_seq, "steps": steps}))
@@ -31,7 +32,7 @@ def run_raw(model, steps: list, work: Path, n_seq: int = 1) -> tuple[bool, str]:
                           text=True, errors="replace", timeout=300, env=env)
     if proc.returncode == 0:
         return True, ""
-    return False, _error_text(log, proc.stderr)[1]
+    return False, error_text(log, proc.stderr)[1]
 
 
 def main(argv) -> int:
