@@ -538,7 +538,7 @@ def test_legend_names_the_colours_the_nodes_are_drawn_with(browser, tmp_path):
         i = data["rows"][row][f["ref"]]
         assert _hex_rgb(fill) == by_key[want.get(i, "matched")][1], (i, fill)
     count = {k: int(re.search(r"(\d+)$", text).group(1)) for k, (text, _) in by_key.items()}
-    assert count == {"matched": len(ref.nodes) - 4, "changed": 2, "value": 1, "missing": 0, "extra": 0,
+    assert count == {"matched": len(ref.nodes) - 4, "changed": 2, "value": 1, "deleted": 0, "inserted": 0,
                      "explained": 0, "uncompared": 1}
     # the NMSE strip and the outlines are named too
     text = browser.js("document.getElementById('legend').textContent")
