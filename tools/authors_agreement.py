@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The agreement table of README's authors' section: every authors' class, `graphgen check`'s
+"""The agreement tables of docs/authors.md: every authors' class, `graphgen check`'s
 triangle over two drafting rounds, f32 and f16 caches; worst relative L2 per kind of mapped node.
 With --random N, the random configurations of tests/authors/test_authors_random.py instead (N per class):
 agree/n per class, each side's worst distance to the float64 arbiter, and the arbiter's verdict on

@@ -82,7 +82,7 @@ class HFSpec:
     d2t_vocab: int | None = None        # a reduced draft vocabulary with its d2t map
     tie_target: bool = False            # the target's lm head is its embedding table
     # settings of the authors' configs that b11739 cannot honour (the converter refuses them; the
-    # README's converter gaps): drawn so that a test can show each refusal
+    # docs/authors.md's converter gaps): drawn so that a test can show each refusal
     output_multiplier: float | None = None        # z-lab's compute_logits (dflash_config)
     final_logit_softcapping: float | None = None  # z-lab's compute_logits (dflash_config)
     input_embedding_scale: float | None = None    # z-lab's block embeddings (dflash_config)

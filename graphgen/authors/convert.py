@@ -276,7 +276,7 @@ def _plan(hf_dir: Path, cfg: dict, target_dir: Path, target_cfg: dict) -> _Plan:
     _refuse_departures(cfg_path, cfg, hp, rope if rope_type == "yarn" else None, arch, spec_type, family)
     layer_types = hp.get("layer_types") or []
     if "sliding_attention" in layer_types:
-        # not a converter gap but llama.cpp's: its graph masks these layers otherwise (README)
+        # not a converter gap but llama.cpp's: its graph masks these layers otherwise (docs/authors.md)
         plan.warnings.append(
             f"warning: {layer_types.count('sliding_attention')} sliding-window layer(s) (window "
             f"{hp.get('sliding_window')}): their authors mask them otherwise than llama.cpp b11739 does (z-lab: "

@@ -4,7 +4,7 @@ Each entry names the node as llama.cpp's graph callback names it (`{il}` is the 
 authors' tensor it is compared with, the graph it lives in, the variants that have it, and how the
 node is found on the ggml side: by its name, or (for outputs llama.cpp leaves unnamed) by rule.
 `graphgen.authors.forward` records these tensors through hooks on the authors' modules; the
-comparison (`graphgen.authors.compare`) reads this table, and the README shows it.
+comparison (`graphgen.authors.compare`) reads this table, and docs/authors.md shows it.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def entries(variant: str, graph: str | None = None) -> list[MapEntry]:
 
 
 def markdown_table() -> str:
-    """The map as the README shows it."""
+    """The map as docs/authors.md shows it."""
     rows = ["| llama.cpp node | authors' tensor | graph | variants |", "|---|---|---|---|"]
     for e in TENSOR_MAP:
         rows.append(f"| `{e.node}` | {e.authors} | {e.graph} | {', '.join(e.variants)} |")

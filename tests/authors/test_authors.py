@@ -248,7 +248,7 @@ SWA_CASES = {
 @pytest.mark.parametrize("name", list(SWA_CASES))
 def test_sliding_window_layers_depart_from_the_authors(work, name):
     """b11739 masks a sliding layer with a window per query and the whole block visible; neither
-    author does (README, 'Where llama.cpp departs from the authors'). graphgen follows b11739."""
+    author does (docs/authors.md, 'Where llama.cpp departs from the authors'). graphgen follows b11739."""
     spec, agrees = SWA_CASES[name]
     hf = make_hf(work / name, spec)
     gguf = work / f"{name}.gguf"

@@ -12,7 +12,7 @@ vocabulary. The case runs two drafting rounds (random lengths) with an f32 or f1
 on every mapped node, argmax and selector path. Settings b11739 cannot honour are refused by the
 converter and tested in test_authors_convert.py.
 
-GRAPHGEN_AUTHORS_N sets the draws per class (default 3; the sweep in the README used 20),
+GRAPHGEN_AUTHORS_N sets the draws per class (default 3; the sweep in docs/authors.md used 20),
 GRAPHGEN_AUTHORS_SEED the first seed.
 """
 

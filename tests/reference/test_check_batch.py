@@ -158,7 +158,7 @@ def _run(draft, n_seq, fa=False):
 def test_flash_attention_tiles_from_64_rows(draft):
     """The CPU's flash-attention kernel takes its tiled path from 64 query rows: 8 blocks of 4
     (32 rows) stay bit-identical to each block alone, 16 (64 rows) change every sequence's last
-    bits and no more (b11739 measured the same, bit for bit; README)."""
+    bits and no more (b11739 measured the same, bit for bit; docs/check-batch.md)."""
     eight = _run(draft, 8, fa=True).cases[0].seqs["graphgen"]
     assert all(s.identical for s in eight)
     sixteen = _run(draft, 16, fa=True).cases[0].seqs["graphgen"]

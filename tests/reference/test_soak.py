@@ -28,7 +28,7 @@ def test_cpu_soak_is_flat_and_reproducible():
 
 def test_rpc_soak_drafts_what_the_cpu_drafts():
     # every round of every sequence against a CPU session running the same rounds; the server's
-    # memory is not held to 1% here: it caches up to 1024 graphs before starting over (README)
+    # memory is not held to 1% here: it caches up to 1024 graphs before starting over (docs/testing.md)
     code, r = _soak("--rounds", "150", "--rpc-server", "--against", "cpu", "--check-every", "25", "--seed", "1",
                     "--rss-limit", "10", "--warmup", "0.5")
     assert code == 0, r["failures"]
