@@ -23,7 +23,6 @@ import math
 import os
 import re
 import shutil
-import struct
 import subprocess
 import sys
 import tarfile
@@ -35,7 +34,8 @@ from typing import Callable
 
 from .. import cache
 from . import EXTRA_HINT, AuthorsError
-from .folder import inspect
+from .folder import inspect, safetensors_header, weight_files
+
 
 CONVERTER_PACKAGE = "llama-cpp-python"
 CONVERTER_VERSION = "0.3.36"
@@ -156,27 +156,19 @@ def _read_json(path: Path, what: str) -> dict:
     return data
 
 
+# the folder checker's readers (graphgen/authors/folder.py), their refusals as the converter's
 def _weight_files(folder: Path) -> list[Path]:
-    """The weight files the converter reads, as its get_model_part_names picks them."""
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        weight_map = _read_json(index, "the weight map").get("weight_map") or {}
-        return [folder / p for p in sorted(set(weight_map.values()))]
-    parts = sorted(p for p in folder.iterdir() if p.name.startswith("model") and p.name.endswith(".safetensors"))
-    if parts:
-        return parts
-    return sorted(p for p in folder.iterdir() if p.name.startswith("pytorch_model") and p.name.endswith(".bin"))
+    try:
+        return weight_files(folder)
+    except AuthorsError as e:
+        raise ConvertError(str(e)) from None
 
 
 def _safetensors_header(path: Path) -> dict:
     try:
-        with open(path, "rb") as f:
-            (n,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(n))
-    except (OSError, struct.error, ValueError) as e:
-        raise ConvertError(f"{path}: not a readable safetensors file ({e})") from None
-    header.pop("__metadata__", None)
-    return header
+        return safetensors_header(path)
+    except AuthorsError as e:
+        raise ConvertError(str(e)) from None
 
 
 def _tensor_names(folder: Path) -> set[str]:
