@@ -244,14 +244,32 @@ class _Output:
 
 
 def _make_model(path, variant="dflash", backbone="base", *, output: _Output, n_embd=64, n_layer=2, n_head=4,
-                n_head_kv=None, n_ff=128, n_vocab=256, block_size=4, target_layers=(1, 2), seed=0,
-                context_length=4096, rope_freq_base=10000.0, rms_eps=1e-6, conf=False,
+                n_head_kv=None, n_ff=128, n_vocab=256, block_size=4, target_layers=None, seed=0,
+                context_length=4096, rope_freq_base=10000.0, rms_eps=1e-6, conf=False, target=None,
                 **options) -> dict:
     """Write a random-weight `dflash` draft GGUF to `path`; return a summary of what was written.
+
+    `target`: a target GGUF the draft is shaped for, as llama.cpp's converter shapes a real one:
+    n_embd and vocabulary (its tokenizer keys) from the target, target layers in its range (the
+    authors' default spread unless given), and no token embeddings or lm head of its own (it
+    borrows the target's; a d2t draft keeps its own reduced lm head).
 
     The summary has variant, backbone, path, n_tensors, keys (name -> value) and tensors
     (name -> ggml shape, ne0 first).
     """
+    lend = None
+    if target is not None:
+        from .pair import default_target_layers, target_info, tokenizer_fields
+        _check(backbone == "base", "a draft for a target (--target) is made on the base backbone only")
+        info = target_info(target)
+        n_embd, n_vocab = info.n_embd, info.n_vocab
+        if target_layers is None:
+            target_layers = default_target_layers(info.n_layer)
+        bad = [il for il in target_layers if not 0 <= int(il) < info.n_layer]
+        _check(not bad, f"target layer {bad[0] if bad else 0} is outside the target's layer inputs 0..{info.n_layer - 1}")
+        lend = (info, tokenizer_fields(target))
+    if target_layers is None:
+        target_layers = (1, 2)
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
     backbone = _BACKBONE_ALIASES.get(backbone, backbone)
@@ -329,13 +347,17 @@ def _make_model(path, variant="dflash", backbone="base", *, output: _Output, n_e
     head_keys, head_tensors = _HEAD_WRITERS.get(variant, (None, None))
     if head_keys is not None:
         head_keys(d, opts, w)
-    _tokenizer_keys(d, n_vocab)
+    if lend is None:
+        _tokenizer_keys(d, n_vocab)
+    else:
+        _target_tokenizer_keys(d, *lend)
 
     # --- tensors, in load_arch_tensors order
     dims = SimpleNamespace(n_embd=n_embd, n_vocab=n_vocab, n_vocab_draft=n_vocab_draft,
                            n_embd_inp_enc=len(target_layers) * n_embd)
     C0 = _common()
-    d.normal_t(C0["tok_embd"], dims, 1.0)
+    if lend is None:
+        d.normal_t(C0["tok_embd"], dims, 1.0)
     if n_vocab_draft != n_vocab:
         # d2t maps draft rows to target token ids: the logits are scattered to these rows
         d.add(C0["d2t"].name, (n_vocab_draft,), np.int64,
@@ -346,7 +368,8 @@ def _make_model(path, variant="dflash", backbone="base", *, output: _Output, n_e
     d.norm_t(C0["output_norm_enc"], dims)  # encoder hidden_norm, after fc
     d.norm_t(C0["output_norm"], dims)      # decoder final norm
     # output.scale is loaded only for an NVFP4 lm head, so an f32 draft carries none
-    d.linear_t(C0["output"], None, dims)
+    if lend is None or n_vocab_draft != n_vocab:
+        d.linear_t(C0["output"], None, dims)
     _base_layers(d, opts, n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff)
 
     _write(Path(path), d, output)
@@ -426,6 +449,29 @@ def _tokenizer_keys(d: _Draft, n_vocab: int) -> None:
     d.key("tokenizer.ggml.eos_token_id", "u32", EOS_ID)
     d.key("tokenizer.ggml.unknown_token_id", "u32", UNK_ID)
     d.key("tokenizer.ggml.mask_token_id", "u32", mask_id)
+
+
+_KIND_OF = {str: "str", bool: "bool", int: "u32", float: "f32"}
+
+
+def _target_tokenizer_keys(d: _Draft, info, fields) -> None:
+    """The target's tokenizer keys as they are, plus a mask token: the target's own, else its last
+    control token that is not bos, eos, unk or padding (the noise block's filler)."""
+    types = None
+    for key, value in fields:
+        if isinstance(value, list):
+            if not value:
+                continue
+            kind = {str: "str[]", int: "i32[]", float: "f32[]", bool: "bool[]"}[type(value[0])]
+            if key == "tokenizer.ggml.token_type":
+                types = value
+        else:
+            kind = _KIND_OF[type(value)]
+        d.key(key, kind, value)
+    if "mask" not in info.special:
+        taken = set(info.special.values())
+        control = [i for i, t in enumerate(types or []) if t == TOKEN_CONTROL and i not in taken]
+        d.key("tokenizer.ggml.mask_token_id", "u32", control[-1] if control else info.n_vocab - 1)
 
 
 def _base_layers(d: _Draft, opts: dict, n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff) -> None:

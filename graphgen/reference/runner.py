@@ -113,7 +113,7 @@ class ReferenceContext:
     scenario's steps (and the drivers) feed it; `recorder`, when given, sees every node the
     context computes. The model and context are freed by close(), on every way out."""
 
-    def __init__(self, model: Path, scenario: Scenario, recorder=None):
+    def __init__(self, model: Path, scenario: Scenario, recorder=None, ctx_other=None):
         ffi, lib, libdir = load_llama()
         self.ffi, self.lib, self.libdir = ffi, lib, libdir
         self.log = _LogCapture(ffi, lib)
@@ -166,6 +166,9 @@ class ReferenceContext:
             cparams.type_v = GGML_TYPE_IDS[scenario.type_v]
             cparams.cb_eval = self.cb_eval
             cparams.cb_eval_user_data = ffi.NULL
+            if ctx_other is not None:
+                # a draft without token embeddings or lm head borrows the target's (dflash.cpp)
+                cparams.ctx_other = ctx_other
             self.ctx = lib.llama_init_from_model(self.mdl, cparams)
             if self.ctx == ffi.NULL:
                 raise ReferenceFailed(f"{reference_label()} could not create a context for {model}")
@@ -501,72 +504,12 @@ def serve(stdin=None, stdout=None) -> int:
     return 0
 
 
-def serve_session(stdin=None, stdout=None) -> int:
-    """One b11739 context driven batch by batch (graphgen.reference.session.ReferenceSession):
-    the first line opens it ({"model", "settings"}), each later line is one call (inject, block,
-    seq_rm, seq_pos_max) answered by `R <json>`, with arrays as base64 float32 rows."""
-    from ..scenario import SeqBlock, Step
-    stdin = stdin or sys.stdin
-    stdout = stdout or sys.stdout
-
-    def reply(**kw):
-        write_reply(stdout, kw)
-
-    first = json.loads(stdin.readline())
-    st = first["settings"]
-    sc = Scenario(n_ctx=st["n_ctx"], n_ubatch=st["n_ubatch"], flash_attn=st["flash_attn"], type_k=st["type_k"],
-                  type_v=st["type_v"], n_seq=st["n_seq"], n_threads=st["n_threads"])
-    try:
-        rc = ReferenceContext(Path(first["model"]), sc)
-    except (ReferenceFailed, ReferenceUnavailable) as e:
-        reply(ok=False, error=str(e))
-        return 1
-    try:
-        reply(ok=True, n_batch=rc.n_batch, n_vocab=rc.n_vocab, n_embd=rc.meta["n_embd"])
-        for k, line in enumerate(stdin):
-            req = json.loads(line)
-            op = req["op"]
-            rc.log.enter(f"step {k}")
-            if op == "seq_rm":
-                reply(ok=rc.seq_rm(req["seq"], req["p0"], req["p1"]))
-                continue
-            if op == "seq_pos_max":
-                reply(ok=True, value=rc.seq_pos_max(req["seq"]))
-                continue
-            if op == "inject":
-                x = decode_rows(req["x"], rc.n_embd_inp)
-                step = Step("inject", k, seq=req["seq"], n_tokens=x.shape[0], pos0=req["pos0"])
-                n, states = x.shape[0], None
-            else:
-                step = Step("block", k, blocks=[SeqBlock(seq, list(toks), pos0) for seq, toks, pos0 in req["blocks"]])
-                n, x = sum(len(b.tokens) for b in step.blocks), None
-                states = None
-                if req.get("states") is not None:
-                    rows = decode_rows(req["states"], rc.meta["n_embd"])
-                    cut = np.cumsum([len(b.tokens) for b in step.blocks])[:-1]
-                    states = list(np.split(rows, cut))
-            try:
-                ret = rc.process(step, x, states)
-            except ReferenceFailed as e:
-                reply(ok=False, error=str(e))
-                continue
-            if ret != 0:
-                reply(ok=False, error=f"llama_process returned {ret}")
-                continue
-            nextn = [rc.nextn_row(i) for i in range(n)]
-            nextn = None if any(r is None for r in nextn) else np.stack(nextn)
-            logits = np.stack([rc.logits_row(i) for i in range(n)]) if op == "block" else None
-            reply(ok=True, logits=encode_rows(logits), h_nextn=encode_rows(nextn))
-    finally:
-        rc.close()
-    return 0
-
-
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--serve"]:
         return serve()
     if argv[:1] == ["--session"]:
+        from .child import serve_session
         return serve_session()
     ap = argparse.ArgumentParser(prog="python -m graphgen.reference.runner", allow_abbrev=False)
     ap.add_argument("model")

@@ -9,6 +9,7 @@ the call raises ReferenceFailed with llama.cpp's error.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -17,9 +18,12 @@ import tempfile
 from pathlib import Path
 
 
+import numpy as np
+
 from ..errors import BatchError
 from ..runtime.model import load
 from ..scenario import KV_TYPES
+from .child import TOP_LOGITS
 from .protocol import decode_rows, encode_rows, error_text
 from .runner import ENV_ERROR_LOG, ReferenceFailed
 
@@ -44,21 +48,13 @@ def end_child(proc) -> None:
         proc.wait()
 
 
-class ReferenceSession:
-    def __init__(self, model, *, n_ctx: int = 256, n_ubatch: int = 64, flash_attn: bool = False,
-                 type_kv: str = "f16", n_seq: int = 1, n_threads: int = 1, type_k: str | None = None,
-                 type_v: str | None = None, backend: str = "cpu"):
-        if backend != "cpu":
-            raise ValueError("the llama.cpp reference runs on the CPU; drop --backend or use --engine graphgen")
-        type_k = type_kv if type_k is None else type_k
-        type_v = type_kv if type_v is None else type_v
-        for key, name in (("type_k", type_k), ("type_v", type_v)):
-            if name not in KV_TYPES:
-                raise ValueError(f"{key} must be one of {', '.join(KV_TYPES)}, got {name!r}")
-        self.proc, self._log, self.model = None, None, None
-        self.model = load(model)  # the metadata the drivers read; the weights stay in b11739
-        self.hparams = self.model.hparams
-        self.n_ctx, self.n_ubatch, self.n_seq = n_ctx, n_ubatch, n_seq
+class Child:
+    """The session child process (graphgen/reference/child.py): opened with its first request,
+    then asked one call at a time. An abort in llama.cpp ends it, and the call raises
+    ReferenceFailed with llama.cpp's error."""
+
+    def __init__(self, first: dict):
+        self.proc = None
         fd, name = tempfile.mkstemp(prefix="graphgen-refsession-", suffix=".log")
         os.close(fd)
         self._log = Path(name)
@@ -66,17 +62,16 @@ class ReferenceSession:
         self.proc = subprocess.Popen([sys.executable, "-m", "graphgen.reference.runner", "--session"],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err, text=True,
                                      bufsize=1, env=dict(os.environ, **{ENV_ERROR_LOG: name}))
-        hello = self._ask({"model": str(Path(model).resolve()), "settings": {
-            "n_ctx": n_ctx, "n_ubatch": n_ubatch, "flash_attn": bool(flash_attn), "type_k": type_k,
-            "type_v": type_v, "n_seq": n_seq, "n_threads": n_threads}})
-        if not hello["ok"]:
+        try:
+            self.hello = self.ask(first)
+        except BaseException:
             self.close()
-            raise ReferenceFailed(hello["error"])
-        self.n_batch = hello["n_batch"]
-        self.n_vocab = hello["n_vocab"]
-        self.n_embd = hello["n_embd"]
+            raise
+        if not self.hello["ok"]:
+            self.close()
+            raise ReferenceFailed(self.hello["error"])
 
-    def _ask(self, req: dict) -> dict:
+    def ask(self, req: dict) -> dict:
         if self.proc is None:
             raise ReferenceFailed("the llama.cpp session is closed")
         try:
@@ -93,6 +88,62 @@ class ReferenceSession:
         self.proc = None
         how = f"signal {-rc}" if rc < 0 else f"exit {rc}"
         raise ReferenceFailed(f"llama.cpp b11739 ended ({how}): {headline}", reason=whole, returncode=rc)
+
+    def close(self) -> None:
+        end_child(self.proc)
+        self.proc = None
+        if self._log is not None:
+            self._log.unlink(missing_ok=True)
+            self._log = None
+        if self._err is not None:
+            self._err.close()
+            self._err = None
+
+
+def draft_settings(n_ctx: int, n_ubatch: int, flash_attn: bool, type_k: str, type_v: str, n_seq: int,
+                   n_threads: int) -> dict:
+    for key, name in (("type_k", type_k), ("type_v", type_v)):
+        if name not in KV_TYPES:
+            raise ValueError(f"{key} must be one of {', '.join(KV_TYPES)}, got {name!r}")
+    return {"n_ctx": n_ctx, "n_ubatch": n_ubatch, "flash_attn": bool(flash_attn), "type_k": type_k,
+            "type_v": type_v, "n_seq": n_seq, "n_threads": n_threads}
+
+
+class ReferenceSession:
+    """A b11739 draft context in its own child, or (`child`) in the child that holds the target,
+    whose context it then borrows embeddings and lm head from."""
+
+    def __init__(self, model, *, n_ctx: int = 256, n_ubatch: int = 64, flash_attn: bool = False,
+                 type_kv: str = "f16", n_seq: int = 1, n_threads: int = 1, type_k: str | None = None,
+                 type_v: str | None = None, backend: str = "cpu", child: Child | None = None, target=None):
+        if backend != "cpu":
+            raise ValueError("the llama.cpp reference runs on the CPU; drop --backend or use --engine graphgen")
+        settings = draft_settings(n_ctx, n_ubatch, flash_attn, type_kv if type_k is None else type_k,
+                                  type_kv if type_v is None else type_v, n_seq, n_threads)
+        self.child, self._own_child, self.model = None, child is None, None
+        self.model = load(model, target=target)  # the metadata the drivers read; the weights stay in b11739
+        self.hparams = self.model.hparams
+        self.n_ctx, self.n_ubatch, self.n_seq = n_ctx, n_ubatch, n_seq
+        try:
+            if child is None:
+                self.child = Child({"model": str(Path(model).resolve()), "settings": settings})
+                hello = self.child.hello
+            else:
+                self.child = child
+                hello = child.ask({"op": "open_draft", "model": str(Path(model).resolve()), "settings": settings})
+                if not hello["ok"]:
+                    raise ReferenceFailed(hello["error"])
+        except BaseException:
+            self.close()
+            raise
+        self.n_batch = hello["n_batch"]
+        self.n_vocab = hello["n_vocab"]
+        self.n_embd = hello["n_embd"]
+
+    def _ask(self, req: dict) -> dict:
+        if self.child is None:
+            raise ReferenceFailed("the llama.cpp session is closed")
+        return self.child.ask(req)
 
     def _batch(self, req: dict) -> ReferenceResult:
         res = self._ask(req)
@@ -118,13 +169,79 @@ class ReferenceSession:
         return int(self._ask({"op": "seq_pos_max", "seq": int(seq)})["value"])
 
     def close(self):
-        end_child(self.proc)
-        self.proc = None
+        if self.child is not None and self._own_child:
+            self.child.close()
+        self.child = None
         if getattr(self, "model", None) is not None:
             self.model.close()
             self.model = None
-        if self._log is not None:
-            self._log.unlink(missing_ok=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class TargetError(BatchError):
+    """The target could not run a batch (llama.cpp's return code or error in the message)."""
+
+
+class ReferenceTarget:
+    """A real target in b11739's libllama, in a child process (reference/target.py runs it there):
+    batched decodes returning each row's best logits and the draft's target-layer inputs,
+    `seq_rm`, and the target's tokenizer. `open_draft` opens a b11739 draft context in the same
+    child, borrowing this target's embeddings and lm head as b11739's ctx_other does."""
+
+    def __init__(self, path, layers, *, n_ctx: int, n_batch: int, n_seq: int = 1, n_threads: int = 1,
+                 flash_attn: str = "auto", type_k: str = "f16", type_v: str = "f16"):
+        self.path = Path(path)
+        self.layers = [int(il) for il in layers]
+        self.child = Child({"target": {"path": str(self.path.resolve()), "layers": self.layers, "n_ctx": n_ctx,
+                                       "n_batch": n_batch, "n_seq": n_seq, "n_threads": n_threads,
+                                       "flash_attn": flash_attn, "type_k": type_k, "type_v": type_v}})
+        info = self.child.hello["target"]
+        self.n_vocab, self.n_embd, self.n_layer = info["n_vocab"], info["n_embd"], info["n_layer"]
+        self.n_ctx, self.n_batch = info["n_ctx"], info["n_batch"]
+        self.bos, self.add_bos = info["bos"], info["add_bos"]
+        self.n_seq = n_seq
+        self.width = len(self.layers) * self.n_embd
+
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        return self.child.ask({"op": "tokenize", "text": text, "add_special": add_special})["tokens"]
+
+    def pieces(self, tokens) -> tuple[list[bytes], list[bool]]:
+        """Each token's bytes, and whether it ends generation."""
+        r = self.child.ask({"op": "pieces", "tokens": [int(t) for t in tokens]})
+        return [base64.b64decode(p) for p in r["pieces"]], r["eog"]
+
+    def decode(self, rows, full_logits: bool = False):
+        """rows: [(seq, token, pos), ...] (at most n_batch). -> (top ids [n, k] best first, their logits
+        [n, k]; or with full_logits (None, logits [n, n_vocab])), and features [n, width]."""
+        r = self.child.ask({"op": "t_decode", "rows": [[int(s), int(t), int(p)] for s, t, p in rows],
+                            "full_logits": full_logits})
+        if not r["ok"]:
+            raise TargetError(f"the target ({self.path.name}): {r['error']}")
+        feats = decode_rows(r["features"], self.width)
+        if full_logits:
+            return None, decode_rows(r["logits"], self.n_vocab), feats
+        top = decode_rows(r["top_logits"], TOP_LOGITS)
+        ids = np.frombuffer(base64.b64decode(r["top_ids"]), dtype=np.int32).reshape(top.shape)
+        return ids, top, feats
+
+    def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> bool:
+        return bool(self.child.ask({"op": "t_seq_rm", "seq": int(seq), "p0": int(p0), "p1": int(p1)})["ok"])
+
+    def seq_pos_max(self, seq: int) -> int:
+        return int(self.child.ask({"op": "t_pos_max", "seq": int(seq)})["value"])
+
+    def open_draft(self, model, **settings) -> ReferenceSession:
+        return ReferenceSession(model, child=self.child, target=self.path, **settings)
+
+    def close(self) -> None:
+        if self.child is not None:
+            self.child.close()
+            self.child = None
 
     def __enter__(self):
         return self

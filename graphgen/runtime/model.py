@@ -222,8 +222,10 @@ def check_memory(need: int, path, what: str = "its tensors") -> None:
 class Model:
     """A loaded draft: hparams, variant, backbone and its weights in a backend buffer."""
 
-    def __init__(self, path, backend=None, use_mmap: bool | None = None):
+    def __init__(self, path, backend=None, use_mmap: bool | None = None, target=None):
         self.path = Path(path)
+        self.target = None if target is None else Path(target)
+        self.lender = None
         self.use_mmap = mmap_default() if use_mmap is None else bool(use_mmap)
         self._map = None
         if self.path.is_dir():
@@ -292,14 +294,20 @@ class Model:
                 raise GGUFModelError(f"{self.path}: tensor '{name}' has shape {list(shape)}, expected "
                                      f"{[w if w is not None else '*' for w in exp]}")
         # b11739's context takes a draft without either from the target model (ctx_other) and
-        # refuses it without one ("dflash requires ctx_other"); graphgen has no target context
+        # asserts without one; graphgen borrows them from the target GGUF the same way
         missing = [n for n in ("token_embd.weight", "output.weight") if n not in seen]
         if missing:
-            raise GGUFModelError(f"{self.path}: the draft has no '{missing[0]}'; llama.cpp then needs the target "
-                                 "model's context (ctx_other), and graphgen runs drafts that carry their own "
-                                 "embeddings and lm head")
+            if self.target is None:
+                raise GGUFModelError(f"{self.path}: the draft has no '{missing[0]}': it borrows the target model's "
+                                     "(llama.cpp's ctx_other); give the target too (-m TARGET.gguf -md DRAFT.gguf)")
+            from .lender import Lender
+            d2t = "d2t" in seen
+            self.lender = Lender(self.target, self.path, hp.n_embd, missing,
+                                 self._n_vocab_draft if d2t else (hp.n_vocab or None))
         if hp.n_vocab == 0:
-            hp.n_vocab = int(seen["token_embd.weight"].shape[1])
+            hp.n_vocab = int(seen["token_embd.weight"].shape[1]) if "token_embd.weight" in seen else self.lender.n_vocab
+            if "d2t" not in seen:
+                self._n_vocab_draft = hp.n_vocab
         if hp.mask_token_id >= hp.n_vocab:
             raise GGUFModelError(f"{self.path}: key 'tokenizer.ggml.mask_token_id' = {hp.mask_token_id} "
                                  f"is outside the vocabulary ({hp.n_vocab})")
@@ -374,6 +382,14 @@ class Model:
         self.backend = backend
         t = self.tensors
         bind(self, arch.MODEL_TENSORS, t)
+        if self.lender is not None:
+            try:
+                self.lender.upload(backend, self.use_mmap)
+            except BaseException:
+                self.close()
+                raise
+            self.tok_embd = self.tok_embd if self.tok_embd is not None else self.lender.tok_embd
+            self.output = self.output if self.output is not None else self.lender.output
         self.layers = [Layer(il, t) for il in range(self.hparams.n_layer)]
         # every head's tensors; those of another head than the draft's stay None
         for head in arch.HEADS.values():
@@ -429,6 +445,8 @@ class Model:
 
     def check_file(self):
         """Refuse to compute on mapped weights whose file changed in place since it was mapped."""
+        if self.lender is not None:
+            self.lender.check_file()
         m = self._map
         if m is not None:
             why = m.changed()
@@ -455,6 +473,8 @@ class Model:
         return [(t.name, t.tensor_type.name, [int(x) for x in t.shape]) for t in self._reader.tensors]
 
     def close(self):
+        if getattr(self, "lender", None) is not None:
+            self.lender.close()
         # the buffer before the mapping it points into
         if getattr(self, "_buf", None):
             G.ggml_backend_buffer_free(self._buf)
@@ -473,7 +493,8 @@ class Model:
             pass
 
 
-def load(path, backend=None, use_mmap: bool | None = None) -> Model:
+def load(path, backend=None, use_mmap: bool | None = None, target=None) -> Model:
     """Read a draft GGUF; with a backend the weights are placed on it (mapped, or copied with
-    use_mmap=False; None: the process's default, mmap unless a command runs with --no-mmap)."""
-    return Model(path, backend, use_mmap)
+    use_mmap=False; None: the process's default, mmap unless a command runs with --no-mmap).
+    `target`: the target GGUF that lends a draft without them its token embeddings and lm head."""
+    return Model(path, backend, use_mmap, target)

@@ -149,7 +149,8 @@ class GraphSlot:
 class Session:
     def __init__(self, model, *, n_ctx: int = 256, n_ubatch: int = 64, flash_attn: bool = False,
                  type_kv: str = "f16", n_seq: int = 1, n_threads: int = 1, backend: str = "cpu",
-                 reuse_graphs: bool = True, type_k: str | None = None, type_v: str | None = None):
+                 reuse_graphs: bool = True, type_k: str | None = None, type_v: str | None = None,
+                 target=None):
         # type_kv names both caches; type_k / type_v, when given, override it for one of them
         type_k = type_kv if type_k is None else type_k
         type_v = type_kv if type_v is None else type_v
@@ -167,7 +168,8 @@ class Session:
             cpu = G.ggml_backend_cpu_init()
             G.ggml_backend_cpu_set_n_threads(cpu, n_threads)
             self.backends.append(cpu)
-        self.model = model if isinstance(model, Model) else load(model)
+        # target: the model whose embeddings and lm head a draft without them borrows
+        self.model = model if isinstance(model, Model) else load(model, target=target)
         try:
             # llama.cpp refuses these at context creation, before any memory is taken
             check_kv_types(self.model.hparams, type_k, type_v, flash_attn, k_only=self.model.backbone != "base")
