@@ -60,6 +60,7 @@ class RoundRecord:
     t_draft: float             # seconds of the round's draft() (shared by the sequences drafted together)
     t_process: float           # seconds injecting the verified positions' features
     q: list | None = None      # DFlash2 probabilistic drafting: the candidate distribution per token
+    t_verify: float = 0.0      # seconds of the round's target decode (shared by the sequences verified together)
 
 
 @dataclass
@@ -72,9 +73,13 @@ class LoopResult:
     n_prompt: dict             # seq -> prompt length
     t_prefill: float
     t_total: float
-    # seq -> why it stopped: "n_predict" (that many tokens generated) or "target_tokens" (the
-    # verifier's given continuation ran out first)
+    # seq -> why it stopped: "n_predict" (that many tokens generated), "eog" (the target ended the
+    # text) or "target_tokens" (the simulated verifier's given continuation ran out first)
     stop_reasons: dict = field(default_factory=dict)
+    t_target: float = 0.0      # seconds in target decodes (prefill and verification; 0 when simulated)
+
+    def per_position(self) -> list:
+        return _per_position(self.rounds)
 
     def summary(self) -> dict:
         n_rounds = len({r.round for r in self.rounds})
@@ -95,8 +100,20 @@ class LoopResult:
             "ms_draft_per_round": 1e3 * t_draft / n_rounds if n_rounds else 0.0,
             "ms_process_per_round": 1e3 * t_proc / n_rounds if n_rounds else 0.0,
             "ms_prefill": 1e3 * self.t_prefill, "ms_total": 1e3 * self.t_total,
+            "ms_target": 1e3 * self.t_target,
+            "acceptance_per_position": self.per_position(),
             "stop_reasons": [self.stop_reasons.get(s) for s in sorted(self.tokens)],
         }
+
+
+def _per_position(rounds) -> list:
+    """Per draft position i: the fraction of blocks drafted at least i + 1 tokens long whose token i was accepted."""
+    n = max((len(r.draft) for r in rounds), default=0)
+    out = []
+    for i in range(n):
+        drafted = [r for r in rounds if len(r.draft) > i]
+        out.append(sum(1 for r in drafted if r.n_accepted > i) / len(drafted) if drafted else 0.0)
+    return out
 
 
 class SimulatedVerifier:
@@ -109,12 +126,36 @@ class SimulatedVerifier:
     mask token and never the rejected draft token.
     """
 
+    simulated = True
+    t_target = 0.0
+
     def __init__(self, accept=(-1,), target_tokens=None, n_vocab: int = 256, mask_token: int = -1, seed: int = 0):
         self.accept = [int(a) for a in (accept if isinstance(accept, (list, tuple)) else [accept])] or [-1]
         self.target = target_tokens
         self.n_vocab, self.mask = n_vocab, mask_token
         self.rng = np.random.default_rng(seed)
         self.n_gen = {}
+        self.feats: dict = {}
+
+    # the loop's interface, shared with verifier.TargetVerifier
+    def attach(self, seq: int, prompt: list, features) -> None:
+        if features is None:
+            raise GraphgenError(f"sequence {seq}: a simulated verifier needs the target features given")
+        self.feats[seq] = (np.asarray(features, dtype=np.float32), len(prompt))
+
+    def is_eog(self, token: int) -> bool:
+        return False
+
+    def prefill(self, seqs) -> dict:
+        return {seq: (self.feats[seq][0][:self.feats[seq][1]], self.first_token(seq)) for seq in seqs}
+
+    def verify(self, round_idx: int, drafts: dict) -> dict:
+        out = {}
+        for seq, (_id_last, pos0, draft) in drafts.items():
+            n_acc, nxt = self.verify_one(seq, round_idx, draft)
+            # the target's verify batch [id_last, draft...] at pos0.. gives these positions' features
+            out[seq] = (n_acc, nxt, self.feats[seq][0][pos0:pos0 + len(draft) + 1], False)
+        return out
 
     def _target_list(self, seq):
         if self.target is None:
@@ -135,7 +176,7 @@ class SimulatedVerifier:
             return int(tl[0]) if len(tl) else None
         return self._random_token()
 
-    def verify(self, seq: int, round_idx: int, draft: list):
+    def verify_one(self, seq: int, round_idx: int, draft: list):
         """-> (n_accepted, next token or None when the given continuation is used up)."""
         tl = self._target_list(seq)
         j = self.n_gen[seq]
@@ -151,18 +192,20 @@ class SimulatedVerifier:
         return n, self._random_token(avoid=(draft[n],) if n < len(draft) else ())
 
 
-def run_speculative(drafter: DFlashDrafter, sequences, *, n_predict: int = 32, verifier: SimulatedVerifier | None = None,
+def run_speculative(drafter: DFlashDrafter, sequences, *, n_predict: int = 32, verifier=None,
                     temp: float = 1.0, seed: int = LLAMA_DEFAULT_SEED, progress=None) -> LoopResult:
-    """Speculative decoding rounds on an open driver, against a simulated verifier.
+    """Speculative decoding rounds on an open driver.
 
-    sequences: [(prompt_tokens, features), ...], sequence i on seq id i; features holds one row per
-    position (prompt and generated), [n_rows, len(target_layers) * n_embd], as the target's extracted
-    layers would give them. Per sequence: the prompt's features are injected, then each round drafts
-    from (id_last, pos0) -- every sequence in one decode --, the verifier accepts a prefix, the
-    features of the verified positions pos0..pos0+len(draft) are injected and the rejected ones removed
-    again, as the server does. Stops once n_predict tokens are generated per sequence (the last
-    round's accepted run is cut there, so exactly n_predict), or when a verifier with
-    target_tokens has none left; `stop_reasons` says which.
+    sequences: [(prompt_tokens, features), ...], sequence i on seq id i. With a SimulatedVerifier
+    (the default) features holds one row per position (prompt and generated), [n_rows,
+    len(target_layers) * n_embd], as the target's extracted layers would give them; with a
+    verifier.TargetVerifier it is None and the real target computes them. Per sequence: the prompt's
+    features are injected, then each round drafts from (id_last, pos0) -- every sequence in one
+    decode --, the verifier checks the drafts (a real target: one batched decode), the features of
+    the verified positions pos0..pos0+len(draft) are injected and the rejected ones removed again,
+    as the server does. Stops once n_predict tokens are generated per sequence (the last round's
+    accepted run is cut there, so exactly n_predict), at an end-of-generation token, or when a
+    simulated verifier's given continuation runs out; `stop_reasons` says which.
     """
     t_start = time.perf_counter()
     hp = drafter.session.hparams
@@ -174,29 +217,32 @@ def run_speculative(drafter: DFlashDrafter, sequences, *, n_predict: int = 32, v
     state = {}
     for seq, (prompt, feats) in enumerate(sequences):
         prompt = [int(t) for t in prompt]
-        feats = np.asarray(feats, dtype=np.float32)
         if not prompt:
             raise GraphgenError(f"sequence {seq}: the prompt is empty")
-        if feats.ndim != 2:
-            raise GraphgenError(f"sequence {seq}: features must be a 2-D array [n_positions, "
-                                f"{drafter.n_embd_enc}], got shape {list(feats.shape)}")
-        need = len(prompt) + n_predict + drafter.n_max - 1
-        if feats.shape[0] < need:
-            raise GraphgenError(f"sequence {seq}: the features hold {feats.shape[0]} positions; {len(prompt)} prompt "
-                                f"tokens, n_predict {n_predict} and n_max {drafter.n_max} need {need}")
-        state[seq] = {"tokens": list(prompt), "feats": feats, "n_prompt": len(prompt)}
+        if feats is not None:
+            feats = np.asarray(feats, dtype=np.float32)
+            if feats.ndim != 2:
+                raise GraphgenError(f"sequence {seq}: features must be a 2-D array [n_positions, "
+                                    f"{drafter.n_embd_enc}], got shape {list(feats.shape)}")
+            need = len(prompt) + n_predict + drafter.n_max - 1
+            if feats.shape[0] < need:
+                raise GraphgenError(f"sequence {seq}: the features hold {feats.shape[0]} positions; {len(prompt)} "
+                                    f"prompt tokens, n_predict {n_predict} and n_max {drafter.n_max} need {need}")
+        verifier.attach(seq, prompt, feats)
+        state[seq] = {"tokens": list(prompt), "n_prompt": len(prompt)}
     t0 = time.perf_counter()
-    if not drafter.process_multi([(seq, st["feats"][:st["n_prompt"]], 0) for seq, st in state.items()]):
+    first = verifier.prefill(list(state))
+    if not drafter.process_multi([(seq, first[seq][0], 0) for seq in state]):
         raise GraphgenError("injecting the prompt features failed")
     for seq, st in state.items():
         drafter.begin(seq, st["tokens"])
-        st["id_last"] = verifier.first_token(seq)
+        st["id_last"] = first[seq][1]
         st["generated"] = 1
-        st["done"] = st["id_last"] is None or n_predict <= 1
+        st["done"] = st["id_last"] is None or n_predict <= 1 or verifier.is_eog(st["id_last"])
         if st["id_last"] is None:
             st["stop"] = "target_tokens"
         elif st["done"]:
-            st["stop"] = "n_predict"
+            st["stop"] = "eog" if verifier.is_eog(st["id_last"]) else "n_predict"
             st["tokens"].append(st["id_last"])
     t_prefill = time.perf_counter() - t0
 
@@ -214,10 +260,14 @@ def run_speculative(drafter: DFlashDrafter, sequences, *, n_predict: int = 32, v
         t0 = time.perf_counter()
         drafts = drafter.draft(reqs)
         t_draft = time.perf_counter() - t0
+        t_tgt0 = verifier.t_target
+        verdicts = verifier.verify(r_idx, {seq: (state[seq]["id_last"], reqs[seq].pos0, drafts.get(seq, []))
+                                           for seq in active})
+        t_verify = verifier.t_target - t_tgt0
         for seq in active:
             st, dp = state[seq], reqs[seq]
             draft = drafts.get(seq, [])
-            n_acc, nxt = verifier.verify(seq, r_idx, draft)
+            n_acc, nxt, rows, eog = verdicts[seq]
             # tokens this round may still add after id_last: an accepted run that reaches n_predict is
             # cut there and the target's next token dropped, as a server stops at n_predict
             room = n_predict - st["generated"]
@@ -225,21 +275,22 @@ def run_speculative(drafter: DFlashDrafter, sequences, *, n_predict: int = 32, v
                 n_acc, nxt, st["stop"] = room, None, "n_predict"
             elif nxt is None:
                 st["stop"] = "target_tokens"
+            elif eog:
+                st["stop"] = "eog"
             pos0 = dp.pos0
             t0 = time.perf_counter()
-            # the target's verify batch [id_last, draft...] at pos0.. gives these positions' features
-            if not drafter.process(st["feats"][pos0:pos0 + len(draft) + 1], pos0, seq):
+            if not drafter.process(rows, pos0, seq):
                 raise GraphgenError(f"sequence {seq}: injecting the verified features failed")
             drafter.seq_rm(seq, pos0 + n_acc + 1, -1)
             drafter.accept(seq, n_acc)
             t_proc = time.perf_counter() - t0
             rec = RoundRecord(r_idx, seq, pos0, st["id_last"], list(draft), n_acc,
-                              -1 if nxt is None else nxt, t_draft, t_proc, dp.result_q)
+                              -1 if nxt is None else nxt, t_draft, t_proc, dp.result_q, t_verify)
             rounds.append(rec)
             st["tokens"] += [st["id_last"]] + draft[:n_acc]
             st["generated"] += n_acc + (1 if nxt is not None else 0)
             st["id_last"] = nxt
-            if nxt is None or st["generated"] >= n_predict:
+            if nxt is None or st["generated"] >= n_predict or eog:
                 st["done"] = True
                 st.setdefault("stop", "n_predict")
                 if nxt is not None:
@@ -251,4 +302,5 @@ def run_speculative(drafter: DFlashDrafter, sequences, *, n_predict: int = 32, v
                       tokens={seq: st["tokens"] for seq, st in state.items()},
                       n_prompt={seq: st["n_prompt"] for seq, st in state.items()}, t_prefill=t_prefill,
                       t_total=time.perf_counter() - t_start,
-                      stop_reasons={seq: st.get("stop") for seq, st in state.items()})
+                      stop_reasons={seq: st.get("stop") for seq, st in state.items()},
+                      t_target=verifier.t_target)

@@ -51,6 +51,9 @@ def _features(args, n_rows: int, width: int, seq: int = 0):
 
 
 def _cmd_draft(args) -> int:
+    if args.model_draft is not None:
+        from .generate import run_target
+        return run_target(args)
     from ..runtime.drafters import LLAMA_DEFAULT_SEED, DraftParams
     from ..speculate import SimulatedVerifier, open_drafter, run_speculative
 
@@ -71,6 +74,13 @@ def _run(args, DraftParams, SimulatedVerifier, open_drafter, run_speculative, de
     args.backend = backend_of(args.backend)
     if not Path(args.model).is_file():
         raise FileNotFoundError(f"{args.model}: no such model file")
+    if args.prompt or args.file:
+        raise GraphgenError("-p / -f take text, which needs a target's vocabulary: give the target with -m and the "
+                            "draft with -md; without a target, give --prompt-tokens")
+    if args.prompt_tokens is None:
+        raise GraphgenError("no prompt: give --prompt-tokens (a draft alone), or -m TARGET -md DRAFT with -p TEXT")
+    if args.no_baseline:
+        raise GraphgenError("--no-baseline applies to a run with a target (-m TARGET -md DRAFT)")
     prompt = _tokens_arg(args.prompt_tokens, "--prompt-tokens")
     n_seq = args.n_parallel or 1
     flash_attn = bool(resolve_fa(args.flash_attn))
@@ -127,7 +137,7 @@ def _run(args, DraftParams, SimulatedVerifier, open_drafter, run_speculative, de
 
         seed = default_seed if args.seed is None else args.seed
         res = run_speculative(drafter, seqs, n_predict=args.n_predict, verifier=verifier,
-                              temp=args.temp, seed=seed, progress=progress)
+                              temp=1.0 if args.temp is None else args.temp, seed=seed, progress=progress)
     finally:
         drafter.session.close()
     s = res.summary()
@@ -184,15 +194,25 @@ def _verifier_accepts(args, accept: list[int]) -> str:
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
-        "draft", help="draft with a DFlash family model against a simulated verifier",
-        description="Speculative rounds: inject the prompt's target features, then per round draft a block, "
-                    "let a simulated verifier accept a prefix and inject the verified positions' features.")
+        "draft", help="speculative decoding with a DFlash family draft: a real target verifying (-m TARGET -md DRAFT), "
+                      "or a simulated verifier (-m DRAFT)",
+        description="With -m TARGET -md DRAFT: the target (llama.cpp b11739) prefills the prompt and hands the draft "
+                    "its layer inputs; per round the draft drafts a block, the target verifies it in one batch and "
+                    "the accepted text streams to stdout. With -m DRAFT alone: a simulated verifier accepts a given "
+                    "prefix of each draft, on random or given target features.")
     from .llamaflags import add_context_flags, add_device, add_model
-    add_model(p)
+    add_model(p, "the target GGUF with -md (a known name: smollm2), else the draft GGUF")
+    p.add_argument("-md", "--model-draft", dest="model_draft", metavar="FILE", default=None,
+                   help="the draft GGUF; -m is then the target, which verifies every draft")
+    p.add_argument("-p", "--prompt", action="append", metavar="TEXT",
+                   help="prompt text, tokenized by the target (with -md); repeated: sequences of -np take them in turn")
+    p.add_argument("-f", "--file", metavar="FILE", help="read the prompt text from FILE (with -md)")
+    p.add_argument("--no-baseline", action="store_true",
+                   help="with -md: skip the run of the target alone (the speed ratio and the greedy check)")
     p.add_argument("--spec-type", default=None,
                    help="draft-dflash (any DFlash family head), draft-dflash2, draft-dspark or draft-lilicorr "
                         "(comma-separated list as upstream; default: detected from the GGUF)")
-    p.add_argument("--prompt-tokens", required=True, help="prompt token ids, comma-separated, or @FILE")
+    p.add_argument("--prompt-tokens", help="without a target: prompt token ids, comma-separated, or @FILE")
     p.add_argument("--features", help="a .npy of [n_positions, len(target_layers) * n_embd] target features, "
                                       "one row per position (default: random, --features-seed)")
     p.add_argument("--features-seed", type=int, default=0,
@@ -213,10 +233,11 @@ def register(subparsers) -> None:
                    help="truncate the draft below this probability (DSpark: confidence) (default 0)")
     p.add_argument("--spec-draft-sampling", choices=("greedy", "probabilistic"), default="greedy",
                    help="probabilistic: DFlash2 samples its lattice walk at --temp and keeps q (default greedy)")
-    p.add_argument("--temp", type=float, default=1.0,
-                   help="the target's temperature (probabilistic sampling; default 1.0)")
+    p.add_argument("--temp", type=float, default=None,
+                   help="the target's temperature: with a target, its sampling (0: greedy; default 0.8, as llama.cpp); "
+                        "without, DFlash2's probabilistic drafting (default 1.0)")
     p.add_argument("--seed", type=int, default=None,
-                   help="the target's seed (probabilistic sampling; default: random, as LLAMA_DEFAULT_SEED)")
+                   help="the target's seed (default: random, as LLAMA_DEFAULT_SEED)")
     add_context_flags(p, scenario=False, threads_default="1")
     add_kv_type_flags(p, default="f16", fa_hint="-fa on")
     add_device(p)
