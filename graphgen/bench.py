@@ -277,7 +277,7 @@ def run_bench(model, scenario: Scenario, *, repeat: int = 20, backend: str = "cp
             if backend != "cpu":
                 raise ValueError("the llama.cpp engine runs on the CPU; bench another backend with --engine graphgen")
             tmp = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
-            json.dump(scenario.to_dict(), tmp)
+            json.dump(scenario.to_dict(copy=True), tmp)
             tmp.close()
             worker = _LlamaWorker(model, tmp.name)
         pinned = _pin(worker, scenario.n_threads)

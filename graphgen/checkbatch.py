@@ -293,7 +293,7 @@ class ReferenceWorker:
         self.n += 1
         path = self.dir / f"s{self.n}.json"
         out = self.dir / f"d{self.n}"
-        path.write_text(json.dumps(sc.to_dict()))
+        path.write_text(json.dumps(sc.to_dict(copy=True)))
         self.log.write_text("")
         res, how = self.worker.ask({"id": self.n, "model": str(Path(model).resolve()), "scenario": str(path),
                                     "out": str(out), "max_data": MAX_DATA, "log": str(self.log)})

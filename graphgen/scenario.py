@@ -68,6 +68,18 @@ class Scenario:
     n_threads: int = 1
     steps: list[Step] = field(default_factory=list)
     n_batch: int | None = None  # llama.cpp's logical batch (-b); None: the micro-batch's size
+    # a run recorded on a real target: the target GGUF (lending a draft without them its embeddings
+    # and lm head) and an .npz of the features it produced, one array per inject step ("step<i>")
+    target: str | None = None
+    features_file: str | None = None    # as the document gives it: relative to the folder it was read from
+    features_base: str | None = field(default=None, repr=False, compare=False)
+    _features: dict | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def features_path(self) -> str | None:
+        if self.features_file is None or Path(self.features_file).is_absolute() or self.features_base is None:
+            return self.features_file
+        return str(Path(self.features_base) / self.features_file)
 
     @property
     def type_kv(self) -> str:
@@ -75,14 +87,33 @@ class Scenario:
         return self.type_k if self.type_k == self.type_v else f"{self.type_k}/{self.type_v}"
 
     def features(self, step: Step, n_embd_inp: int) -> np.ndarray:
+        if self.features_file is not None:
+            return self._recorded(step, n_embd_inp)
         rng = np.random.default_rng(self.seed + step.index)
         return rng.standard_normal((step.n_tokens, n_embd_inp), dtype=np.float32)
+
+    def _recorded(self, step: Step, n_embd_inp: int) -> np.ndarray:
+        if self._features is None:
+            try:
+                with np.load(self.features_path, allow_pickle=False) as z:
+                    self._features = {k: z[k] for k in z.files}
+            except (OSError, ValueError) as e:
+                raise ScenarioError(f"{self.features_file}: cannot read the recorded features ({e})") from None
+        key = f"step{step.index}"
+        x = self._features.get(key)
+        if x is None:
+            raise ScenarioError(f"{self.features_file}: no features for step {step.index} (array '{key}')")
+        if x.shape != (step.n_tokens, n_embd_inp) or x.dtype != np.float32:
+            raise ScenarioError(f"{self.features_file}: array '{key}' is {x.dtype} {list(x.shape)}; step "
+                                f"{step.index} takes float32 [{step.n_tokens}, {n_embd_inp}]")
+        return x
 
     def random_state(self, step: Step, n_tokens: int, n_embd: int) -> np.ndarray:
         rng = np.random.default_rng(self.seed + step.index)
         return rng.standard_normal((n_tokens, n_embd), dtype=np.float32)
 
-    def to_dict(self) -> dict:
+    def to_dict(self, copy: bool = False) -> dict:
+        """The scenario's document; `copy`: for a file written elsewhere, with the features' path absolute."""
         steps = []
         for s in self.steps:
             if s.kind in ("inject", "encoder"):
@@ -97,6 +128,10 @@ class Scenario:
         types = ({"type_kv": self.type_k} if self.type_k == self.type_v
                  else {"type_k": self.type_k, "type_v": self.type_v})
         batch = {} if self.n_batch is None else {"n_batch": self.n_batch}
+        if self.target is not None:
+            batch["target"] = self.target
+        if self.features_file is not None:
+            batch["features"] = self.features_path if copy else self.features_file
         return {"n_ctx": self.n_ctx, **batch, "n_ubatch": self.n_ubatch,
                 "flash_attn": "auto" if self.flash_attn_auto else "on" if self.flash_attn else "off", **types,
                 "seed": self.seed, "n_seq": self.n_seq, "n_threads": self.n_threads, "steps": steps}
@@ -132,7 +167,8 @@ def _known(body: dict, keys: set, where: str) -> None:
 def parse_scenario(doc: dict, where: str = "scenario") -> Scenario:
     if not isinstance(doc, dict):
         raise ScenarioError(f"{where}: expected a JSON object")
-    known = {"n_ctx", "n_batch", "n_ubatch", "flash_attn", "type_kv", "type_k", "type_v", "seed", "n_seq", "n_threads", "steps"}
+    known = {"n_ctx", "n_batch", "n_ubatch", "flash_attn", "type_kv", "type_k", "type_v", "seed", "n_seq", "n_threads",
+             "steps", "target", "features"}
     unknown = sorted(set(doc) - known)
     if unknown:
         raise ScenarioError(f"{where}: unknown field '{unknown[0]}'")
@@ -144,6 +180,11 @@ def parse_scenario(doc: dict, where: str = "scenario") -> Scenario:
         sc.n_batch = _int(doc, "n_batch", where, lo=1, hi=1 << 20)
         sc.n_ubatch = min(sc.n_ubatch, sc.n_batch)
     sc.seed = _int(doc, "seed", where, 1, lo=0)
+    for key, attr in (("target", "target"), ("features", "features_file")):
+        if key in doc:
+            if not isinstance(doc[key], str) or not doc[key]:
+                raise ScenarioError(f"{where}: '{key}' must be a file path")
+            setattr(sc, attr, doc[key])
     sc.n_seq = _int(doc, "n_seq", where, 1, lo=1, hi=256)
     sc.n_threads = _int(doc, "n_threads", where, 1, lo=1, hi=256)
     fa = doc.get("flash_attn", "off")
@@ -253,8 +294,12 @@ def recorded_scenario_doc(path) -> tuple[dict, str]:
 
 
 def load_scenario(path) -> Scenario:
-    """A scenario file, or the scenario a dump folder or dump file recorded."""
-    return parse_scenario(*_read(path))
+    """A scenario file, or the scenario a dump folder or dump file recorded. Relative target and
+    features paths are read from the folder of the scenario (or of the dump) that names them."""
+    sc = parse_scenario(*_read(path))
+    p = Path(path)
+    sc.features_base = str(p if p.is_dir() else p.parent)
+    return sc
 
 
 def default_scenario(block_size: int = 4, mask_token: int = 255, n_prompt: int = 6,

@@ -304,3 +304,34 @@ def run_speculative(drafter: DFlashDrafter, sequences, *, n_predict: int = 32, v
                       t_total=time.perf_counter() - t_start,
                       stop_reasons={seq: st.get("stop") for seq, st in state.items()},
                       t_target=verifier.t_target)
+
+
+class RecordingSession:
+    """A draft session that writes down every call the driver makes as a scenario step, with the
+    features it injected: a run on a real target, replayable by `graphgen dump` in either engine."""
+
+    def __init__(self, session):
+        self._s = session
+        self.steps: list[dict] = []
+        self.features: dict[str, np.ndarray] = {}
+
+    def __getattr__(self, name):
+        return getattr(self._s, name)
+
+    def inject(self, features, pos0: int, seq: int = 0):
+        x = np.ascontiguousarray(features, dtype=np.float32)
+        self.features[f"step{len(self.steps)}"] = x.copy()
+        self.steps.append({"inject": {"n_tokens": int(x.shape[0]), "pos0": int(pos0), "seq": int(seq)}})
+        return self._s.inject(x, pos0, seq)
+
+    def block_multi(self, blocks, embd_state=None):
+        self.steps.append({"block": {"seqs": [{"seq": int(s), "tokens": [int(t) for t in toks], "pos0": int(p)}
+                                              for s, toks, p in blocks]}})
+        return self._s.block_multi(blocks, embd_state=embd_state)
+
+    def seq_rm(self, seq: int, p0: int = -1, p1: int = -1):
+        self.steps.append({"seq_rm": {"seq": int(seq), "p0": int(p0), "p1": int(p1)}})
+        return self._s.seq_rm(seq, p0, p1)
+
+    def scenario(self, **settings) -> dict:
+        return dict(settings, steps=list(self.steps))

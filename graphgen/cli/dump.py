@@ -32,6 +32,10 @@ def _cmd_dump(args) -> int:
         return _cmd_dump_torch(args, sc)
     if args.target is not None:
         raise ValueError("--target is for --engine torch (the authors' model reads the target's embeddings)")
+    if args.model_draft is not None:
+        return _dump_on_target(args)
+    if args.prompt_text or args.file:
+        raise ValueError("-p / -f are prompt text for a run on a real target: give -m TARGET -md DRAFT")
     if not Path(model).is_file():
         raise FileNotFoundError(f"{model}: no such model file")
     sc = scenario_from_args(args, model)
@@ -51,7 +55,7 @@ def _cmd_dump(args) -> int:
             scenario_path = args.scenario
             if retyped:  # the reference reads a scenario file: give it the one the flags made
                 scenario_path = tmp / ".scenario.json"
-                scenario_path.write_text(json.dumps(sc.to_dict()))
+                scenario_path.write_text(json.dumps(sc.to_dict(copy=True)))
             # the dumps name the user's file (or dump), as graphgen's engine does, not this copy
             paths = run_reference(model, scenario_path, tmp, args.max_data, announce_dir=out,
                                   recorded_as=args.scenario)
@@ -76,6 +80,42 @@ def _cmd_dump(args) -> int:
     return 0
 
 
+def _dump_on_target(args) -> int:
+    """-m TARGET -md DRAFT: the speculative loop on the real target is recorded as a scenario (with
+    the target's features), then replayed by the chosen engine, dumping every draft graph."""
+    from ..staging import staged_dump_dir
+    from ..targets import resolve
+    from .generate import record_run
+    from .llamaflags import backend_of
+    if args.scenario:
+        raise ValueError("-md records its own scenario on the target; drop --scenario")
+    target, draft = resolve(args.model), Path(args.model_draft)
+    for what, p in (("target", target), ("draft", draft)):
+        if not p.is_file():
+            raise FileNotFoundError(f"{p}: no such {what} model file")
+    out = Path(args.out)
+    with staged_dump_dir(out) as tmp:
+        from .. import progress
+        with progress.task(f"dump {draft.name} on {target.name}") as task:
+            task.update("drafting on the target")
+            scenario_path = record_run(args, target, draft, tmp)
+            task.update("replaying the draft's graphs")
+            from ..scenario import load_scenario
+            sc = load_scenario(scenario_path)
+            if args.engine == "llama.cpp":
+                from ..reference.runner import run_reference
+                paths = run_reference(draft, scenario_path, tmp, args.max_data, announce_dir=out,
+                                      recorded_as=None)
+            else:
+                from ..engine import run_scenario
+                paths = [p for _, _, p in run_scenario(draft, sc, tmp, args.max_data, backend=backend_of(args.backend),
+                                                       scenario_path=None)]
+    n = len(paths)
+    print(f"{out}: {n} graphs of {draft.name} on the features of {target.name} (the scenario: "
+          f"{out / scenario_path.name}; rerun it: graphgen dump {draft} --scenario {out} --engine ENGINE --out DIR)")
+    return 0
+
+
 # ---- diff -------------------------------------------------------------------------------------
 
 def _nmse_arg(text: str) -> float:
@@ -89,8 +129,8 @@ def _nmse_arg(text: str) -> float:
 
 
 def add_diff_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    parser.add_argument("ref", help="reference dump file or folder (usually llama.cpp's)")
-    parser.add_argument("ours", help="dump file or folder to check (usually graphgen's)")
+    parser.add_argument("ref", nargs="?", default=None, help="reference dump file or folder (usually llama.cpp's)")
+    parser.add_argument("ours", nargs="?", default=None, help="dump file or folder to check (usually graphgen's)")
     parser.add_argument("--nmse", type=_nmse_arg, default=None,
                         help="NMSE threshold for float nodes (default: per type, f32 1e-7); "
                              "integer nodes always compare exactly")
@@ -221,14 +261,62 @@ def _authors_diff(args) -> int:
 
 
 def _cmd_diff(args) -> int:
+    if args.model_draft is not None or args.target_model is not None:
+        return _diff_on_target(args)
+    if args.ref is None or args.ours is None:
+        raise ValueError("diff takes two dumps (REF OURS), or -m TARGET -md DRAFT -p TEXT to run both engines")
     return run_diff(args)
+
+
+def _diff_on_target(args) -> int:
+    """-m TARGET -md DRAFT: record the loop on the target once, replay its draft graphs in b11739 and in
+    graphgen, and diff them (the dumps go to --keep DIR, else a temporary folder)."""
+    import tempfile
+
+    from ..engine import run_scenario
+    from ..reference.runner import run_reference
+    from ..scenario import load_scenario
+    from ..targets import resolve
+    from .generate import record_run
+    if args.target_model is None or args.model_draft is None:
+        raise ValueError("a diff on a target takes both -m TARGET and -md DRAFT")
+    if args.ref is not None or args.ours is not None:
+        raise ValueError("-m/-md make both dumps; give no REF/OURS")
+    target, draft = resolve(args.target_model), Path(args.model_draft)
+    for what, p in (("target", target), ("draft", draft)):
+        if not p.is_file():
+            raise FileNotFoundError(f"{p}: no such {what} model file")
+    for k, v in (("n_parallel", None), ("n_ubatch", None), ("n_ctx", None), ("threads", None),
+                 ("flash_attn", None), ("type_k", None), ("type_v", None), ("type_kv", None)):
+        setattr(args, k, getattr(args, k, v))
+    keep = Path(args.keep) if args.keep else None
+    with tempfile.TemporaryDirectory(prefix="graphgen-diff-") as td:
+        root = keep if keep is not None else Path(td)
+        (root / "ours").mkdir(parents=True, exist_ok=True)
+        scenario_path = record_run(args, target, draft, root / "ours")
+        sc = load_scenario(scenario_path)
+        run_scenario(draft, sc, root / "ours", args.max_data)
+        run_reference(draft, scenario_path, root / "ref", args.max_data, recorded_as=None)
+        args.ref, args.ours = str(root / "ref"), str(root / "ours")
+        return run_diff(args)
 
 
 def register(sub) -> None:
     from .llamaflags import add_context_flags, add_device, add_model
     p = sub.add_parser("dump", help="run a scenario and dump every graph evaluation")
-    add_model(p, "a draft GGUF; with --engine torch a checkpoint folder in its authors' format")
+    add_model(p, "a draft GGUF; with --engine torch a checkpoint folder in its authors' format; with -md the "
+                 "target GGUF (or smollm2)")
     add_context_flags(p)
+    p.add_argument("-md", "--model-draft", dest="model_draft", metavar="FILE", default=None,
+                   help="the draft, run on the real target -m: the speculative loop is recorded (the target's "
+                        "features, every block) and its draft graphs dumped")
+    p.add_argument("-p", "--prompt-text", dest="prompt_text", action="append", metavar="TEXT",
+                   help="with -md: prompt text, tokenized by the target (repeat for the sequences of -np)")
+    p.add_argument("-f", "--file", metavar="FILE", help="with -md: read the prompt text from FILE")
+    p.add_argument("-n", "--n-predict", dest="n_predict", type=int, default=16, metavar="N",
+                   help="with -md: tokens to generate (default 16)")
+    p.add_argument("--temp", type=float, default=None, help="with -md: the target's temperature (default 0: greedy)")
+    p.add_argument("--target-seed", type=int, default=None, help="with -md: the target sampler's seed (default 0)")
     p.add_argument("--out", required=True, help="the folder the dumps go to (required)")
     p.add_argument("--engine", choices=("graphgen", "llama.cpp", "torch"), default="graphgen",
                    help="graphgen (default), llama.cpp b11739, or torch: the draft authors' own model "
@@ -243,6 +331,18 @@ def register(sub) -> None:
     from .mmapflag import add_mmap_flag
     add_mmap_flag(p)  # --no-mmap
 
-    p = sub.add_parser("diff", help="graph-diff two dumps (files or folders)")
+    p = sub.add_parser("diff", help="graph-diff two dumps (files or folders), or a draft's graphs on a real target "
+                                     "in both engines (-m TARGET -md DRAFT -p TEXT)")
     add_diff_args(p)
+    g = p.add_argument_group("a draft on a real target (instead of REF OURS)")
+    g.add_argument("-m", "--model", dest="target_model", metavar="TARGET", help="the target GGUF (or smollm2)")
+    g.add_argument("-md", "--model-draft", dest="model_draft", metavar="DRAFT", help="the draft GGUF")
+    g.add_argument("-p", "--prompt", dest="prompt_text", action="append", metavar="TEXT", help="prompt text")
+    g.add_argument("-f", "--file", metavar="FILE", help="read the prompt text from FILE")
+    g.add_argument("-n", "--n-predict", dest="n_predict", type=int, default=16, metavar="N",
+                   help="tokens to generate (default 16)")
+    g.add_argument("--temp", type=float, default=None, help="the target's temperature (default 0: greedy)")
+    g.add_argument("--target-seed", type=int, default=None, help="the target sampler's seed (default 0)")
+    g.add_argument("--max-data", type=int, default=262144, help="store values of nodes up to this many elements")
+    g.add_argument("--keep", metavar="DIR", help="keep the two dumps in DIR/ref and DIR/ours (default: discarded)")
     p.set_defaults(fn=_cmd_diff)

@@ -21,7 +21,7 @@ LLAMA_DEFAULT_TEMP = 0.8  # common_params_sampling's default temperature
 
 
 def _prompts(args) -> list[str]:
-    texts = list(args.prompt or [])
+    texts = list(getattr(args, "prompt_text", None) or getattr(args, "prompt", None) or [])
     if args.file:
         path = Path(args.file)
         if not path.is_file():
@@ -232,3 +232,60 @@ def _print_summary(s: dict) -> None:
     sec = s["seconds"]
     print(f"time             target {sec['target']:.2f} s, draft {sec['draft']:.2f} s, inject {sec['inject']:.2f} s, "
           f"host {sec['host']:.2f} s", file=err)
+
+
+RUN_SCENARIO, RUN_FEATURES = "target-run.json", "target-features.npz"
+
+
+def record_run(args, target: Path, draft: Path, folder: Path) -> Path:
+    """Run the speculative loop on the real target (graphgen drafting, greedy unless --temp) and
+    write what the draft was given as a scenario in `folder`: every inject with the target's
+    features (an .npz beside it), every block and seq_rm. Returns the scenario file."""
+    import numpy as np
+
+    from ..reference.session import ReferenceTarget
+    from ..runtime.drafters import DraftParams, create_drafter
+    from ..runtime.model import load
+    from ..runtime.session import Session
+    from ..speculate import RecordingSession, run_speculative
+    from ..verifier import TargetVerifier
+    from ..pair import check_pair
+
+    problems = check_pair(target, draft)
+    if problems:
+        raise GraphgenError("\n".join(problems))
+    meta = load(draft, target=target)
+    layers, block = list(meta.hparams.target_layers), meta.hparams.block_size or 16
+    meta.close()
+    n_seq = args.n_parallel or 1
+    n_ubatch = args.n_ubatch or 64
+    n_predict = args.n_predict
+    texts = _prompts(args)
+    temp = 0.0 if args.temp is None else args.temp
+    seed = 0 if args.target_seed is None else args.target_seed
+    with ReferenceTarget(target, layers, n_ctx=args.n_ctx or 4096, n_batch=256, n_seq=n_seq,
+                         n_threads=args.threads or 1) as tg:
+        prompts = [tg.tokenize(texts[s % len(texts)]) for s in range(n_seq)]
+        need = n_seq * (max(len(p) for p in prompts) + n_predict + block + 1)
+        if need > tg.n_ctx:
+            raise GraphgenError(f"the prompt needs {need} cells of context with -n {n_predict} and -np {n_seq}; "
+                                f"-c is {tg.n_ctx}")
+        from .llamaflags import resolve_fa
+        fa = bool(resolve_fa(args.flash_attn))
+        settings = {"n_ctx": tg.n_ctx, "n_ubatch": n_ubatch, "flash_attn": fa, "n_seq": n_seq,
+                    "n_threads": args.threads or 1, "type_k": args.type_k or args.type_kv or "f16",
+                    "type_v": args.type_v or args.type_kv or "f16"}
+        sess = RecordingSession(Session(draft, target=target, **settings))
+        try:
+            drafter = create_drafter(sess, None, DraftParams(n_max=None))
+            run_speculative(drafter, [(p, None) for p in prompts], n_predict=n_predict,
+                            verifier=TargetVerifier(tg, temp=temp, seed=seed))
+        finally:
+            sess._s.close()
+    doc = sess.scenario(n_ctx=settings["n_ctx"], n_ubatch=n_ubatch, flash_attn="on" if fa else "off",
+                        type_k=settings["type_k"], type_v=settings["type_v"], n_seq=n_seq,
+                        n_threads=settings["n_threads"], target=str(target.resolve()), features=RUN_FEATURES)
+    np.savez(folder / RUN_FEATURES, **sess.features)
+    path = folder / RUN_SCENARIO
+    path.write_text(json.dumps(doc))
+    return path

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from ..player import Engine, play
-from .protocol import decode_rows, encode_rows, error_text, write_reply, write_start
+from .protocol import error_text, write_reply, write_start
 from ..compare.record import NodeRecorder, cpu_features, n_kv_from_nodes
 from ..scenario import KV_TYPE_IDS, Scenario, load_scenario
 from ..runtime.mmapfile import llama_model_params
@@ -302,7 +302,17 @@ def run_child(model: Path, scenario: Scenario, out: Path, max_data: int, scenari
     from ..compare.dump import provenance, write_dump
 
     rec = NodeRecorder(None, None, max_data)
-    rc = ReferenceContext(model, scenario, recorder=rec)
+    lender = None
+    if scenario.target is not None:
+        # a context of the target only lends the draft its embeddings and lm head (ctx_other)
+        from .target import TargetContext
+        lender = TargetContext(Path(scenario.target), [], n_ctx=256, n_batch=64, n_seq=1, n_threads=scenario.n_threads)
+    try:
+        rc = ReferenceContext(model, scenario, recorder=rec, ctx_other=None if lender is None else lender.ctx)
+    except BaseException:
+        if lender is not None:
+            lender.close()
+        raise
     base_lib = rc.base_lib
     rec.op_desc = lambda p: base_lib.ggml_op_desc(p).decode()
     rec.type_name = lambda t: base_lib.ggml_type_name(t).decode()
@@ -335,6 +345,8 @@ def run_child(model: Path, scenario: Scenario, out: Path, max_data: int, scenari
              before=lambda index, step: rec.reset(), after=after)
     finally:
         rc.close()
+        if lender is not None:
+            lender.close()
     return written
 
 
