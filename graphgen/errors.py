@@ -19,3 +19,11 @@ class KVCacheFullError(GraphgenError, RuntimeError):
 
 class ContextError(GraphgenError, ValueError):
     """Context settings llama.cpp would not create a context with (or abort on)."""
+
+
+class PairError(GraphgenError, ValueError):
+    """A target and a draft that cannot run together: one problem a line, each naming both files."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__("\n".join(problems))
+        self.problems = list(problems)

@@ -106,6 +106,7 @@ def _main(argv) -> int:
         intr = _interrupt_behind(e)
         if intr is not None:
             raise intr from None
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        print(f"graphgen: error: {msg}", file=sys.stderr)
+        for msg in getattr(e, "problems", None) or [str(e).strip().splitlines()[0] if str(e).strip()
+                                                    else type(e).__name__]:
+            print(f"graphgen: error: {msg}", file=sys.stderr)
         return 2

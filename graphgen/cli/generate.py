@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..errors import GraphgenError
+from ..errors import GraphgenError, PairError
 
 LLAMA_DEFAULT_TEMP = 0.8  # common_params_sampling's default temperature
 
@@ -50,7 +50,7 @@ def run_target(args) -> int:
             raise FileNotFoundError(f"{p}: no such {what} model file")
     problems = check_pair(target, draft)
     if problems:
-        raise GraphgenError("\n".join(problems))
+        raise PairError(problems)
     if args.spec_draft_sampling == "probabilistic":
         raise GraphgenError("--spec-draft-sampling probabilistic needs rejection-sampling verification (q), which "
                             "the real-target loop does not run; use greedy drafting")
@@ -253,7 +253,7 @@ def record_run(args, target: Path, draft: Path, folder: Path) -> Path:
 
     problems = check_pair(target, draft)
     if problems:
-        raise GraphgenError("\n".join(problems))
+        raise PairError(problems)
     meta = load(draft, target=target)
     layers, block = list(meta.hparams.target_layers), meta.hparams.block_size or 16
     meta.close()
