@@ -243,8 +243,8 @@ class _Output:
     progress: Callable[[str], None] | None = None
 
 
-def _make_model(path, variant="dflash", backbone="base", *, output: _Output, n_embd=64, n_layer=2, n_head=4,
-                n_head_kv=None, n_ff=128, n_vocab=256, block_size=4, target_layers=None, seed=0,
+def _make_model(path, variant="dflash", backbone="base", *, output: _Output, n_embd=64, n_layer=2, n_head=None,
+                n_head_kv=None, n_ff=None, n_vocab=256, block_size=4, target_layers=None, seed=0,
                 context_length=4096, rope_freq_base=10000.0, rms_eps=1e-6, conf=False, target=None,
                 **options) -> dict:
     """Write a random-weight `dflash` draft GGUF to `path`; return a summary of what was written.
@@ -268,8 +268,13 @@ def _make_model(path, variant="dflash", backbone="base", *, output: _Output, n_e
         bad = [il for il in target_layers if not 0 <= int(il) < info.n_layer]
         _check(not bad, f"target layer {bad[0] if bad else 0} is outside the target's layer inputs 0..{info.n_layer - 1}")
         lend = (info, tokenizer_fields(target))
+        # a draft layer shaped as the target's layers, as the authors build theirs
+        if n_head is None and n_head_kv is None and n_ff is None:
+            n_head, n_head_kv, n_ff = _target_layer_shape(target, info.arch)
     if target_layers is None:
         target_layers = (1, 2)
+    n_head = 4 if n_head is None else n_head
+    n_ff = 128 if n_ff is None else n_ff
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
     backbone = _BACKBONE_ALIASES.get(backbone, backbone)
@@ -452,6 +457,15 @@ def _tokenizer_keys(d: _Draft, n_vocab: int) -> None:
 
 
 _KIND_OF = {str: "str", bool: "bool", int: "u32", float: "f32"}
+
+
+def _target_layer_shape(target, arch: str):
+    """(n_head, n_head_kv, n_ff) of the target's layers; None where a key is absent or not one integer."""
+    from .ggufile import field_value, open_reader
+    r = open_reader(Path(target))
+    vals = [field_value(r, f"{arch}.{k}") for k in ("attention.head_count", "attention.head_count_kv",
+                                                     "feed_forward_length")]
+    return tuple(v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None for v in vals)
 
 
 def _target_tokenizer_keys(d: _Draft, info, fields) -> None:

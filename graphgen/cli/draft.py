@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from ..errors import GraphgenError
+from ..scenario import KV_TYPES
 from .kvtypes import add_kv_type_flags, kv_types
 
 
@@ -241,6 +242,15 @@ def register(subparsers) -> None:
     add_context_flags(p, scenario=False, threads_default="1")
     add_kv_type_flags(p, default="f16", fa_hint="-fa on")
     add_device(p)
+    g = p.add_argument_group("with a target (-md), as llama.cpp's speculative flags: -ctk/-ctv are then the target's "
+                             "cache types, these the draft's")
+    g.add_argument("-ctkd", "--cache-type-k-draft", dest="type_k_draft", choices=KV_TYPES, default=None, metavar="TYPE",
+                   help="the draft's K cache type (default f16)")
+    g.add_argument("-ctvd", "--cache-type-v-draft", dest="type_v_draft", choices=KV_TYPES, default=None, metavar="TYPE",
+                   help="the draft's V cache type; a quantized V needs -fa on (default f16)")
+    g.add_argument("-devd", "--device-draft", dest="device_draft", metavar="DEV", default=None,
+                   help="where graphgen computes the draft (CPU, Vulkan0, CUDA0, ...; default CPU); the target runs "
+                        "on b11739's CPU build")
     p.add_argument("--engine", choices=("graphgen", "llama.cpp"), default="graphgen",
                    help="where the drivers' batches run: graphgen's graphs, or llama.cpp b11739 (CPU, in a child "
                         "process) for the same drivers on the reference's graphs (default graphgen)")

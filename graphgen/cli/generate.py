@@ -40,6 +40,7 @@ def run_target(args) -> int:
     from ..speculate import run_speculative
     from ..targets import resolve
     from ..verifier import TargetVerifier, generate_alone
+    from ..scenario import KV_QUANTIZED
     from .kvtypes import kv_types
     from .llamaflags import backend_of, model_path, resolve_fa
 
@@ -65,11 +66,21 @@ def run_target(args) -> int:
         seed = random.SystemRandom().getrandbits(32)  # as llama.cpp draws a fresh seed
     n_seq = args.n_parallel or 1
     flash_attn = bool(resolve_fa(args.flash_attn))
-    type_k, type_v = kv_types(args, "f16", "f16", flash_attn)
+    # llama.cpp's speculative flags: -ctk/-ctv the target's caches, -ctkd/-ctvd the draft's
+    tgt_k, tgt_v = kv_types(args, "f16", "f16", flash_attn)
+    type_k, type_v = args.type_k_draft or "f16", args.type_v_draft or "f16"
+    if type_v in KV_QUANTIZED and not flash_attn:
+        raise GraphgenError(f"-ctvd {type_v}: a quantized V cache requires flash attention (-fa on)")
     n_ubatch = args.n_ubatch or 64
     if args.n_batch is not None:
         n_ubatch = min(n_ubatch, args.n_batch)
-    backend = backend_of(args.backend)
+    if backend_of(args.backend) != "cpu":
+        raise GraphgenError(f"-dev {args.backend}: the target runs on llama.cpp b11739's CPU build; -devd sets the "
+                            "draft's device")
+    backend = backend_of(args.device_draft or "cpu")
+    if args.engine == "llama.cpp" and backend != "cpu":
+        raise GraphgenError(f"-devd {args.device_draft}: the llama.cpp draft engine runs on the CPU; use --engine "
+                            "graphgen")
     params = DraftParams(n_max=args.spec_draft_n_max, n_min=args.spec_draft_n_min, p_min=args.spec_draft_p_min)
     from ..runtime.model import load
     meta = load(draft, target=target)
@@ -85,7 +96,7 @@ def run_target(args) -> int:
         try:
             n_ctx_guess = args.n_ctx or 4096
             tg = ReferenceTarget(target, layers, n_ctx=n_ctx_guess, n_batch=args.n_batch or 256, n_seq=n_seq, n_threads=args.threads or 1,
-                                 flash_attn=args.flash_attn or "auto", type_k="f16", type_v="f16")
+                                 flash_attn=args.flash_attn or "auto", type_k=tgt_k, type_v=tgt_v)
             prompts = [tg.tokenize(texts[s % len(texts)]) for s in range(n_seq)]
             longest = max(len(p) for p in prompts)
             need = n_seq * (longest + args.n_predict + block + 1)
