@@ -1,0 +1,140 @@
+"""The real target's verification (graphgen/verifier.py): acceptance against drafts whose right tokens
+are known, the end of generation, and the sampler chain against a float64 reading of its rules."""
+
+import math
+
+import numpy as np
+import pytest
+
+from graphgen.reference.session import ReferenceTarget
+from graphgen.runtime.drafters import DraftParams, create_drafter
+from graphgen.runtime.mt19937 import MT19937, uniform_real
+from graphgen.runtime.session import Session
+from graphgen.speculate import run_speculative
+from graphgen.verifier import MIN_P, TOP_K, TOP_P, TargetSampler, TargetVerifier, generate_alone
+
+PROMPT = "The capital of France is"
+CHAT = ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+        "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n")
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    from graphgen.synth import make_model
+    from graphgen.targets import resolve
+    target = resolve("smollm2")
+    draft = tmp_path_factory.mktemp("v") / "draft.gguf"
+    make_model(draft, "dflash", target=target, n_layer=1, block_size=6, seed=5)
+    from graphgen.runtime.model import load
+    m = load(draft, target=target)
+    layers = list(m.hparams.target_layers)
+    m.close()
+    tg = ReferenceTarget(target, layers, n_ctx=1024, n_batch=128, n_seq=2)
+    yield target, draft, tg
+    tg.close()
+
+
+def _clear(tg, n=2):
+    for s in range(n):
+        tg.seq_rm(s, -1, -1)
+
+
+def _run(pair, prompts, n_predict, oracle=None, n_seq=1):
+    """The loop with graphgen drafting; `oracle(seq, pos0, n)` replaces the draft's tokens."""
+    target, draft, tg = pair
+    _clear(tg)
+    sess = Session(draft, target=target, n_ctx=1024, n_seq=n_seq)
+    try:
+        drafter = create_drafter(sess, None, DraftParams(n_max=None))
+        if oracle is not None:
+            real = drafter.draft
+
+            def draft_fn(reqs):
+                out = real(reqs)
+                for seq, dp in reqs.items():
+                    dp.result = oracle(seq, dp.pos0, len(out[seq]))
+                    out[seq] = list(dp.result)
+                return out
+            drafter.draft = draft_fn
+        return run_speculative(drafter, [(p, None) for p in prompts], n_predict=n_predict, verifier=TargetVerifier(tg))
+    finally:
+        sess.close()
+
+
+def test_a_draft_of_the_right_tokens_is_accepted_whole(pair):
+    _, _, tg = pair
+    prompts = [tg.tokenize(PROMPT), tg.tokenize("Once upon a time")]
+    _clear(tg)
+    alone, _ = generate_alone(tg, dict(enumerate(prompts)), 30)
+    # the tokens after position pos0 - 1 are alone[seq][pos0 + 1 ...] (id_last sits at pos0)
+    res = _run(pair, prompts, 30, oracle=lambda s, p0, n: alone[s][p0 + 1:p0 + 1 + n], n_seq=2)
+    assert res.tokens == alone
+    full = [r for r in res.rounds if len(r.draft) == 5]
+    assert full and all(r.n_accepted == 5 for r in full)
+    assert res.summary()["acceptance_per_position"] == [1.0] * 5
+
+
+@pytest.mark.parametrize("k", [0, 1, 3])
+def test_acceptance_stops_at_the_first_wrong_token(pair, k):
+    _, _, tg = pair
+    prompt = tg.tokenize(PROMPT)
+    _clear(tg)
+    alone, _ = generate_alone(tg, {0: prompt}, 24)
+
+    def oracle(seq, p0, n):
+        right = alone[seq][p0 + 1:p0 + 1 + n]
+        # wrong from position k on: a token the target never picks there
+        return right[:k] + [(t + 1) % 49152 for t in right[k:]]
+    res = _run(pair, [prompt], 24, oracle=oracle)
+    assert res.tokens[0] == alone[0]
+    assert all(r.n_accepted == min(k, len(r.draft)) for r in res.rounds[:-1])
+    assert len(res.rounds) == math.ceil((24 - 1) / (k + 1))
+
+
+def test_generation_ends_at_the_end_of_generation_token(pair):
+    _, _, tg = pair
+    prompt = tg.tokenize(CHAT)
+    _clear(tg)
+    alone, _ = generate_alone(tg, {0: prompt}, 200)
+    gen = alone[0][len(prompt):]
+    assert len(gen) < 200 and tg.pieces([gen[-1]])[1][0], "the chat answer ends with an end-of-generation token"
+    res = _run(pair, [prompt], 200, oracle=lambda s, p0, n: alone[s][p0 + 1:p0 + 1 + n])
+    assert res.tokens[0] == alone[0] and res.stop_reasons[0] == "eog"
+    res = _run(pair, [prompt], 200)
+    assert res.tokens[0] == alone[0] and res.stop_reasons[0] == "eog"
+
+
+def _chain_reference(ids, logits, temp, rng):
+    """llama.cpp's default chain read from its rules, in float64: top-k, top-p at temperature 1,
+    min-p relative to the best probability, the temperature, a draw."""
+    lg = np.asarray(logits[:TOP_K], dtype=np.float64)
+    p = np.exp(lg - lg.max())
+    p /= p.sum()
+    keep = int(np.searchsorted(np.cumsum(p), TOP_P - 1e-7) + 1)
+    lg = lg[:keep]
+    p = np.exp(lg - lg.max())
+    p /= p.sum()
+    n = max(1, int(np.sum(p >= MIN_P * p.max() * (1 - 1e-6))))
+    lg = lg[:n]
+    q = np.exp((lg - lg.max()) / temp)
+    q /= q.sum()
+    u = uniform_real(rng, 0.0, 1.0)
+    return int(ids[int(np.searchsorted(np.cumsum(q), u, side="right"))]) if u < q.sum() else int(ids[n - 1]), n
+
+
+def test_the_sampler_chain_follows_its_rules():
+    gen = np.random.default_rng(0)
+    counts = []
+    for trial in range(300):
+        ids = gen.permutation(1000)[:64].astype(np.int32)
+        logits = np.sort(gen.standard_normal(64).astype(np.float32) * gen.uniform(0.3, 6))[::-1].copy()
+        temp = float(gen.uniform(0.1, 2.0))
+        s = TargetSampler(temp, trial)
+        want, n = _chain_reference(ids, logits, temp, MT19937(trial))
+        got = s.sample(ids, logits)
+        counts.append(n)
+        assert got == want, (trial, temp, n)
+    # the draws covered one candidate left and many
+    assert min(counts) == 1 and max(counts) >= 10
+    # temperature 0 is greedy: the first of the best
+    assert TargetSampler(0.0, 1).sample(np.array([5, 3, 9]), np.array([2.0, 2.0, 1.0], dtype=np.float32)) == 5
