@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from ..synth import BACKBONES, HIDDEN_ACTS, PRESETS, VARIANTS, WTYPES, make_model
@@ -41,7 +42,13 @@ def add_make_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--n-ff", type=int, help="default 128")
     parser.add_argument("--vocab", type=int, help="default 256")
     parser.add_argument("--block-size", type=int, help="default 4")
-    parser.add_argument("--target-layers", type=_int_list, metavar="1,2", help="default 1,2")
+    parser.add_argument("--target-layers", type=_int_list, metavar="1,2",
+                        help="layer-input indices, the authors' target_layer_ids + 1 (default 1,2; with --target, "
+                             "the authors' default spread over its layers)")
+    parser.add_argument("--target", metavar="TARGET",
+                        help="shape the draft for this target GGUF (or a known target: smollm2): its n_embd, "
+                             "vocabulary and tokenizer, no token embeddings or lm head of its own (it borrows the "
+                             "target's, as a converted draft does) (default: none, a self-contained draft)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--wtype", choices=WTYPES, default="f32", help="type of the matmul weights")
     parser.add_argument("--preset", choices=tuple(PRESETS), default=None,
@@ -145,14 +152,42 @@ def make_model_from_args(args: argparse.Namespace, progress=None, path=None) -> 
     dims = dict(DIM_DEFAULTS, **(PRESETS[args.preset] if args.preset else {}))
     given = dict(n_embd=args.n_embd, n_layer=args.layers, n_head=args.heads, n_head_kv=args.heads_kv,
                  n_ff=args.n_ff, n_vocab=args.vocab, block_size=args.block_size, target_layers=args.target_layers)
-    dims.update({k: v for k, v in given.items() if v is not None})
+    target = getattr(args, "target", None)
+    if target is not None:
+        # the target decides width, vocabulary and (unless given) the layers: a preset's do not apply
+        target = _check_target_args(args, target)
+        for k in ("n_embd", "n_vocab", "target_layers"):
+            dims.pop(k, None)
+        options["target"] = target
+    dims.update({k: v for k, v in given.items() if v is not None and not (target and k in ("n_embd", "n_vocab"))})
     return make_model(
         path if path is not None else args.out, args.variant, args.backbone, wtype=args.wtype, seed=args.seed,
         context_length=args.context_length, rope_freq_base=args.rope_freq_base, rms_eps=args.rms_eps,
         conf=args.conf, progress=progress, **dims, **options)
 
 
+def _check_target_args(args, target) -> Path:
+    """The target's path, once the flags that size the draft agree with it (ValueError otherwise)."""
+    from ..pair import layers_problem, target_info
+    from ..targets import resolve
+    path = resolve(target)
+    info = target_info(path)
+    for flag, given, own, key in (("--n-embd", args.n_embd, info.n_embd, f"{info.arch}.embedding_length"),
+                                  ("--vocab", args.vocab, info.n_vocab, "tokenizer.ggml.tokens")):
+        if given is not None and given != own:
+            raise ValueError(f"{flag} {given} conflicts with the target {path.name}, whose {key} gives {own}; a "
+                             f"draft for a target takes it from the target: leave {flag} out")
+    if args.target_layers is not None:
+        why = layers_problem(args.target_layers, info.n_layer)
+        if why:
+            raise ValueError(f"--target-layers for the target {path.name}: {why}")
+    return path
+
+
 def _cmd_make_model(args) -> int:
+    if args.target is not None and args.format == "hf":
+        raise ValueError("--target shapes a GGUF draft; --format hf writes the authors' checkpoint with a small "
+                         "target folder of its own")
     if args.format == "hf":
         from .authors import make_hf_from_args
         return make_hf_from_args(args)
@@ -160,6 +195,9 @@ def _cmd_make_model(args) -> int:
     from ..errors import GGUFModelError
     from ..runtime.model import load
     from ..staging import staged_file
+    from ..targets import resolve
+    # the draft borrows the target's embeddings and lm head: graphgen loads it with them
+    target = resolve(args.target) if args.target is not None else None
     hf_only = [d for d in _HF_ONLY if getattr(args, d, None) not in (None, False)]
     if hf_only:
         raise ValueError(f"--{hf_only[0].replace('_', '-')} is a setting of the authors' formats (--format hf); "
@@ -176,12 +214,19 @@ def _cmd_make_model(args) -> int:
         # a file graphgen itself would refuse is no draft: say why, and leave nothing behind
         p.update("checking that graphgen loads it")
         try:
-            load(tmp).close()
+            load(tmp, target=target).close()
         except GGUFModelError as e:
             raise ValueError("these options make a draft graphgen refuses, nothing written: "
                              + str(e).replace(str(tmp), str(out))) from None
+    extra = ""
+    if target is not None:
+        from ..pair import LENT
+        lent = [n for n in LENT if n not in info["tensors"]]
+        extra = (f"; for the target {Path(target).name}: target layers "
+                 f"{','.join(map(str, info['keys']['dflash.target_layers']))}, borrows "
+                 f"{', '.join(lent) or 'nothing'}")
     print(f"wrote {out}: variant {info.get('variant')}, backbone {info.get('backbone')}, "
-          f"{info.get('n_tensors', '?')} tensors")
+          f"{info.get('n_tensors', '?')} tensors{extra}")
     return 0
 
 
@@ -199,6 +244,13 @@ def _cmd_info(args) -> int:
     from ..models.loader import BaseHParams
     from ..ops.runtime import activate
     from ..runtime.model import load
+    if args.model is not None and args.model_draft is not None and args.model != args.model_draft:
+        raise ValueError(f"two drafts given ({args.model} and -md {args.model_draft}): give one")
+    args.model = args.model if args.model is not None else args.model_draft
+    if args.model_flag is not None:
+        return _info_target(args) if args.model is None else _info_pair(args)
+    if args.model is None:
+        raise ValueError("nothing to show: give a draft (MODEL or -md DRAFT), a target (-m TARGET), or both")
     if Path(args.model).is_dir():
         return _info_checkpoint(args)
     if not Path(args.model).exists():
@@ -231,6 +283,82 @@ def _cmd_info(args) -> int:
     for name, typ, shape in m.tensor_table():
         print(f"  {name:40s} {typ:5s} {shape}")
     return 0
+
+
+def _target_fields(t) -> dict:
+    return {"path": str(t.path), "arch": t.arch, "n_layer": t.n_layer, "n_embd": t.n_embd, "n_vocab": t.n_vocab,
+            "publishes_layer_inputs": t.publishes_layer_inputs}
+
+
+def _print_target(t) -> None:
+    print(f"target    {t.path}")
+    print(f"  arch {t.arch}, n_layer {t.n_layer}, n_embd {t.n_embd}, vocab {t.n_vocab}")
+    if t.publishes_layer_inputs:
+        print(f"  publishes layer inputs 0..{t.n_layer - 1} in b11739 (a draft's target layers, the authors' "
+              f"ids -1..{t.n_layer - 2})")
+    else:
+        print("  publishes no layer inputs in b11739: a draft's first decode on it aborts (\"layer input tensor "
+              "is null\")")
+
+
+def _info_target(args) -> int:
+    """-m alone: what a draft needs of the target."""
+    from ..pair import target_info
+    from ..targets import resolve
+    t = target_info(resolve(args.model_flag))
+    if args.json:
+        print(json.dumps({"target": _target_fields(t)}, indent=1))
+    else:
+        _print_target(t)
+    return 0
+
+
+def _info_pair(args) -> int:
+    """-m TARGET -md DRAFT: what the pair is, then `pair: OK` or each problem as an error line (exit 2)."""
+    from ..errors import GGUFModelError
+    from ..pair import check_pair, draft_info, pair_label, target_info
+    from ..runtime.model import load
+    from ..targets import resolve
+    target, draft = resolve(args.model_flag), Path(args.model)
+    problems = check_pair(target, draft)
+    t = d = None
+    try:
+        t = target_info(target)
+        d = draft_info(draft)
+    except GGUFModelError:
+        pass  # check_pair has said why
+    if not problems:
+        # the pair fits; the draft itself must still be one graphgen's loader (hence b11739's) accepts
+        try:
+            load(draft, target=target).close()
+        except GGUFModelError as e:
+            problems.append(f"{pair_label(target, draft)}: the draft: {e}")
+    if args.json:
+        out = {"ok": not problems, "problems": problems, "target": _target_fields(t) if t else None, "draft": None}
+        if d is not None:
+            out["draft"] = {"path": str(d.path), "head": d.head, "n_embd": d.n_embd, "n_layer": d.n_layer,
+                            "block_size": d.block_size, "target_layers": d.target_layers,
+                            "target_layer_ids": [il - 1 for il in d.target_layers], "fc_width": d.fc_width,
+                            "n_vocab": d.n_vocab, "n_vocab_head": d.n_vocab_head, "borrows": d.borrows}
+        print(json.dumps(out, indent=1))
+    else:
+        if t is not None:
+            _print_target(t)
+        if d is not None:
+            print(f"draft     {d.path}")
+            print(f"  head {d.head}, n_layer {d.n_layer}, n_embd {d.n_embd}, block size {d.block_size}, vocab "
+                  f"{d.n_vocab}" + (f" (a reduced lm head of {d.n_vocab_head} rows, d2t)" if d.n_vocab_head else ""))
+            print(f"  target layers {','.join(map(str, d.target_layers))} (layer-input indices, dflash.target_layers); "
+                  f"the authors' ids {','.join(str(il - 1) for il in d.target_layers)}")
+            n_embd = t.n_embd if t is not None else "n_embd"
+            print(f"  fc width {d.fc_width} (takes {len(d.target_layers)} target layers × {n_embd})")
+            print(f"  borrows {', '.join(d.borrows)} from the target (llama.cpp's ctx_other)" if d.borrows else
+                  "  borrows nothing: has its own token embeddings and lm head")
+        if not problems:
+            print("pair: OK")
+    for line in problems:
+        print(f"graphgen: error: {line}", file=sys.stderr)
+    return 0 if not problems else 2
 
 
 def _info_checkpoint(args) -> int:
@@ -267,7 +395,15 @@ def register(sub) -> None:
     add_make_model_args(p)
     p.set_defaults(fn=_cmd_make_model)
 
-    p = sub.add_parser("info", help="print variant, backbone, hparams and tensors of a draft")
-    p.add_argument("model", metavar="MODEL", help="a draft GGUF file, or a checkpoint folder in its authors' format")
+    p = sub.add_parser("info", help="print variant, backbone, hparams and tensors of a draft; with -m TARGET "
+                                    "-md DRAFT, check that the two run together")
+    p.add_argument("model", metavar="MODEL", nargs="?", default=None,
+                   help="a draft GGUF file, or a checkpoint folder in its authors' format (or -md)")
+    p.add_argument("-m", "--model", dest="model_flag", metavar="TARGET", default=None,
+                   help="the target model GGUF, as llama.cpp's -m (or a known target: smollm2); alone, what a "
+                        "draft needs of it; with -md, check the pair: exit 0 and 'pair: OK', or exit 2 and one "
+                        "error line per problem")
+    p.add_argument("-md", "--model-draft", dest="model_draft", metavar="DRAFT", default=None,
+                   help="the draft GGUF, as llama.cpp's -md (instead of MODEL)")
     p.add_argument("--json", action="store_true", help="print it as JSON")
     p.set_defaults(fn=_cmd_info)
