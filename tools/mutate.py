@@ -714,6 +714,14 @@ MUTATIONS = [
     Mutation("refusal_before_the_first_graph_masked", "_keep_incomplete",
              "except DumpError:", "except FileNotFoundError:",
              ("tests/reference/test_scenario_from.py::test_a_refusal_before_the_first_graph_is_the_error",)),
+    # --- a draft and its target (graphgen/pair.py) ---
+    Mutation("pair_fc_width_from_target_depth", "check_pair",
+             "d.fc_width != len(layers) * t.n_embd", "d.fc_width != t.n_layer * t.n_embd",
+             ("tests/cli/test_pair.py",)),
+    Mutation("pair_last_layer_output_accepted", "layers_problem",
+             "il >= n_layer", "il > n_layer", ("tests/cli/test_pair.py",)),
+    Mutation("pair_borrowed_width_unchecked", "check_pair",
+             "src[0] != d.n_embd", "src[0] != src[0]", ("tests/cli/test_pair.py",)),
 ]
 
 
