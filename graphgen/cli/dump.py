@@ -34,8 +34,10 @@ def _cmd_dump(args) -> int:
         raise ValueError("--target is for --engine torch (the authors' model reads the target's embeddings)")
     if args.model_draft is not None:
         return _dump_on_target(args)
-    if args.prompt_text or args.file:
-        raise ValueError("-p / -f are prompt text for a run on a real target: give -m TARGET -md DRAFT")
+    given = [f for f, v in (("-p", args.prompt_text), ("-f", args.file), ("-n", args.n_predict), ("--temp", args.temp),
+                            ("--target-seed", args.target_seed)) if v is not None]
+    if given:
+        raise ValueError(f"{given[0]} applies to a run on a real target: give -m TARGET -md DRAFT")
     if not Path(model).is_file():
         raise FileNotFoundError(f"{model}: no such model file")
     sc = scenario_from_args(args, model)
@@ -89,6 +91,8 @@ def _dump_on_target(args) -> int:
     from .llamaflags import backend_of
     if args.scenario:
         raise ValueError("-md records its own scenario on the target; drop --scenario")
+    if args.n_predict is None:
+        args.n_predict = 16
     target, draft = resolve(args.model), Path(args.model_draft)
     for what, p in (("target", target), ("draft", draft)):
         if not p.is_file():
@@ -302,7 +306,7 @@ def _diff_on_target(args) -> int:
 
 
 def register(sub) -> None:
-    from .llamaflags import add_context_flags, add_device, add_model
+    from .llamaflags import add_context_flags, add_device, add_model, count_arg
     p = sub.add_parser("dump", help="run a scenario and dump every graph evaluation")
     add_model(p, "a draft GGUF; with --engine torch a checkpoint folder in its authors' format; with -md the "
                  "target GGUF (or smollm2)")
@@ -313,7 +317,7 @@ def register(sub) -> None:
     p.add_argument("-p", "--prompt-text", dest="prompt_text", action="append", metavar="TEXT",
                    help="with -md: prompt text, tokenized by the target (repeat for the sequences of -np)")
     p.add_argument("-f", "--file", metavar="FILE", help="with -md: read the prompt text from FILE")
-    p.add_argument("-n", "--n-predict", dest="n_predict", type=int, default=16, metavar="N",
+    p.add_argument("-n", "--n-predict", dest="n_predict", type=count_arg(1), default=None, metavar="N",
                    help="with -md: tokens to generate (default 16)")
     p.add_argument("--temp", type=float, default=None, help="with -md: the target's temperature (default 0: greedy)")
     p.add_argument("--target-seed", type=int, default=None, help="with -md: the target sampler's seed (default 0)")
@@ -339,7 +343,7 @@ def register(sub) -> None:
     g.add_argument("-md", "--model-draft", dest="model_draft", metavar="DRAFT", help="the draft GGUF")
     g.add_argument("-p", "--prompt", dest="prompt_text", action="append", metavar="TEXT", help="prompt text")
     g.add_argument("-f", "--file", metavar="FILE", help="read the prompt text from FILE")
-    g.add_argument("-n", "--n-predict", dest="n_predict", type=int, default=16, metavar="N",
+    g.add_argument("-n", "--n-predict", dest="n_predict", type=count_arg(1), default=16, metavar="N",
                    help="tokens to generate (default 16)")
     g.add_argument("--temp", type=float, default=None, help="the target's temperature (default 0: greedy)")
     g.add_argument("--target-seed", type=int, default=None, help="the target sampler's seed (default 0)")

@@ -266,7 +266,7 @@ def _cmd_info(args) -> int:
                                                           "origin": rt.origin},
                           "variant": m.variant, "backbone": m.backbone, "hparams": fields,
                           "rope_type": "mrope" if hp.rope_type == 8 else "neox",
-                          "weight_bytes": m.weight_bytes,
+                          "weight_bytes": m.weight_bytes, "borrows": list(m.borrows),
                           "tensors": [{"name": n, "type": t, "shape": sh} for n, t, sh in m.tensor_table()]},
                          indent=1))
         return 0
@@ -282,6 +282,9 @@ def _cmd_info(args) -> int:
     print(f"tensors ({len(m.tensor_table())}, {m.weight_bytes / 1e6:.2f} MB)")
     for name, typ, shape in m.tensor_table():
         print(f"  {name:40s} {typ:5s} {shape}")
+    if m.borrows:
+        print(f"borrows   {', '.join(m.borrows)} from its target (llama.cpp's ctx_other): run it as "
+              f"-m TARGET.gguf -md {m.path.name}")
     return 0
 
 

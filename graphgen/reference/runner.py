@@ -303,6 +303,14 @@ def run_child(model: Path, scenario: Scenario, out: Path, max_data: int, scenari
 
     rec = NodeRecorder(None, None, max_data)
     lender = None
+    if scenario.target is None:
+        # b11739 would refuse the context in words about its own internals
+        from ..ggufile import open_reader
+        names = {t.name for t in open_reader(model).tensors}
+        lacks = [n for n in ("token_embd.weight", "output.weight") if n not in names]
+        if lacks:
+            raise ReferenceFailed(f"{model.name}: the draft has no '{lacks[0]}': it borrows the target model's "
+                                  "(ctx_other); give the target (-m TARGET -md DRAFT, or \"target\" in the scenario)")
     if scenario.target is not None:
         # a context of the target only lends the draft its embeddings and lm head (ctx_other)
         from .target import TargetContext
@@ -414,6 +422,7 @@ def run_reference(model, scenario_path, out, max_data: int = 262144, timeout: fl
         if rc != 0:
             how = f"signal {-rc}" if rc < 0 else f"exit {rc}"
             headline, text = error_text(log_path, stderr)
+            headline = headline.removeprefix("graphgen: error: ")  # the child's own refusal, said once
             raise ReferenceFailed(f"{reference_label()} failed ({how}): {headline}\n{text}", text, stderr, rc)
         if keep is not None:
             progress.note(f"llama.cpp's stderr is in {Path(announce_dir or out) / stderr_log}")

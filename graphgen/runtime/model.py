@@ -296,19 +296,17 @@ class Model:
         # b11739's context takes a draft without either from the target model (ctx_other) and
         # asserts without one; graphgen borrows them from the target GGUF the same way
         missing = [n for n in ("token_embd.weight", "output.weight") if n not in seen]
-        if missing:
-            if self.target is None:
-                raise GGUFModelError(f"{self.path}: the draft has no '{missing[0]}': it borrows the target model's "
-                                     "(llama.cpp's ctx_other); give the target too (-m TARGET.gguf -md DRAFT.gguf)")
+        self.borrows = missing    # what the draft takes from its target (its metadata reads without one)
+        if missing and self.target is not None:
             from .lender import Lender
             d2t = "d2t" in seen
             self.lender = Lender(self.target, self.path, hp.n_embd, missing,
                                  self._n_vocab_draft if d2t else (hp.n_vocab or None))
-        if hp.n_vocab == 0:
+        if hp.n_vocab == 0 and ("token_embd.weight" in seen or self.lender is not None):
             hp.n_vocab = int(seen["token_embd.weight"].shape[1]) if "token_embd.weight" in seen else self.lender.n_vocab
             if "d2t" not in seen:
                 self._n_vocab_draft = hp.n_vocab
-        if hp.mask_token_id >= hp.n_vocab:
+        if hp.n_vocab and hp.mask_token_id >= hp.n_vocab:
             raise GGUFModelError(f"{self.path}: key 'tokenizer.ggml.mask_token_id' = {hp.mask_token_id} "
                                  f"is outside the vocabulary ({hp.n_vocab})")
         self._weight_bytes = check_tensor_data(reader, self.path, self.path.stat().st_size)
@@ -342,6 +340,9 @@ class Model:
         return ctx, created
 
     def upload(self, backend):
+        if self.borrows and self.lender is None:
+            raise GGUFModelError(f"{self.path}: the draft has no '{self.borrows[0]}': it borrows the target model's "
+                                 "(llama.cpp's ctx_other); give the target too (-m TARGET.gguf -md DRAFT.gguf)")
         reader = self._reader
         n = len(reader.tensors)
         host = bool(G.ggml_backend_is_cpu(backend))

@@ -184,9 +184,12 @@ def test_draft_stops_at_n_predict_and_says_why(tmp_path):
 
 # what each llama.cpp short flag means there (common/arg.cpp; rpc-server's own for -H and -p),
 # as the dest graphgen stores it under
-LLAMA_SHORT = {"-m": {"model_flag"}, "-fa": {"flash_attn"}, "-c": {"n_ctx"}, "-b": {"n_batch"},
+LLAMA_SHORT = {"-m": {"model_flag", "target_model"}, "-fa": {"flash_attn"}, "-c": {"n_ctx"}, "-b": {"n_batch"},
                "-ub": {"n_ubatch"}, "-t": {"threads"}, "-np": {"n_parallel", "n_seq"},
-               "-dev": {"backend", "backends"}, "-ctk": {"type_k"}, "-ctv": {"type_v"}, "-n": {"n_predict"}}
+               "-dev": {"backend", "backends"}, "-ctk": {"type_k"}, "-ctv": {"type_v"}, "-n": {"n_predict"},
+               # the speculative ones: the draft model, its caches and device; the prompt text and its file
+               "-md": {"model_draft"}, "-ctkd": {"type_k_draft"}, "-ctvd": {"type_v_draft"}, "-devd": {"device_draft"},
+               "-p": {"prompt", "prompt_text"}, "-f": {"file"}}
 RPC_SERVER_SHORT = {"-H": {"host"}, "-p": {"port"}}
 # graphgen's own, on commands llama.cpp does not have: diff's and xdiff's op filter
 OWN_SHORT = {("diff", "-o"), ("xdiff", "-o")}
@@ -211,15 +214,16 @@ def test_every_llama_cpp_short_flag_means_what_it_means_in_llama_cpp():
                 assert meaning is not None, f"{name} {o}: a short flag llama.cpp does not have"
                 assert a.dest in meaning, f"{name} {o} sets {a.dest}, where llama.cpp's {o} is {meaning}"
                 seen.add(o)
-    assert {"-m", "-fa", "-c", "-b", "-ub", "-t", "-np", "-dev", "-ctk", "-ctv", "-n"} <= seen
+    assert {"-m", "-fa", "-c", "-b", "-ub", "-t", "-np", "-dev", "-ctk", "-ctv", "-n", "-md", "-p"} <= seen
 
 
 def test_n_is_n_predict_on_draft_and_refused_where_there_is_none():
     ap, cmds = _subcommands()
     a = ap.parse_args(["draft", "m.gguf", "--prompt-tokens", "1,2,3", "-n", "8"])
     assert (a.n_predict, a.n_parallel) == (8, None)
-    assert "-n" not in cmds["dump"]._option_string_actions
-    for cmd in [["dump", "-m", "m.gguf", "--out", "o"], ["bench", "m.gguf"], ["trace", "m.gguf"]]:
+    # dump's -n is the run on a target's n_predict
+    assert cmds["dump"]._option_string_actions["-n"].dest == "n_predict"
+    for cmd in [["bench", "m.gguf"], ["trace", "m.gguf"], ["check-batch", "m.gguf"]]:
         with pytest.raises(SystemExit):
             ap.parse_args(cmd + ["-n", "2"])
 
@@ -249,13 +253,14 @@ def test_no_subcommand_takes_an_abbreviated_flag():
 
 def test_abbreviated_and_n_flags_refused_on_the_command_line(tmp_path):
     model = tmp_path / "m.gguf"
-    p = subprocess.run(CLI + ["make-model", str(model), "--target", "T.gguf"], capture_output=True, text=True,
+    p = subprocess.run(CLI + ["make-model", str(model), "--targ", "T.gguf"], capture_output=True, text=True,
                        timeout=120)
-    assert p.returncode == 2 and "unrecognized arguments: --target" in p.stderr and not model.exists()
+    assert p.returncode == 2 and "unrecognized arguments: --targ" in p.stderr and not model.exists()
     assert subprocess.run(CLI + ["make-model", str(model)], capture_output=True).returncode == 0
+    # -n is n_predict of a run on a target: without -md it is refused, not ignored
     p = subprocess.run(CLI + ["dump", "-m", str(model), "-n", "2", "--out", str(tmp_path / "o")],
                        capture_output=True, text=True, timeout=120)
-    assert p.returncode == 2 and "unrecognized arguments: -n" in p.stderr and not (tmp_path / "o").exists()
+    assert p.returncode == 2 and "-n applies to a run on a real target" in p.stderr and not (tmp_path / "o").exists()
     p = subprocess.run(CLI + ["draft", str(model), "--prompt-tokens", "1,2,3,4,5,6", "-n", "8", "--json", "--quiet"],
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
