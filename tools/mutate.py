@@ -722,6 +722,27 @@ MUTATIONS = [
              "il >= n_layer", "il > n_layer", ("tests/cli/test_pair.py",)),
     Mutation("pair_borrowed_width_unchecked", "check_pair",
              "src[0] != d.n_embd", "src[0] != src[0]", ("tests/cli/test_pair.py",)),
+    # --- the real target's verification (graphgen/verifier.py, speculate.py, reference/target.py) ---
+    Mutation("verify_accepts_a_wrong_first_token", "TargetVerifier.verify",
+             "if i < len(draft) and tok == draft[i] and not eog:",
+             "if i < len(draft) and (tok == draft[i] or i == 0) and not eog:",
+             ("tests/runtime/test_verifier.py",)),
+    Mutation("verify_keeps_a_rejected_row_in_the_target", "TargetVerifier.verify",
+             "self.target.seq_rm(seq, pos0 + n_acc + 1, -1)", "self.target.seq_rm(seq, pos0 + n_acc + 2, -1)",
+             ("tests/runtime/test_verifier.py",)),
+    Mutation("loop_drops_the_last_accepted_row_from_the_draft", "run_speculative",
+             "drafter.seq_rm(seq, pos0 + n_acc + 1, -1)", "drafter.seq_rm(seq, pos0 + n_acc, -1)",
+             ("tests/runtime/test_verifier.py",)),
+    Mutation("sampler_top_p_keeps_one_less", "TargetSampler.sample",
+             "keep = i + 1", "keep = max(1, i)", ("tests/runtime/test_verifier.py",)),
+    Mutation("sampler_min_p_doubled", "TargetSampler.sample",
+             "F32(math.log(MIN_P))", "F32(math.log(2 * MIN_P))", ("tests/runtime/test_verifier.py",)),
+    Mutation("features_layers_swapped", "TargetContext.decode",
+             "feats[:, k * self.n_embd:(k + 1) * self.n_embd]",
+             "feats[:, (len(self.layers) - 1 - k) * self.n_embd:(len(self.layers) - k) * self.n_embd]",
+             ("tests/runtime/test_verifier.py",)),
+    Mutation("eog_not_ending_generation", "TargetVerifier.verify",
+             "eog = self.is_eog(tok)", "eog = False", ("tests/runtime/test_verifier.py",)),
 ]
 
 

@@ -56,7 +56,11 @@ def _run(pair, prompts, n_predict, oracle=None, n_seq=1):
                     out[seq] = list(dp.result)
                 return out
             drafter.draft = draft_fn
-        return run_speculative(drafter, [(p, None) for p in prompts], n_predict=n_predict, verifier=TargetVerifier(tg))
+        res = run_speculative(drafter, [(p, None) for p in prompts], n_predict=n_predict, verifier=TargetVerifier(tg))
+        # the tests check the draft's cache ends holding every accepted position (the last id_last and
+        # the accepted tokens behind it), nothing of the rejected rows
+        res.draft_pos_max = {seq: sess.seq_pos_max(seq) for seq in range(len(prompts))}
+        return res
     finally:
         sess.close()
 
@@ -69,6 +73,9 @@ def test_a_draft_of_the_right_tokens_is_accepted_whole(pair):
     # the tokens after position pos0 - 1 are alone[seq][pos0 + 1 ...] (id_last sits at pos0)
     res = _run(pair, prompts, 30, oracle=lambda s, p0, n: alone[s][p0 + 1:p0 + 1 + n], n_seq=2)
     assert res.tokens == alone
+    for seq in range(2):
+        mine = [r for r in res.rounds if r.seq == seq][-1]
+        assert res.draft_pos_max[seq] == mine.pos0 + mine.n_accepted
     full = [r for r in res.rounds if len(r.draft) == 5]
     assert full and all(r.n_accepted == 5 for r in full)
     assert res.summary()["acceptance_per_position"] == [1.0] * 5
@@ -102,6 +109,24 @@ def test_generation_ends_at_the_end_of_generation_token(pair):
     assert res.tokens[0] == alone[0] and res.stop_reasons[0] == "eog"
     res = _run(pair, [prompt], 200)
     assert res.tokens[0] == alone[0] and res.stop_reasons[0] == "eog"
+
+
+def test_features_are_the_layer_inputs_layer_after_layer(pair):
+    """Layer 0's input is the token embedding: llama.cpp's rows for it must be the Q8_0 table's rows
+    dequantized, in the first slot of each row, for every sequence of a batch."""
+    import gguf
+    target, _, _ = pair
+    r = gguf.GGUFReader(str(target))
+    t = next(x for x in r.tensors if x.name == "token_embd.weight")
+    table = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
+    with ReferenceTarget(target, [0, 7], n_ctx=256, n_batch=64, n_seq=2) as tg:
+        a, b = tg.tokenize(PROMPT), tg.tokenize("Once upon a time")
+        rows = [(0, tok, i) for i, tok in enumerate(a)] + [(1, tok, i) for i, tok in enumerate(b)]
+        _, _, feats = tg.decode(rows)
+    assert feats.shape == (len(rows), 2 * 576)
+    assert np.array_equal(feats[:, :576], table[[tok for _, tok, _ in rows]])
+    # layer 7's input is no embedding row
+    assert not np.allclose(feats[:, 576:], table[[tok for _, tok, _ in rows]])
 
 
 def _chain_reference(ids, logits, temp, rng):
