@@ -135,11 +135,13 @@ def main() -> int:
         cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    print(f"## Speculative decoding on a real target ({target.name})\n")
+    print("## Speculative decoding on a real target\n")
     print(f"`python tools/bench_target.py --target {a.target} -n {a.n} --repeat {a.repeat} --threads {a.threads} "
           f"-np {a.np}` on {time.strftime('%Y-%m-%d')}: {cpu}, {os.cpu_count()} cores\n")
-    print(f"Draft: {draft.name if a.draft and not a.draft.startswith(tmp) else 'a random DFlash draft made for the target (1 layer, block 8)'}; "
-          f"greedy; {a.n} tokens per sequence; medians of {a.repeat} runs taking turns.\n")
+    made = a.draft.startswith(tmp)
+    print(f"Target {target.name} (llama.cpp b11739, CPU); draft "
+          f"{'a random DFlash draft made for the target (1 layer, block 8)' if made else draft.name}; greedy; "
+          f"{a.n} tokens per sequence; medians of {a.repeat} runs taking turns.\n")
     print("| run | tokens/s | ratio to the target alone | mean accepted / block | same tokens as the target alone |")
     print("|---|---|---|---|---|")
     for k in runs:
