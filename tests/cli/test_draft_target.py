@@ -109,9 +109,13 @@ def test_interrupt_mid_generation_ends_with_130_and_no_child(target, draft):
     proc = subprocess.Popen(CLI + ["draft", "-m", str(target), "-md", str(draft), "-p", PROMPT, "-n", "2000",
                                    "-c", "4096", "--temp", "0", "--json"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(8)
+    # mid-generation: once the target's child runs and a few seconds of rounds have passed
+    deadline = time.time() + 120
+    while not _children(proc.pid) and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    time.sleep(4)
     children = _children(proc.pid)
-    assert children, "the target's child process should be running"
+    assert children and proc.poll() is None, "the target's child process should be running"
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130 and err.strip().endswith("graphgen: interrupted"), err[-2000:]
