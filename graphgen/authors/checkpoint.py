@@ -8,8 +8,10 @@ converter reads it as it reads a real draft:
                                                 DFlash / DFlash2 / DSpark)
     OUT_DIR/target/config.json, model.safetensors, tokenizer.model
                                                 a tiny Qwen3 target: the embeddings and lm head the
-                                                drafts share, and a sentencepiece tokenizer that
-                                                the converter pads to the vocabulary
+                                                drafts share, a layer beyond the deepest target
+                                                layer, and a sentencepiece tokenizer that the
+                                                converter pads to the vocabulary; converted by the
+                                                same converter, it is the GGUF the draft runs beside
 
 Target layers are given as the GGUF counts them (1-based, `--target-layers` of GGUF drafts):
 z-lab stores them minus one (`target_layer_ids`), speculators as they are
@@ -60,7 +62,7 @@ class HFSpec:
     n_vocab: int = 256
     block_size: int = 8
     target_layers: list[int] = field(default_factory=lambda: [2, 5])
-    n_target_layers: int | None = None  # layers of the target; default: enough for target_layers
+    n_target_layers: int | None = None  # layers of the target; default: one beyond max(target_layers)
     mask_token_id: int | None = None    # default: the last token
     rope_theta: float = 10000.0
     rope_scaling: dict | None = None    # HF rope_parameters beyond the base: {"rope_type": "linear", "factor": 2}
@@ -106,7 +108,9 @@ class HFSpec:
         if not s.target_layers or min(s.target_layers) < 1:
             raise AuthorsError(f"--target-layers {s.target_layers}: 1-based target layers, at least one")
         if s.n_target_layers is None:
-            s.n_target_layers = max(s.target_layers)
+            # one beyond the deepest: b11739 publishes each layer's input, never the last layer's
+            # output, so a real speculative loop reads target layer N from layer N's input
+            s.n_target_layers = max(s.target_layers) + 1
         if max(s.target_layers) > s.n_target_layers:
             raise AuthorsError(f"--target-layers {s.target_layers}: the target has {s.n_target_layers} layers")
         if s.n_head % s.n_head_kv:

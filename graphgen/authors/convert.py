@@ -7,12 +7,13 @@ checkpoint's files plus changed copies; the user's folder is never touched) with
 line naming the gap, or refused in one line; nothing is changed silently:
 
 - speculators' DFlash / DFlash2 configs nest the layer config (`transformer_layer_config`), which
-  only the converter's DSpark class flattens: converted through a flattened copy;
-- drafts without their own embeddings / lm head (z-lab and speculators keep the target's): staged
-  with a `mask_embedding.pt`, upstream's own way of taking them from --target-model-dir, holding
-  the row the table already has, so nothing changes;
-- a full-vocabulary DSpark loses its lm head in the converter, and b11739 (like graphgen) refuses
-  a draft without one unless it runs beside its target: refused.
+  only the converter's DSpark class flattens: converted through a flattened copy.
+
+Drafts without their own embeddings / lm head (z-lab and speculators keep the target's, and the
+converter drops a full-vocabulary DSpark's head) are written as the converter writes them, without
+token_embd / output: they run beside their target GGUF, which lends its tables (b11739's
+ctx_other, graphgen's runtime/lender.py). `target_gguf` converts the target's folder too, with the
+same converter, so the pair is at hand.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ _SPECULATORS_FLATTEN = {"dflash": "DFlashDraftModel", "dflash2": "DFlash2DraftMo
 _SPECULATORS_ARCHS = {"DFlashSpeculator": "dflash", "DFlash2Speculator": "dflash2"}
 _DFLASH2_FIELDS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 _TOKENIZER_FILES = ("tokenizer.model", "tokenizer.json")
+_BORROWED = {"token_embd.weight": "token embeddings", "output.weight": "lm head"}
 
 
 class ConvertError(AuthorsError):
@@ -76,6 +78,20 @@ class ConvertResult:
     warnings: list[str] = field(default_factory=list)
     seconds: float = 0.0
     log: str = ""  # the converter's stdout and stderr, interleaved
+    # what the GGUF lacks and borrows from its target at run time (token_embd.weight, output.weight)
+    borrows: list[str] = field(default_factory=list)
+    target_out: Path | None = None  # the target's GGUF, when asked for
+    target_arch: str | None = None
+    target_log: str = ""
+
+    def beside_line(self) -> str | None:
+        """One line saying that the draft runs beside its target, or None when it has its own tables."""
+        if not self.borrows:
+            return None
+        what = " or ".join(_BORROWED[n] for n in self.borrows)
+        target = self.target_out if self.target_out is not None else "TARGET.gguf"
+        return (f"{self.out} has no {what} of its own: it runs beside its target, which lends them "
+                f"(graphgen draft -m {target} -md {self.out})")
 
 
 def print_to_stderr(line: str) -> None:
@@ -182,17 +198,6 @@ def _tensor_names(folder: Path) -> set[str]:
     return names
 
 
-def _read_row(folder: Path, name: str, row: int):
-    """One row of a tensor in a folder's safetensors, found the way the converter looks it up."""
-    from safetensors import safe_open
-    for part in _weight_files(folder):
-        if part.suffix != ".safetensors" or name not in _safetensors_header(part):
-            continue
-        with safe_open(str(part), framework="pt") as f:
-            return f.get_slice(name)[row].clone()
-    return None
-
-
 def _merged(cfg: dict) -> dict:
     text = cfg.get("text_config")
     return {**cfg, **text} if isinstance(text, dict) else cfg
@@ -203,7 +208,6 @@ def _merged(cfg: dict) -> dict:
 @dataclass
 class _Plan:
     config: dict | None = None   # a replacement config.json, or None to link the original
-    mask: tuple | None = None    # (mask_token_id, folder, tensor name) of the row to stage
     warnings: list[str] = field(default_factory=list)
 
 
@@ -211,7 +215,7 @@ def _gap(text: str) -> str:
     return f"llama.cpp's converter ({CONVERTER_COMMIT}) {text}"
 
 
-def _plan(hf_dir: Path, cfg: dict, target_dir: Path, target_cfg: dict) -> _Plan:
+def _plan(hf_dir: Path, cfg: dict) -> _Plan:
     plan = _Plan()
     cfg_path = hf_dir / "config.json"
     archs = cfg.get("architectures")
@@ -283,41 +287,13 @@ def _plan(hf_dir: Path, cfg: dict, target_dir: Path, target_cfg: dict) -> _Plan:
     else:
         mask_key = "mask_token_id" if plan.config is not None else "dflash_config.mask_token_id"
         mask_id = dflash_config.get("mask_token_id")
-    has_embd = "embed_tokens.weight" in names
-    has_head = "lm_head.weight" in names
-    full_vocab_dspark = family == "dspark" and draft_vocab == vocab
-
-    # the converter takes the target's embeddings and head only along with a mask_embedding.pt; one
-    # holding the very row the table has changes nothing
-    if not (hf_dir / "mask_embedding.pt").exists() and not (has_embd and (has_head or full_vocab_dspark)):
-        if not isinstance(mask_id, int) or not (vocab is None or 0 <= mask_id < vocab):
-            raise ConvertError(f"{cfg_path}: key '{mask_key}' = {mask_id!r} is no token of the {vocab}-token "
-                               "vocabulary; the draft lacks embeddings or a head of its own, and "
-                               + _gap("takes the target's only through a mask_embedding.pt naming the mask token"))
-        if has_embd:
-            name = "model.embed_tokens.weight" if "model.embed_tokens.weight" in raw_names else "embed_tokens.weight"
-            plan.mask = (mask_id, hf_dir, name)
-        else:
-            name = "model.embed_tokens.weight"
-            if name not in _tensor_names(target_dir):
-                raise ConvertError(f"{target_dir}: no tensor '{name}' in its safetensors; the draft has no token "
-                                   "embeddings of its own and " + _gap("reads the target's by that name only"))
-            plan.mask = (mask_id, target_dir, name)
-        lacks = " or ".join(w for w, h in (("token embeddings", has_embd), ("lm head", has_head)) if not h)
-        plan.warnings.append(
-            f"warning: the draft has no {lacks} of its own (its authors use the target's; b11739 would need the "
-            f"target's context); {_gap('takes them from --target-model-dir only through a mask_embedding.pt')}, "
-            f"so one is staged holding the {'draft' if has_embd else 'target'}'s own embedding row for mask token "
-            f"{mask_id} (nothing changes)")
-
-    if full_vocab_dspark:
-        # the converter drops lm_head.weight for a full-vocabulary DSpark; with no output.weight,
-        # b11739 takes the head from the target's context (ctx_other) and refuses the draft without
-        # one, and so does graphgen, which has no target context: no GGUF either could run
-        raise ConvertError(f"{cfg_path}: a full-vocabulary DSpark (no draft_vocab_size below vocab_size): "
-                           + _gap("drops lm_head.weight for a full-vocabulary DSpark")
-                           + ", and b11739 refuses a draft without output.weight unless it runs beside its "
-                             "target (ctx_other); graphgen refuses it too, so nothing is written")
+    if not isinstance(mask_id, int) or not (vocab is None or 0 <= mask_id < vocab):
+        # every drafted block is filled with it (tokenizer.ggml.mask_token_id)
+        raise ConvertError(f"{cfg_path}: key '{mask_key}' = {mask_id!r} is no token of the {vocab}-token "
+                           "vocabulary; a draft fills its blocks with the mask token")
+    # what the converter leaves out (embeddings and heads the authors did not save; a
+    # full-vocabulary DSpark's head, which it drops: speculators' is the target's own, frozen) is
+    # read off the written GGUF: the draft borrows it from its target at run time
     return plan
 
 
@@ -450,9 +426,10 @@ def _failure_line(log: str, rc: int) -> str:
 
 # --- convert ------------------------------------------------------------------------------------
 
-def convert(hf_dir, out, *, target_dir=None, outtype: str = "f32", force: bool = False,
+def convert(hf_dir, out, *, target_dir=None, target_gguf=None, outtype: str = "f32", force: bool = False,
             warn: Callable[[str], None] | None = print_to_stderr) -> ConvertResult:
-    """Run llama.cpp's converter on a DFlash-family draft folder; writes OUT atomically."""
+    """Run llama.cpp's converter on a DFlash-family draft folder; writes OUT atomically. With
+    `target_gguf`, the target's folder is converted too (in parallel), into that file."""
     t0 = time.perf_counter()
     warn = warn or (lambda line: None)
     # messages name the folder as the user gave it; the converter is handed absolute paths
@@ -471,58 +448,137 @@ def convert(hf_dir, out, *, target_dir=None, outtype: str = "f32", force: bool =
                                f"graphgen convert --target DIR), and {hf_dir / 'target'} does not exist")
         target_dir = hf_dir / "target"
     target_dir = Path(target_dir).expanduser()
-    target_cfg = _check_target(target_dir)
+    _check_target(target_dir)
     _check_out(out, force)
+    if target_gguf is not None:
+        target_gguf = Path(target_gguf).expanduser()
+        if target_gguf.resolve() == out.resolve():
+            raise ConvertError(f"{target_gguf}: the target's GGUF and the draft's are one file; name two")
+        _check_out(target_gguf, force)
 
-    plan = _plan(hf_dir, cfg, target_dir, target_cfg)
+    plan = _plan(hf_dir, cfg)
     tree = converter_tree()
     for line in plan.warnings:
         warn(line)
 
     from .. import progress
     stage_root = Path(tempfile.mkdtemp(prefix="graphgen-convert."))
-    try:
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
-    except OSError as e:
-        shutil.rmtree(stage_root, ignore_errors=True)
-        raise ConvertError(f"{out}: cannot write here ({e.strerror or e})") from None
-    os.close(fd)
-    tmp_out = Path(tmp_name)
+    runs: list[_Run] = []
     try:
         # named as the checkpoint, since the converter names the model after its folder
         stage = stage_root / hf_dir.name
         _stage(stage, hf_dir, plan)
+        runs.append(_Run(hf_dir, out, [str(stage), "--target-model-dir", str(target_dir.resolve())], outtype))
+        if target_gguf is not None:
+            runs.append(_Run(target_dir, target_gguf, [str(target_dir.resolve())], outtype, "the target"))
+        with progress.task(f"convert {hf_dir.name}") as p:
+            p.update(f"running llama.cpp's converter ({CONVERTER_COMMIT})"
+                     + (" on the draft and its target" if target_gguf is not None else ""))
+            for run in runs:
+                run.start(tree)
+            for run in runs:
+                run.wait()
+        for run in runs:
+            run.check()
+        names = _gguf_tensor_names(runs[0].tmp)
+        target_arch = _target_arch(runs[1].tmp, target_dir) if target_gguf is not None else None
+        for run in runs:
+            run.commit()
+    finally:
+        for run in runs:
+            run.discard()
+        shutil.rmtree(stage_root, ignore_errors=True)
+    warnings = list(plan.warnings)
+    if target_arch is not None and target_arch not in _layer_input_archs():
+        line = (f"warning: the target's architecture {target_arch!r}: b11739 publishes no layer inputs for it, so it "
+                "lends the draft its tables (graphgen check, dump, diff with given features) but cannot drive a "
+                "speculative loop (graphgen draft)")
+        warn(line)
+        warnings.append(line)
+    return ConvertResult(out=out, commit=CONVERTER_COMMIT, warnings=warnings,
+                         seconds=time.perf_counter() - t0, log=runs[0].log,
+                         borrows=[n for n in _BORROWED if n not in names],
+                         target_out=target_gguf, target_arch=target_arch,
+                         target_log=runs[1].log if target_gguf is not None else "")
+
+
+class _Run:
+    """One run of the converter into a temporary file beside its output, renamed only when complete."""
+
+    def __init__(self, src: Path, out: Path, args: list[str], outtype: str, what: str = ""):
+        self.src, self.out, self.args, self.outtype, self.what = src, out, args, outtype, what
+        self.tmp: Path | None = None
+        self.proc = None
+        self.log = ""
+
+    def start(self, tree: Path) -> None:
+        try:
+            fd, name = tempfile.mkstemp(prefix=f".{self.out.name}.", suffix=".tmp", dir=self.out.parent)
+        except OSError as e:
+            raise ConvertError(f"{self.out}: cannot write here ({e.strerror or e})") from None
+        os.close(fd)
+        self.tmp = Path(name)
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([str(tree / "gguf-py")] + (
             [env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
         env["PYTHONDONTWRITEBYTECODE"] = "1"
         env.pop("NO_LOCAL_GGUF", None)
         env.setdefault("HF_HUB_OFFLINE", "1")  # local folders only: nothing to look up on the Hub
-        cmd = [sys.executable, str(tree / "convert_hf_to_gguf.py"), str(stage), "--outfile", str(tmp_out.resolve()),
-               "--outtype", outtype, "--target-model-dir", str(target_dir.resolve())]
-        with progress.task(f"convert {hf_dir.name}") as p:
-            p.update(f"running llama.cpp's converter ({CONVERTER_COMMIT})")
-            proc = subprocess.run(cmd, cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                  text=True, errors="replace")
-        log = proc.stdout or ""
-        if proc.returncode != 0:
-            err = ConvertError(f"{hf_dir}: llama.cpp's converter ({CONVERTER_COMMIT}) failed: "
-                               f"{_failure_line(log, proc.returncode)}")
-            err.log = log  # the whole story, for callers that keep it
+        cmd = [sys.executable, str(tree / "convert_hf_to_gguf.py"), *self.args, "--outfile",
+               str(self.tmp.resolve()), "--outtype", self.outtype]
+        self.proc = subprocess.Popen(cmd, cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, errors="replace")
+
+    def wait(self) -> None:
+        if self.proc is not None:
+            self.log = self.proc.communicate()[0] or ""
+
+    def check(self) -> None:
+        on = f" on {self.what}" if self.what else ""
+        if self.proc.returncode != 0:
+            err = ConvertError(f"{self.src}: llama.cpp's converter ({CONVERTER_COMMIT}) failed{on}: "
+                               f"{_failure_line(self.log, self.proc.returncode)}")
+            err.log = self.log  # the whole story, for callers that keep it
             raise err
-        with open(tmp_out, "rb") as f:
+        with open(self.tmp, "rb") as f:
             if f.read(4) != b"GGUF":
-                raise ConvertError(f"{hf_dir}: llama.cpp's converter ({CONVERTER_COMMIT}) exited 0 but wrote no GGUF "
-                                   f"({_failure_line(log, 0)})")
-        os.chmod(tmp_out, 0o666 & ~_umask())  # as a new file gets
-        os.replace(tmp_out, out)
-    except BaseException:
-        tmp_out.unlink(missing_ok=True)
-        raise
-    finally:
-        shutil.rmtree(stage_root, ignore_errors=True)
-    return ConvertResult(out=out, commit=CONVERTER_COMMIT, warnings=list(plan.warnings),
-                         seconds=time.perf_counter() - t0, log=log)
+                raise ConvertError(f"{self.src}: llama.cpp's converter ({CONVERTER_COMMIT}) exited 0{on} but wrote "
+                                   f"no GGUF ({_failure_line(self.log, 0)})")
+
+    def commit(self) -> None:
+        os.chmod(self.tmp, 0o666 & ~_umask())  # as a new file gets
+        os.replace(self.tmp, self.out)
+        self.tmp = None
+
+    def discard(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        if self.tmp is not None:
+            self.tmp.unlink(missing_ok=True)
+
+
+def _gguf_tensor_names(path: Path) -> set[str]:
+    from gguf import GGUFReader
+    return {t.name for t in GGUFReader(path).tensors}
+
+
+def _layer_input_archs() -> frozenset:
+    from ..reference.target import LAYER_INPUT_ARCHS
+    return LAYER_INPUT_ARCHS
+
+
+def _target_arch(path: Path, target_dir: Path) -> str:
+    """The converted target's architecture; refused when it has no embeddings to lend."""
+    from gguf import GGUFReader
+    reader = GGUFReader(path)
+    field = reader.fields.get("general.architecture")
+    arch = bytes(field.parts[field.data[0]]).decode("utf-8", "replace") if field is not None else "?"
+    if arch in ("dflash", "dspark"):
+        raise ConvertError(f"{target_dir}: converted to a {arch} draft, not a target model")
+    if "token_embd.weight" not in {t.name for t in reader.tensors}:
+        raise ConvertError(f"{target_dir}: its GGUF ({arch}) has no token_embd.weight to lend the draft")
+    return arch
 
 
 def _umask() -> int:
@@ -538,14 +594,6 @@ def _stage(stage: Path, hf_dir: Path, plan: _Plan) -> None:
     if plan.config is not None:
         (stage / "config.json").write_text(json.dumps(plan.config, indent=2) + "\n", encoding="utf-8")
         replaced.add("config.json")
-    if plan.mask is not None:
-        import torch
-        mask_id, folder, name = plan.mask
-        row = _read_row(folder, name, mask_id)
-        if row is None:
-            raise ConvertError(f"{folder}: no tensor '{name}' in its safetensors")
-        torch.save({"mask_token_id": mask_id, "embedding": row}, stage / "mask_embedding.pt")
-        replaced.add("mask_embedding.pt")
     for entry in hf_dir.iterdir():
         if entry.name not in replaced:
             os.symlink(entry.resolve(), stage / entry.name)

@@ -42,8 +42,8 @@ def make_hf_from_args(args: argparse.Namespace) -> int:
         if v is not None:
             setattr(spec, field, v)
     if args.variant == "dspark" and args.d2t_vocab is None:
-        # llama.cpp's converter drops a full-vocabulary DSpark's head (graphgen convert refuses it):
-        # a draft vocabulary, as speculators trains them, is what converts
+        # a draft vocabulary, as speculators trains them, so that the default DSpark carries its own
+        # head and d2t (--d2t-vocab VOCAB: a full-vocabulary one, which borrows the target's head)
         spec.d2t_vocab = spec.n_vocab * 3 // 4
     if args.heads is not None and args.heads_kv is None:
         spec.n_head_kv = args.heads
@@ -136,9 +136,10 @@ def _cache_of(sc) -> str:
 
 
 def run_check(hf_dir, scenario_path=None, target=None, keep=None, f16=False, say=None) -> dict:
-    """The triangle: llama.cpp's converter, then the scenario in the authors' model (float32, and
-    float64 as the arbiter), in llama.cpp b11739 and in graphgen; each side's distance to the arbiter,
-    and graphgen against llama.cpp."""
+    """The triangle: llama.cpp's converter (the draft as it writes it, and its target folder), then
+    the scenario in the authors' model (float32, and float64 as the arbiter), in llama.cpp b11739 and
+    in graphgen, both beside the target's GGUF; each side's distance to the arbiter, and graphgen
+    against llama.cpp."""
     from ..authors.arbiter import arbitrate
     from ..authors.compare import compare_paths
     from ..authors.convert import convert
@@ -165,10 +166,15 @@ def run_check(hf_dir, scenario_path=None, target=None, keep=None, f16=False, say
         sc = parse_scenario(doc, where=where)
         cache = _cache_of(sc)
         scenario_path = work / "scenario.json"
+        gguf, target_gguf = work / "draft.gguf", work / "target.gguf"
+        say(f"converting {hf} and its target with llama.cpp's converter")
+        # the draft as converted: what it lacks, b11739 and graphgen borrow from the target's GGUF
+        conv = convert(hf, gguf, target_dir=target, target_gguf=target_gguf, force=True,
+                       warn=None)  # warnings go in the report
+        if conv.borrows:
+            doc = {**doc, "target": str(target_gguf.resolve())}
+            sc = parse_scenario(doc, where=where)
         scenario_path.write_text(json.dumps(doc, indent=1) + "\n")
-        gguf = work / "draft.gguf"
-        say(f"converting {hf} with llama.cpp's converter")
-        conv = convert(hf, gguf, target_dir=target, force=True, warn=None)  # warnings go in the report
         dirs = {k: work / k for k in ("torch", "arbiter", "llama.cpp", "graphgen")}
         say("running the authors' model")
         run_scenario_torch(hf, sc, dirs["torch"], scenario_path=scenario_path, draft=draft)
@@ -195,8 +201,14 @@ def run_check(hf_dir, scenario_path=None, target=None, keep=None, f16=False, say
             if Path(keep).is_dir():
                 Path(keep).rmdir()
             shutil.move(str(work), str(keep))
+            if conv.borrows:
+                # the kept scenario names the kept target
+                kept = Path(keep) / "scenario.json"
+                kept.write_text(json.dumps({**doc, "target": str((Path(keep) / "target.gguf").resolve())},
+                                           indent=1) + "\n")
         return {"hf_dir": str(hf), "class": draft.label, "converter": conv.commit,
-                "converter_warnings": conv.warnings, "work": str(keep or work), "kept": bool(keep),
+                "converter_warnings": conv.warnings, "borrows": conv.borrows, "target_arch": conv.target_arch,
+                "work": str(keep or work), "kept": bool(keep),
                 "authors_vs_llama.cpp": vs_ref, "authors_vs_graphgen": vs_ours, "arbiter": arb,
                 "graphgen_identical": identical, "graph_diff": graph, "scenario_cut": cut,
                 "block_size": draft.block_size}
@@ -246,7 +258,8 @@ def _cmd_check(args) -> int:
     ref, ours, arb = r["authors_vs_llama.cpp"], r["authors_vs_graphgen"], r["arbiter"]
     if args.json:
         print(json.dumps({"verdict": line, "exit": code, "class": r["class"], "converter": r["converter"],
-                          "converter_warnings": r["converter_warnings"], "scenario_cut": r["scenario_cut"],
+                          "converter_warnings": r["converter_warnings"], "borrows": r["borrows"],
+                          "target_arch": r["target_arch"], "scenario_cut": r["scenario_cut"],
                           "block_size": r["block_size"], "arbiter": arb.to_dict(),
                           "authors_vs_llama.cpp": _distances(ref), "authors_vs_graphgen": _distances(ours),
                           "graphgen_identical_to_llama.cpp": r["graphgen_identical"],
@@ -255,6 +268,9 @@ def _cmd_check(args) -> int:
     print(f"{r['hf_dir']}: {r['class']}, converted by llama.cpp's converter {r['converter']}")
     for w in r["converter_warnings"]:
         print(f"  converter {w}")
+    if r["borrows"]:
+        print(f"  runs beside its target ({r['target_arch']} GGUF, converted too), which lends "
+              f"{' and '.join(r['borrows'])}")
     if r["scenario_cut"]:
         print(f"  note: {r['scenario_cut']}")
     print(f"  {'':22s} {'mapped':>6s}  {'worst relative L2 to the authors f32':44s} {'argmax':>7s}  {'path':>7s}")
@@ -269,7 +285,7 @@ def _cmd_check(args) -> int:
     if bad is not None:
         print(f"  first node where llama.cpp departs: {bad.name} in {bad.graph}")
     if r["kept"]:
-        print(f"  dumps and GGUF kept in {r['work']}")
+        print(f"  dumps and GGUFs kept in {r['work']}")
     print(line)
     return code
 
@@ -283,6 +299,7 @@ def register(sub) -> None:
     p.add_argument("--target", default=None, help="the target model's folder (default: HF_DIR/target)")
     p.add_argument("--type-kv", choices=("f32", "f16"), default="f32",
                    help="cache type of the default scenario (default f32)")
-    p.add_argument("--keep", metavar="DIR", default=None, help="keep the GGUF and the three dump folders in DIR")
+    p.add_argument("--keep", metavar="DIR", default=None,
+                   help="keep the GGUFs (draft and target) and the dump folders in DIR")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(fn=_cmd_check)

@@ -2,8 +2,9 @@
 
 Every authors' class (z-lab DFlash and DFlash2; speculators DFlash, DFlash2 and DSpark with and
 without the confidence head, with d2t, anchor-first and bonus-anchor) is written by its authors'
-own classes, converted by llama.cpp's own converter and run over a drafting session (two inject
-chunks, two sequences in one batch, the blocks removed, a second round) in three engines. Bands
+own classes, converted by llama.cpp's own converter (the draft as it writes it, beside its target's
+GGUF, which lends the embeddings and head the draft has none of) and run over a drafting session
+(two inject chunks, two sequences in one batch, the blocks removed, a second round) in three engines. Bands
 are the issue's: relative L2 < 1e-5 on every mapped node with an f32 cache, < 1e-3 with f16, the
 argmax and the DFlash2 selector path equal. Controls break one thing on the authors' side and
 must name the first mapped node it reaches.
@@ -45,14 +46,20 @@ def work(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def converted(work):
-    """Each case's checkpoint and its GGUF from llama.cpp's converter."""
+    """Each case's checkpoint, its GGUF from llama.cpp's converter, and its target's GGUF."""
     out = {}
     for name, spec in CASES.items():
         hf = make_hf(work / name, spec)
         gguf = work / f"{name}.gguf"
-        res = convert(hf, gguf, warn=lambda line: None)
+        res = convert(hf, gguf, target_gguf=work / f"{name}-target.gguf", warn=lambda line: None)
         out[name] = (hf, gguf, res)
     return out
+
+
+def beside(scenario: dict, res) -> dict:
+    """The scenario run beside the converted target, which lends what the draft lacks."""
+    assert res.borrows and res.target_out is not None
+    return {**scenario, "target": str(res.target_out)}
 
 
 def _spec(name):
@@ -62,11 +69,12 @@ def _spec(name):
 @pytest.fixture(scope="module")
 def runs(work, converted):
     out = {}
-    for name, (hf, gguf, _) in converted.items():
+    for name, (hf, gguf, res) in converted.items():
         s = _spec(name)
         for f16 in (False, True):
             key = f"{name}-{'f16' if f16 else 'f32'}"
-            out[(name, f16)] = run_three(hf, gguf, session_scenario(s.block_size, s.mask_token_id, f16), work, key)
+            out[(name, f16)] = run_three(hf, gguf, beside(session_scenario(s.block_size, s.mask_token_id, f16), res),
+                                         work, key)
     return out
 
 
@@ -253,11 +261,11 @@ def test_sliding_window_layers_depart_from_the_authors(work, name):
     hf = make_hf(work / name, spec)
     gguf = work / f"{name}.gguf"
     warned = []
-    convert(hf, gguf, warn=warned.append)
+    res = convert(hf, gguf, target_gguf=work / f"{name}-target.gguf", warn=warned.append)
     assert any("sliding-window layer(s) (window" in w for w in warned)
     scenario = {"n_ctx": 64, "n_ubatch": 32, "flash_attn": "off", "type_kv": "f32", "seed": 1,
                 "steps": [{"inject": {"n_tokens": 6, "pos0": 0}}, {"block": {"tokens": [7] + [255] * 7, "pos0": 6}}]}
-    dirs = run_three(hf, gguf, scenario, work, name)
+    dirs = run_three(hf, gguf, beside(scenario, res), work, name)
     assert exit_code(diff_paths(dirs["llama.cpp"], dirs["graphgen"])) == 0
     res = compare_paths(dirs["torch"], dirs["llama.cpp"])
     if agrees:
@@ -288,13 +296,29 @@ def test_check_runs_the_triangle(converted, capsys, tmp_path):
     # the trained block size runs, not a shorter one
     assert doc["block_size"] == 8 and json.loads((keep / "scenario.json").read_text())["steps"][1]["block"]["tokens"][1:] == [255] * 7
     assert sorted(p.name for p in keep.iterdir()) == ["arbiter", "draft.gguf", "graphgen", "llama.cpp", "scenario.json",
-                                                      "torch"]
+                                                      "target.gguf", "torch"]
+    # the draft as the converter wrote it, beside its target's GGUF (the kept scenario names the kept one)
+    assert doc["borrows"] == ["token_embd.weight", "output.weight"] and doc["target_arch"] == "qwen3"
+    assert not doc["converter_warnings"]
+    assert json.loads((keep / "scenario.json").read_text())["target"] == str((keep / "target.gguf").resolve())
     from graphgen.compare.dump import load_dump_dir
     assert {d.source["dtype"] for d in load_dump_dir(keep / "arbiter")} == {"float64"}
     for side in ("torch", "arbiter", "llama.cpp", "graphgen"):
         for d in load_dump_dir(keep / side):
             assert d.source["converter"]["commit"] == "0c1e57098"
             assert d.source["converter"]["checkpoint"] == str(hf.resolve())
+
+
+def test_full_vocab_dspark_agrees_beside_a_tied_target(work, capsys):
+    """The converter drops a full-vocabulary DSpark's head; speculators' is the target's own (frozen,
+    never saved), so the target lends it, here as its embeddings, to which it ties the head."""
+    from graphgen.cli import main
+    hf = make_hf(work / "spec-dspark-full", HFSpec(variant="dspark", d2t_vocab=256, tie_target=True, seed=5))
+    assert main(["--quiet", "check", str(hf), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["verdict"].startswith("AGREE") and doc["graphgen_identical_to_llama.cpp"]
+    assert doc["borrows"] == ["token_embd.weight", "output.weight"]
+    assert doc["arbiter"]["argmax"] and doc["authors_vs_llama.cpp"]["compared"] > 0
 
 
 @pytest.mark.parametrize("edit,message", [

@@ -1,5 +1,7 @@
 """`graphgen convert`: llama.cpp's own converter on checkpoints saved by the authors' own classes
-(z-lab dflash, vLLM speculators), each bridge's warning, each refusal, and output safety."""
+(z-lab dflash, vLLM speculators), each bridge's warning, each refusal, and output safety. Drafts
+without embeddings or lm head are written as the converter writes them and run beside their
+target's GGUF (converted by the same converter), in graphgen and in b11739 alike."""
 
 from __future__ import annotations
 
@@ -27,7 +29,10 @@ from transformers import Qwen3Config, Qwen3ForCausalLM  # noqa: E402
 
 from graphgen.authors.convert import CONVERTER_COMMIT, ConvertError, convert, converter_tree  # noqa: E402
 from graphgen.cli import main  # noqa: E402
+from graphgen.errors import GGUFModelError  # noqa: E402
+from graphgen.reference.target import LAYER_INPUT_ARCHS  # noqa: E402
 from graphgen.runtime.model import load  # noqa: E402
+from graphgen.runtime.session import Session  # noqa: E402
 
 MASK = 3
 LAYER = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -132,7 +137,13 @@ def tied_target(work):
 
 @pytest.fixture(scope="module")
 def zlab(work, target):
-    return Run(work, make_zlab(work / "zlab"), target)
+    # the target converted beside the draft, once for the module
+    return Run(work, make_zlab(work / "zlab"), target, target_gguf=work / "target.gguf")
+
+
+@pytest.fixture(scope="module")
+def target_gguf(zlab):
+    return zlab.res.target_out
 
 
 @pytest.fixture(scope="module")
@@ -153,6 +164,12 @@ def spec2(work, target):
 @pytest.fixture(scope="module")
 def spark_folder(work, tied_target):
     return make_speculators(work / "spark", tied_target, "dspark", markov_rank=8)
+
+
+@pytest.fixture(scope="module")
+def spark_full(work, spark_folder, tied_target):
+    # a full-vocabulary DSpark beside a target that ties its head to its embeddings
+    return Run(work, spark_folder, tied_target, target_gguf=work / "tied-target.gguf")
 
 
 @pytest.fixture(scope="module")
@@ -179,31 +196,92 @@ def _edit_config(folder: Path, **changes) -> Path:
 
 # --- conversions --------------------------------------------------------------------------------
 
+BOTH = ["token_embd.weight", "output.weight"]
+
+
 @pytest.mark.parametrize("name, variant", [("zlab", "dflash"), ("zlab2", "dflash2"), ("spec", "dflash"),
                                            ("spec2", "dflash2")])
-def test_dflash_converts_with_the_targets_embeddings_and_head(request, name, variant):
+def test_dflash_converts_as_written_and_loads_beside_its_target(request, target_gguf, name, variant):
     run = request.getfixturevalue(name)
     assert run.res.commit == CONVERTER_COMMIT and run.res.out.read_bytes()[:4] == b"GGUF"
     assert "Model successfully exported" in run.res.log
+    t = gguf_tensors(run.res.out)
+    # no mask_embedding.pt bridge: the converter leaves out the target's tables, which are lent at run time
+    assert not set(BOTH) & set(t) and run.res.borrows == BOTH
+    np.testing.assert_array_equal(t["fc.weight"], tensor(run.hf_dir, "fc.weight"))
     m = load(run.res.out)
+    try:
+        assert m.borrows == BOTH   # its metadata reads alone; computing needs the target
+    finally:
+        m.close()
+    with pytest.raises(GGUFModelError, match="has no 'token_embd.weight': it borrows the target model's"):
+        Session(run.res.out)
+    m = load(run.res.out, target=target_gguf)
     try:
         assert m.variant == variant
         # z-lab stores [1, 4] (ids - 1), speculators [2, 5]; both are GGUF layers [2, 5]
         assert m.hparams.block_size == 8 and m.hparams.target_layers == [2, 5]
-        assert m.hparams.mask_token_id == MASK
+        assert m.hparams.mask_token_id == MASK and m.hparams.n_vocab == LAYER["vocab_size"]
         if variant == "dflash2":
             assert (m.hparams.conv_kernel_size, m.hparams.conv_group_size) == (2, 16)
             assert (m.hparams.selector_rank, m.hparams.selector_top_k) == (8, 4)
     finally:
         m.close()
-    t = gguf_tensors(run.res.out)
-    np.testing.assert_array_equal(t["token_embd.weight"], tensor(run.target, "model.embed_tokens.weight"))
-    np.testing.assert_array_equal(t["output.weight"], tensor(run.target, "lm_head.weight"))
-    np.testing.assert_array_equal(t["fc.weight"], tensor(run.hf_dir, "fc.weight"))
-    assert any("mask_embedding.pt" in w and f"mask token {MASK}" in w for w in run.warned)
+    assert not any("mask_embedding" in w for w in run.warned)
     assert run.res.warnings == run.warned and all(w.startswith("warning: ") for w in run.warned)
     speculators = name.startswith("spec")
     assert any("speculators' " in w and "flattened copy" in w for w in run.warned) == speculators
+    assert run.res.beside_line().endswith(f"runs beside its target, which lends them (graphgen draft -m "
+                                          f"{run.res.target_out or 'TARGET.gguf'} -md {run.res.out})")
+
+
+def test_target_gguf_is_the_converters_target(zlab, spark_full, target, tied_target):
+    """The target folder through the same converter: a Qwen3 GGUF, whose b11739 graph publishes
+    layer inputs, holding the tables the authors' drafts use."""
+    for run, folder, tied in ((zlab, target, False), (spark_full, tied_target, True)):
+        assert run.res.target_arch == "qwen3" and "qwen3" in LAYER_INPUT_ARCHS
+        assert "Model successfully exported" in run.res.target_log
+        t = gguf_tensors(run.res.target_out)
+        np.testing.assert_array_equal(t["token_embd.weight"], tensor(folder, "model.embed_tokens.weight"))
+        if tied:
+            assert "output.weight" not in t  # llama.cpp's loader ties it to token_embd
+        else:
+            np.testing.assert_array_equal(t["output.weight"], tensor(folder, "lm_head.weight"))
+
+
+def _beside(work: Path, run: "Run", target_gguf: Path, name: str, n_seq: int = 1):
+    """graphgen and b11739 on one drafting round beside the target; the graphgen dump folder."""
+    from graphgen.compare.pairing import diff_paths
+    from graphgen.compare.report import exit_code
+    from graphgen.engine import run_scenario
+    from graphgen.reference.runner import run_reference
+    from graphgen.scenario import parse_scenario
+    doc = {"n_ctx": 64, "n_ubatch": 32, "flash_attn": "off", "type_kv": "f32", "seed": 1,
+           "target": str(target_gguf),
+           "steps": [{"inject": {"n_tokens": 4, "pos0": 0}}, {"block": {"tokens": [7] + [MASK] * 7, "pos0": 4}}]}
+    sc_path = work / f"{name}.beside.json"
+    sc_path.write_text(json.dumps(doc))
+    dirs = {k: work / f"{name}-beside-{k}" for k in ("llama.cpp", "graphgen")}
+    run_reference(run.res.out, sc_path, dirs["llama.cpp"], 262144, stderr_log=None)
+    run_scenario(run.res.out, parse_scenario(doc), dirs["graphgen"], scenario_path=sc_path)
+    assert exit_code(diff_paths(dirs["llama.cpp"], dirs["graphgen"])) == 0
+
+
+@pytest.mark.parametrize("name, target_name", [("zlab2", "target_gguf"), ("spark_d2t", "target_gguf"),
+                                               ("spark_full", None)])
+def test_runs_beside_its_target_as_b11739_does(request, work, name, target_name):
+    run = request.getfixturevalue(name)
+    target_gguf = request.getfixturevalue(target_name) if target_name else run.res.target_out
+    n_in = LAYER["hidden_size"] * 2
+    features = np.random.default_rng(0).standard_normal((4, n_in), dtype=np.float32)
+    with Session(run.res.out, target=target_gguf, n_ctx=64, type_kv="f32") as sess:
+        sess.inject(features, 0)
+        logits = sess.block([7] + [MASK] * 7, 4).logits
+    assert logits.shape == (8, LAYER["vocab_size"])
+    # a draft vocabulary scatters to the target's ids (-inf elsewhere); the others are finite
+    finite = np.isfinite(logits).sum(-1)
+    assert (finite == (64 if name == "spark_d2t" else LAYER["vocab_size"])).all()
+    _beside(work, run, target_gguf, name)
 
 
 def test_dflash2_selector_codebooks_keep_their_values(zlab2, spec2):
@@ -217,17 +295,18 @@ def test_dflash2_selector_codebooks_keep_their_values(zlab2, spec2):
                                       tensor(run.hf_dir, "layers.1.mlp_conv.base_kernel"))
 
 
-@pytest.mark.parametrize("tied", [True, False])
-def test_full_vocab_dspark_is_refused(work, spark_folder, tied_target, target, tied):
-    # the converter drops its lm head; b11739 and graphgen both refuse a draft without output.weight
-    out = work / f"full-vocab-{tied}.gguf"
-    out.write_bytes(b"GGUF" + b"\0" * 20)  # an earlier output stays as it was
-    before = out.read_bytes()
-    with pytest.raises(ConvertError, match=r"config\.json: a full-vocabulary DSpark .*drops lm_head\.weight for a "
-                                           r"full-vocabulary DSpark.*refuses a draft without output\.weight"):
-        convert(spark_folder, out, target_dir=tied_target if tied else target, warn=None)
-    assert out.read_bytes() == before
-    assert not list(work.glob(f".full-vocab-{tied}*"))
+def test_full_vocab_dspark_borrows_the_targets_head(spark_full):
+    # the converter drops its lm head (speculators' is the target's own, frozen and never saved):
+    # the target lends it, here its embeddings, to which it ties its head
+    t = gguf_tensors(spark_full.res.out)
+    assert not set(BOTH) & set(t) and spark_full.res.borrows == BOTH
+    assert "markov_w1.weight" in t and "d2t" not in t
+    assert not any("full-vocabulary" in w for w in spark_full.warned)
+    m = load(spark_full.res.out, target=spark_full.res.target_out)
+    try:
+        assert m.variant == "dspark" and m.lender.picks["output"].name == "token_embd.weight"
+    finally:
+        m.close()
 
 
 def test_draft_vocabulary_dspark_keeps_its_head_and_d2t(spark_d2t):
@@ -241,32 +320,76 @@ def test_draft_vocabulary_dspark_keeps_its_head_and_d2t(spark_d2t):
     # the converter writes d2t as absolute target ids (speculators stores offsets)
     np.testing.assert_array_equal(t["d2t"], d2t + np.arange(64))
     np.testing.assert_array_equal(t["output.weight"], tensor(spark_d2t.hf_dir, "lm_head.weight"))
-    np.testing.assert_array_equal(t["token_embd.weight"], tensor(spark_d2t.target, "model.embed_tokens.weight"))
-    assert [w for w in spark_d2t.warned if "mask_embedding.pt" in w and "no token embeddings of its own" in w]
-    assert not any("lm head" in w or "full-vocabulary" in w for w in spark_d2t.warned)
+    # its own head stays; the embeddings are the target's, lent at run time
+    assert "token_embd.weight" not in t and spark_d2t.res.borrows == ["token_embd.weight"]
+    assert spark_d2t.res.beside_line().startswith(f"{spark_d2t.res.out} has no token embeddings of its own: ")
+    assert not spark_d2t.warned
 
 
 def test_own_mask_embedding_is_used_as_it_is(work, zlab, target):
+    # a checkpoint that ships its own mask vector (MiMo's): the converter writes the target's tables
+    # with that row, and the draft needs no lender
     folder = _copy(zlab.hf_dir, work / "zlab-mask")
     vec = torch.full((LAYER["hidden_size"],), 0.5)
     torch.save({"mask_token_id": MASK, "embedding": vec}, folder / "mask_embedding.pt")
     run = Run(work, folder, target)
-    assert not any("mask_embedding.pt" in w for w in run.warned)
+    assert not run.warned and run.res.borrows == [] and run.res.beside_line() is None
+    m = load(run.res.out)
+    assert m.borrows == []
+    m.close()
     emb = gguf_tensors(run.res.out)["token_embd.weight"]
     np.testing.assert_array_equal(emb[MASK], vec.numpy())
     np.testing.assert_array_equal(np.delete(emb, MASK, 0),
                                   np.delete(tensor(target, "model.embed_tokens.weight"), MASK, 0))
 
 
-def test_cli_converts_and_prints_one_line(work, zlab, target, capsys):
-    out = work / "cli.gguf"
-    assert main(["convert", str(zlab.hf_dir), str(out), "--target", str(target), "--outtype", "q8_0"]) == 0
+def test_cli_converts_and_says_it_runs_beside_its_target(work, zlab, target, capsys, monkeypatch):
+    import graphgen.authors.convert as mod
+    staged = []
+    real_stage = mod._stage
+
+    def stage(folder, hf_dir, plan):
+        real_stage(folder, hf_dir, plan)
+        staged.extend(p.name for p in folder.iterdir())
+    monkeypatch.setattr(mod, "_stage", stage)
+    out, tgt = work / "cli.gguf", work / "cli-target.gguf"
+    assert main(["convert", str(zlab.hf_dir), str(out), "--target", str(target), "--outtype", "q8_0",
+                 "--target-gguf", str(tgt)]) == 0
     cap = capsys.readouterr()
+    # the checkpoint's own files, nothing added
+    assert sorted(staged) == sorted(p.name for p in zlab.hf_dir.iterdir()) and "mask_embedding.pt" not in staged
     n = len(GGUFReader(out).tensors)
-    assert cap.out.startswith(f"converted {zlab.hf_dir} -> {out} (llama.cpp converter {CONVERTER_COMMIT}, "
-                              f"{n} tensors, ") and cap.out.count("\n") == 1
-    assert "graphgen: warning: " in cap.err and "mask_embedding.pt" in cap.err
-    load(out).close()
+    lines = cap.out.splitlines()
+    assert lines[0].startswith(f"converted {zlab.hf_dir} -> {out} (llama.cpp converter {CONVERTER_COMMIT}, "
+                               f"{n} tensors, ")
+    assert lines[1:] == [f"converted its target -> {tgt} (qwen3)",
+                         f"{out} has no token embeddings or lm head of its own: it runs beside its target, which "
+                         f"lends them (graphgen draft -m {tgt} -md {out})"]
+    assert cap.err == ""
+    load(out, target=tgt).close()
+    # without --target-gguf the line names a target to give
+    assert main(["convert", str(zlab.hf_dir), str(out), "--target", str(target), "--force"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].endswith(f"(graphgen draft -m TARGET.gguf -md {out})")
+
+
+def test_target_gguf_refusals_keep_both_outputs(work, zlab, target):
+    out = work / "pair.gguf"
+    with pytest.raises(ConvertError, match="the target's GGUF and the draft's are one file"):
+        convert(zlab.hf_dir, out, target_dir=target, target_gguf=out, warn=None)
+    notes = work / "pair-notes.gguf"
+    notes.write_text("not a model")
+    with pytest.raises(ConvertError, match=r"pair-notes\.gguf: exists and is not a GGUF file"):
+        convert(zlab.hf_dir, out, target_dir=target, target_gguf=notes, warn=None)
+    assert notes.read_text() == "not a model" and not out.exists()
+    # a target the converter cannot take: neither file is written
+    bad = _copy(target, work / "target-bogus")
+    tensors = load_file(bad / "model.safetensors")
+    tensors["bogus.weight"] = torch.zeros(4, 4)
+    save_file(tensors, bad / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ConvertError, match=r"target-bogus: llama.cpp's converter \(\w+\) failed on the target: "):
+        convert(zlab.hf_dir, out, target_dir=bad, target_gguf=work / "pair-target.gguf", warn=None)
+    assert not out.exists() and not (work / "pair-target.gguf").exists()
+    assert not list(work.glob(".pair*"))
 
 
 def test_upstream_alone_refuses_speculators_dflash(spec):
