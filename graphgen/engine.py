@@ -33,7 +33,7 @@ def run_scenario(model_path, scenario: Scenario, out=None, max_data: int = 26214
     model_path = Path(model_path)
     sess = Session(model_path, n_ctx=scenario.n_ctx, n_ubatch=scenario.n_ubatch,
                    flash_attn=scenario.flash_attn, type_k=scenario.type_k, type_v=scenario.type_v, n_seq=scenario.n_seq,
-                   n_threads=scenario.n_threads, backend=backend, target=scenario.target)
+                   n_threads=scenario.n_threads, backend=backend, target=scenario.target_path)
     engine = SessionEngine(sess)
     header = engine_header(model_path.name, model_path, scenario, scenario_path) if out is not None else None
     rec = NodeRecorder(G.op_desc, G.type_name, max_data, G.read_tensor_bytes) if out is not None else None

@@ -75,11 +75,24 @@ class Scenario:
     features_base: str | None = field(default=None, repr=False, compare=False)
     _features: dict | None = field(default=None, repr=False, compare=False)
 
+    def _resolved(self, value: str | None) -> str | None:
+        """A relative path as the folder it was read from names it: the scenario file's folder, and for
+        a dump folder (whose graphs sit one level below the run that made them) its parent too."""
+        if value is None or Path(value).is_absolute() or self.features_base is None:
+            return value
+        base = Path(self.features_base)
+        for folder in (base, base.parent):
+            if (folder / value).exists():
+                return str(folder / value)
+        return str(base / value)
+
     @property
     def features_path(self) -> str | None:
-        if self.features_file is None or Path(self.features_file).is_absolute() or self.features_base is None:
-            return self.features_file
-        return str(Path(self.features_base) / self.features_file)
+        return self._resolved(self.features_file)
+
+    @property
+    def target_path(self) -> str | None:
+        return self._resolved(self.target)
 
     @property
     def type_kv(self) -> str:
@@ -129,7 +142,7 @@ class Scenario:
                  else {"type_k": self.type_k, "type_v": self.type_v})
         batch = {} if self.n_batch is None else {"n_batch": self.n_batch}
         if self.target is not None:
-            batch["target"] = self.target
+            batch["target"] = self.target_path if copy else self.target
         if self.features_file is not None:
             batch["features"] = self.features_path if copy else self.features_file
         return {"n_ctx": self.n_ctx, **batch, "n_ubatch": self.n_ubatch,
@@ -295,7 +308,8 @@ def recorded_scenario_doc(path) -> tuple[dict, str]:
 
 def load_scenario(path) -> Scenario:
     """A scenario file, or the scenario a dump folder or dump file recorded. Relative target and
-    features paths are read from the folder of the scenario (or of the dump) that names them."""
+    features paths are read from the folder of the scenario (or of the dump, or the dump's parent)
+    that names them."""
     sc = parse_scenario(*_read(path))
     p = Path(path)
     sc.features_base = str(p if p.is_dir() else p.parent)

@@ -172,8 +172,10 @@ def run_check(hf_dir, scenario_path=None, target=None, keep=None, f16=False, say
         conv = convert(hf, gguf, target_dir=target, target_gguf=target_gguf, force=True,
                        warn=None)  # warnings go in the report
         if conv.borrows:
-            doc = {**doc, "target": str(target_gguf.resolve())}
+            # named relative to the run's folder, so that kept dumps still find it
+            doc = {**doc, "target": target_gguf.name}
             sc = parse_scenario(doc, where=where)
+            sc.features_base = str(work)
         scenario_path.write_text(json.dumps(doc, indent=1) + "\n")
         dirs = {k: work / k for k in ("torch", "arbiter", "llama.cpp", "graphgen")}
         say("running the authors' model")
@@ -201,11 +203,6 @@ def run_check(hf_dir, scenario_path=None, target=None, keep=None, f16=False, say
             if Path(keep).is_dir():
                 Path(keep).rmdir()
             shutil.move(str(work), str(keep))
-            if conv.borrows:
-                # the kept scenario names the kept target
-                kept = Path(keep) / "scenario.json"
-                kept.write_text(json.dumps({**doc, "target": str((Path(keep) / "target.gguf").resolve())},
-                                           indent=1) + "\n")
         return {"hf_dir": str(hf), "class": draft.label, "converter": conv.commit,
                 "converter_warnings": conv.warnings, "borrows": conv.borrows, "target_arch": conv.target_arch,
                 "work": str(keep or work), "kept": bool(keep),

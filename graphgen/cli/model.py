@@ -80,7 +80,8 @@ def add_make_model_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--causal", action="store_true", help="dflash.attention.causal = true")
     g.add_argument("--hidden-act", choices=HIDDEN_ACTS)
     g.add_argument("--d2t-vocab", type=int, help="reduced draft vocab with a d2t map (--format hf DSpark: "
-                   "default 3/4 of --vocab, as llama.cpp's converter drops a full-vocabulary DSpark's head)")
+                   "default 3/4 of --vocab, as speculators' DSpark drafts ship a reduced head; equal to --vocab: a "
+                   "full-vocabulary DSpark, which borrows the target's head)")
     g = parser.add_argument_group("DFlash2 (conv also for LiliCorr with --lilicorr-conv)")
     g.add_argument("--selector-rank", type=int)
     g.add_argument("--selector-top-k", type=int)

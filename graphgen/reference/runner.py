@@ -314,7 +314,7 @@ def run_child(model: Path, scenario: Scenario, out: Path, max_data: int, scenari
     if scenario.target is not None:
         # a context of the target only lends the draft its embeddings and lm head (ctx_other)
         from .target import TargetContext
-        lender = TargetContext(Path(scenario.target), [], n_ctx=256, n_batch=64, n_seq=1, n_threads=scenario.n_threads)
+        lender = TargetContext(Path(scenario.target_path), [], n_ctx=256, n_batch=64, n_seq=1, n_threads=scenario.n_threads)
     try:
         rc = ReferenceContext(model, scenario, recorder=rec, ctx_other=None if lender is None else lender.ctx)
     except BaseException:

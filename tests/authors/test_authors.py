@@ -300,7 +300,11 @@ def test_check_runs_the_triangle(converted, capsys, tmp_path):
     # the draft as the converter wrote it, beside its target's GGUF (the kept scenario names the kept one)
     assert doc["borrows"] == ["token_embd.weight", "output.weight"] and doc["target_arch"] == "qwen3"
     assert not doc["converter_warnings"]
-    assert json.loads((keep / "scenario.json").read_text())["target"] == str((keep / "target.gguf").resolve())
+    assert json.loads((keep / "scenario.json").read_text())["target"] == "target.gguf"
+    # the kept dumps replay: their recorded scenario finds the kept target beside them
+    from graphgen.scenario import load_scenario
+    for side in ("llama.cpp", "graphgen"):
+        assert load_scenario(keep / side).target_path == str(keep / "target.gguf")
     from graphgen.compare.dump import load_dump_dir
     assert {d.source["dtype"] for d in load_dump_dir(keep / "arbiter")} == {"float64"}
     for side in ("torch", "arbiter", "llama.cpp", "graphgen"):
