@@ -30,9 +30,9 @@ def _cmd_dump(args) -> int:
         sc = load_scenario(args.scenario)
         apply_to_scenario(args, sc)
         return _cmd_dump_torch(args, sc)
-    if args.target is not None:
-        raise ValueError("--target is for --engine torch (the authors' model reads the target's embeddings)")
     if args.model_draft is not None:
+        if args.target is not None:
+            raise ValueError("-m names the target with -md; drop --target")
         return _dump_on_target(args)
     given = [f for f, v in (("-p", args.prompt_text), ("-f", args.file), ("-n", args.n_predict), ("--temp", args.temp),
                             ("--target-seed", args.target_seed)) if v is not None]
@@ -42,6 +42,13 @@ def _cmd_dump(args) -> int:
         raise FileNotFoundError(f"{model}: no such model file")
     sc = scenario_from_args(args, model)
     apply_to_scenario(args, sc)
+    if args.target is not None:
+        # the target GGUF lending a draft without them its embeddings and lm head (ctx_other)
+        from ..targets import resolve
+        lender = resolve(args.target)
+        if not lender.is_file():
+            raise FileNotFoundError(f"{lender}: no such target model file (--target)")
+        sc.target = str(lender.resolve())
     # the reference reads a scenario file: given the file unchanged, that one; else the one the
     # flags made
     from ..scenario import load_scenario
@@ -325,8 +332,9 @@ def register(sub) -> None:
     p.add_argument("--engine", choices=("graphgen", "llama.cpp", "torch"), default="graphgen",
                    help="graphgen (default), llama.cpp b11739, or torch: the draft authors' own model "
                         "(needs graphgen[torch])")
-    p.add_argument("--target", metavar="DIR", default=None,
-                   help="with --engine torch: the target's folder (default: MODEL/target)")
+    p.add_argument("--target", metavar="PATH", default=None,
+                   help="with --engine torch: the target's folder (default: MODEL/target); else the target GGUF (or "
+                        "smollm2) lending a draft without them its embeddings and lm head, as a scenario's \"target\"")
     p.add_argument("--max-data", type=int, default=262144,
                    help="store values of nodes up to this many elements (default 262144; larger ones keep a digest)")
     add_kv_type_flags(p)
