@@ -162,3 +162,16 @@ def test_dump_and_diff_on_the_target_compare_the_draft_graphs(target, draft, tmp
         [k for k in kinds if k != "seq_rm"]), d.stdout[-2000:]
     both = run(["diff", "-m", target, "-md", draft, "-p", PROMPT, "-n", 3, "--quiet"])
     assert both.returncode == 0 and "0 diverged" in both.stdout, both.stdout + both.stderr[-2000:]
+
+
+def test_dump_with_a_lending_target_on_any_scenario(target, draft, tmp_path):
+    """--target lends a borrowing draft its tables on a scenario of random features, both engines."""
+    sides = {}
+    for engine in ("llama.cpp", "graphgen"):
+        sides[engine] = tmp_path / engine
+        p = run(["dump", draft, "--target", target, "--engine", engine, "--steps", 2, "--out", sides[engine]])
+        assert p.returncode == 0, p.stderr[-2000:]
+    d = run(["diff", sides["llama.cpp"], sides["graphgen"], "--quiet"])
+    assert d.returncode == 0 and "4 graphs compared, 0 diverged" in d.stdout, d.stdout + d.stderr
+    p = run(["dump", draft, "--engine", "llama.cpp", "--out", tmp_path / "none"])
+    assert p.returncode == 2 and "token_embd.weight" in p.stderr and "borrows" in p.stderr, p.stderr
