@@ -3,8 +3,8 @@
 - One numbering: layer 0's input is the token embeddings, so both engines' layer-0 features are
   the GGUF's dequantized `token_embd` rows, bit for bit (an off-by-one layer would fail here).
 - At a mid layer the engines differ, a little: b11739's Q4_1 matmuls round the activations to
-  8 bits first, transformers' float matmuls do not; and transformers is far closer to b11739 on
-  the f32 copy of the same weights than to b11739 on the Q4_1 file.
+  8 bits first, transformers' float matmuls do not; transformers matches b11739 on the f32 copy
+  of the same weights to float rounding once attention keeps f32 (f32 K/V, no flash attention).
 - The f32 copy `dequantized` makes loads in b11739 and continues a prompt as the Q4_1 file does.
 - Bad input is refused naming the file, the layer or the tokens.
 """
@@ -17,7 +17,7 @@ import pytest
 import gguf
 from graphgen import targets
 from graphgen.accept import features as F
-from target_numerics import TEXT
+from target_numerics import EXACT, TEXT
 
 pytestmark = [pytest.mark.reference]
 
@@ -54,15 +54,19 @@ def test_engines_share_the_numbering_and_differ_a_little_at_a_mid_layer(q4, f32,
     np.testing.assert_array_equal(llama_q4[:, 0], rows)
     np.testing.assert_array_equal(hf[:, 0], rows)
 
-    # measured on these 99 tokens: 2.56e-6 (b11739 Q4_1 the reference); a factor ~10 either way
-    # keeps the band clear of thread or library noise while failing on a wrong layer (~1) or on
-    # engines that suddenly agree (0)
-    mid = F.nmse(hf, llama_q4)[1]
-    assert 2.5e-7 < mid < 2.5e-5, mid
-    # measured: 4.2e-10 against b11739 on the f32 copy, ~6000 times closer than to its Q4_1 run:
-    # the gap is b11739's quantized matmuls, not transformers' dequantization or its arithmetic
-    to_f32 = F.nmse(hf, F.llama_features(f32, LAYERS, tokens))[1]
-    assert to_f32 < 4e-9 and to_f32 < mid / 100, (to_f32, mid)
+    # positions 1..: from layer 12 on the first token's massive activation holds ~99% of the squared
+    # norm, and would make this mostly a check of one row. Measured on these 98 rows at layer 15:
+    # 3.58e-4 (b11739 Q4_1 the reference); a factor 10 either way keeps the band clear of library
+    # noise while failing on a wrong layer (~1) or on engines that suddenly agree
+    rest = slice(1, None)
+    mid = F.nmse(hf[rest], llama_q4[rest])[1]
+    assert 3.5e-5 < mid < 3.5e-3, mid
+    # against b11739 on the f32 copy, measured 6.5e-8 with the loop's context (flash attention
+    # rounds to f16) and 6.5e-13 with f32 K/V and flash attention off: the gap to the Q4_1 run is
+    # b11739's quantized matmuls, not transformers' dequantization or its arithmetic
+    loop = F.nmse(hf[rest], F.llama_features(f32, LAYERS, tokens)[rest])[1]
+    exact = F.nmse(hf[rest], F.llama_features(f32, LAYERS, tokens, **EXACT)[rest])[1]
+    assert loop < 6.5e-7 and exact < 6.5e-12, (loop, exact)
 
 
 def test_layer_0_is_the_embedding_rows_in_b11739(q4, tokens, llama_q4):
@@ -71,13 +75,13 @@ def test_layer_0_is_the_embedding_rows_in_b11739(q4, tokens, llama_q4):
 
 
 def test_the_f32_copy_loads_in_b11739_and_continues_as_the_q4_1_file(q4, f32):
-    r = gguf.GGUFReader(str(f32))
-    src = gguf.GGUFReader(str(q4))
-    assert {t.tensor_type.name for t in r.tensors} == {"F32"}
-    assert [t.name for t in r.tensors] == [t.name for t in src.tensors]
-    assert set(r.fields) == set(src.fields)
-    assert r.fields["general.file_type"].contents() == int(gguf.LlamaFileType.ALL_F32)
-    assert r.fields["tokenizer.ggml.merges"].contents() == src.fields["tokenizer.ggml.merges"].contents()
+    with open(q4, "rb") as a, open(f32, "rb") as b:
+        keys_q4, keys_f32 = F._read_keys(a), F._read_keys(b)  # scalars and strings, array lengths
+    assert keys_f32.pop("general.file_type") == int(gguf.LlamaFileType.ALL_F32)
+    assert keys_q4.pop("general.file_type") == int(gguf.LlamaFileType.MOSTLY_Q4_1)
+    assert keys_f32 == keys_q4
+    tensors = gguf.GGUFReader(str(f32)).tensors
+    assert len(tensors) == 272 and {t.tensor_type.name for t in tensors} == {"F32"}
 
     prompt_q, out_q = F.greedy(q4, "The capital of France is", 6)
     prompt_f, out_f = F.greedy(f32, "The capital of France is", 6)
