@@ -59,9 +59,13 @@ def _layers(value: str, n_layer: int) -> list[int]:
     if value == "all":
         return list(range(n_layer))
     try:
-        return [int(v) for v in value.split(",") if v.strip()]
+        layers = [int(v) for v in value.split(",") if v.strip()]
     except ValueError:
-        raise SystemExit(f"target_numerics: --layers {value!r}: comma-separated integers, or all") from None
+        raise F.FeaturesError(f"--layers {value!r}: comma-separated integers, or all") from None
+    bad = [il for il in layers if not 0 <= il < n_layer]
+    if bad or not layers:
+        raise F.FeaturesError(f"--layers {value!r}: layer inputs 0..{n_layer - 1}")
+    return layers
 
 
 def measure(target, layers, n_threads: int = 1, log=sys.stderr):
