@@ -205,7 +205,7 @@ def register(subparsers) -> None:
     add_model(p, "the target GGUF with -md (a known name: smollm2), else the draft GGUF")
     p.add_argument("-md", "--model-draft", dest="model_draft", metavar="FILE", default=None,
                    help="the draft GGUF; -m is then the target, which verifies every draft")
-    p.add_argument("-p", "--prompt", action="append", metavar="TEXT",
+    p.add_argument("-p", "--prompt-text", dest="prompt", action="append", metavar="TEXT",
                    help="prompt text, tokenized by the target (with -md); repeated: sequences of -np take them in turn")
     p.add_argument("-f", "--file", metavar="FILE", help="read the prompt text from FILE (with -md)")
     p.add_argument("--no-baseline", action="store_true",

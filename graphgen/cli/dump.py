@@ -349,7 +349,7 @@ def register(sub) -> None:
     g = p.add_argument_group("a draft on a real target (instead of REF OURS)")
     g.add_argument("-m", "--model", dest="target_model", metavar="TARGET", help="the target GGUF (or smollm2)")
     g.add_argument("-md", "--model-draft", dest="model_draft", metavar="DRAFT", help="the draft GGUF")
-    g.add_argument("-p", "--prompt", dest="prompt_text", action="append", metavar="TEXT", help="prompt text")
+    g.add_argument("-p", "--prompt-text", dest="prompt_text", action="append", metavar="TEXT", help="prompt text")
     g.add_argument("-f", "--file", metavar="FILE", help="read the prompt text from FILE")
     g.add_argument("-n", "--n-predict", dest="n_predict", type=count_arg(1), default=16, metavar="N",
                    help="tokens to generate (default 16)")

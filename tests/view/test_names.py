@@ -12,16 +12,20 @@ def _commands():
 
 
 def test_no_command_takes_p_as_a_count_of_rows():
-    """llama.cpp's -p is the prompt's text; graphgen's row counts are --prompt N, whose help says
+    """llama.cpp's -p is the prompt's text, as in the commands that run a real target (-p /
+    --prompt-text, tokenized by the target); graphgen's row counts are --prompt N, whose help says
     so. rpc-server's -p is the port, as llama.cpp's rpc-server spells it."""
     takes_p, prompt_helps = [], {}
     for name, p in _commands().items():
         for a in p._actions:
             if "-p" in a.option_strings:
                 takes_p.append((name, a.dest))
+                if name != "rpc-server":
+                    assert "--prompt-text" in a.option_strings and a.metavar == "TEXT" and a.type is None, name
             if "--prompt" in a.option_strings:
                 prompt_helps[name] = a.help
-    assert takes_p == [("rpc-server", "port")]
+    assert sorted(takes_p) == [("diff", "prompt_text"), ("draft", "prompt"), ("dump", "prompt_text"),
+                               ("rpc-server", "port")]
     assert {"dump", "trace", "bench", "xdiff", "check-batch"} <= set(prompt_helps)
     for name, text in prompt_helps.items():
         assert "a count (not llama.cpp's -p prompt text)" in text, (name, text)
