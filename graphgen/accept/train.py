@@ -331,6 +331,8 @@ class TrainSettings:
     seed: int = 0
     threads: int = 1            # on a shared 2-core machine one thread ran 4x faster than two (no OpenMP waits)
     val_seqs: int = 16          # sequences held out of training, their loss logged beside the training loss
+    feature_dropout: float = 0.0  # dropout on the target features in training: a few thousand rows overfit fast
+    keep_best: bool = True      # return the weights of the logged step with the lowest held-out CE
 
 
 def _anchor_pool(corpus: Corpus, block: int) -> list[np.ndarray]:
@@ -449,7 +451,7 @@ def train(corpus: Corpus, embed_np: np.ndarray, shape: DraftShape, st: TrainSett
         with torch.no_grad():
             _, vs = block_loss(model, embed, *val_batch, block=shape.block_size, decay=st.decay)
         return {"val_ce": round(vs["ce"], 4), "val_acc1": round(vs["acc1"], 4), "val_acc": round(vs["acc"], 4)}
-    history, window = [], []
+    history, window, best = [], [], None
     t0 = last = time.perf_counter()
     order = np.array(usable)
     at = 0
@@ -466,6 +468,8 @@ def train(corpus: Corpus, embed_np: np.ndarray, shape: DraftShape, st: TrainSett
             # every token of the data, and a fresh random draw of the others, pushed down too
             others = torch.from_numpy(rng.choice(shape.n_vocab, size=st.negatives, replace=False))
             vocab = torch.unique(torch.cat([seen, others]))
+        if st.feature_dropout:
+            batch = (torch.nn.functional.dropout(batch[0], st.feature_dropout), *batch[1:])
         loss, stats = block_loss(model, embed, *batch, block=shape.block_size, decay=st.decay, vocab=vocab)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -477,7 +481,11 @@ def train(corpus: Corpus, embed_np: np.ndarray, shape: DraftShape, st: TrainSett
             last = now
             rate = (step + 1) / (now - t0)
             mean = {k: float(np.mean([w[k] for w in window])) for k in ("loss", "ce", "acc1", "acc")}
+            model.eval()
             val = validate()
+            model.train()
+            if val and (best is None or val["val_ce"] < best[0]):
+                best = (val["val_ce"], step + 1, {k: v.detach().clone() for k, v in model.state_dict().items()})
             history.append({"step": step + 1, "seconds": round(now - t0, 1), **{k: round(v, 4) for k, v in mean.items()},
                             **val})
             window = []
@@ -486,6 +494,10 @@ def train(corpus: Corpus, embed_np: np.ndarray, shape: DraftShape, st: TrainSett
                 f"{mean['acc1']:.3f}, all rows {mean['acc']:.3f}{vtext}, {rate:.2f} steps/s, "
                 f"{_clock((st.steps - step - 1) / rate)} left")
     model.eval()
+    if st.keep_best and best is not None:
+        model.load_state_dict(best[2])
+        log(f"train: kept step {best[1]}'s weights (held-out CE {best[0]:.3f})")
+        history.append({"kept_step": best[1]})
     return model, history, time.perf_counter() - t0
 
 
