@@ -13,6 +13,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "graphgen.cli.model",    # make-model, info
     "graphgen.cli.dump",     # dump, diff
     "graphgen.cli.draft",    # draft
+    "graphgen.cli.accept",   # accept
     "graphgen.cli.backend",  # devices, xdiff, rpc-server
     "graphgen.cli.view",     # view, trace, import
     "graphgen.cli.bench",    # bench

@@ -1,0 +1,301 @@
+"""One draft's acceptance in several speculative loops, round by round.
+
+`run_engines` runs the same prompts through the loop once per engine, the target always b11739
+(ReferenceTarget): "llama.cpp" drafts in b11739's own draft context beside the target, "graphgen"
+in graphgen's Session. Each engine gets a target of its own (b11739 allows one draft context per
+target child), the same settings and the prompts in the same batches of n_seq, so with greedy
+sampling the two must draft, accept and generate the same tokens round for round;
+`first_divergence` finds where they do not. `acceptance_svg` plots the acceptance per draft
+position, one line per engine.
+
+Rounds are numbered per prompt from 0; draft positions from 1, as the plot's x axis has them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ..errors import GraphgenError
+
+ENGINES = ("llama.cpp", "graphgen")
+ROOT = Path(__file__).resolve().parents[2]
+
+# held-out text: none is a training prompt, none is made by graphgen/accept/train.py's templates or
+# word lists, and none is its HELD_OUT_PROMPTS (the card's measurement), so the two measure apart
+DEFAULT_PROMPTS = [
+    "The quickest way to get from London to Paris is",
+    "My grandmother always told me that",
+    "Our team meeting on Monday will cover",
+    "To keep a houseplant healthy, you should",
+    "The most popular sport in Brazil is",
+    "When the train finally arrived at the station,",
+]
+
+
+@dataclass
+class EngineRun:
+    """One engine's loop over every prompt. rounds[p]: prompt p's rounds, each a dict with
+    n_drafted and n_accepted, and (where the engine exposes them) pos0, id_last, the draft and
+    the target's bonus token."""
+    engine: str
+    n_max: int
+    prompts: list
+    rounds: list
+    tokens: list = field(default_factory=list)     # per prompt: the generated tokens
+    text: list = field(default_factory=list)       # per prompt: the generated text
+    seconds: float = 0.0                           # the loops' wall time, target included
+
+    @property
+    def blocks(self) -> list:
+        return [r for rs in self.rounds for r in rs]
+
+    @property
+    def generated_tokens(self) -> int:
+        return sum(len(t) for t in self.tokens)
+
+    @property
+    def mean_accepted_length(self) -> float:
+        b = self.blocks
+        return sum(r["n_accepted"] for r in b) / len(b) if b else 0.0
+
+    @property
+    def acceptance_per_position(self) -> list:
+        """Per draft position i (1..n_max): of the blocks drafted at least i tokens long, the share
+        whose token i was accepted."""
+        out = []
+        for i in range(1, self.n_max + 1):
+            drafted = [r for r in self.blocks if r["n_drafted"] >= i]
+            out.append(sum(1 for r in drafted if r["n_accepted"] >= i) / len(drafted) if drafted else 0.0)
+        return out
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.generated_tokens / self.seconds if self.seconds > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.update(blocks=len(self.blocks), drafted_tokens=sum(r["n_drafted"] for r in self.blocks),
+                 accepted_tokens=sum(r["n_accepted"] for r in self.blocks), generated_tokens=self.generated_tokens,
+                 mean_accepted_length=self.mean_accepted_length,
+                 acceptance_per_position=self.acceptance_per_position, tokens_per_s=self.tokens_per_s)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "EngineRun":
+        return cls(**{k: d[k] for k in ("engine", "n_max", "prompts", "rounds", "tokens", "text", "seconds")})
+
+
+@dataclass
+class Divergence:
+    prompt: int          # the prompt's index
+    round: int           # the prompt's round, from 0
+    position: int | None  # the draft position, from 1 (None: one engine ran a round the other did not)
+    what: str
+
+    def describe(self) -> str:
+        where = f"prompt {self.prompt}, round {self.round}"
+        if self.position is not None:
+            where += f", draft position {self.position}"
+        return f"{where}: {self.what}"
+
+
+def first_divergence(a, b) -> Divergence | None:
+    """The first (prompt, round, position) where two engines' runs (EngineRun or its dict) draft a
+    different token, accept a different count or see a different target token; None if every
+    round agrees."""
+    a = a if isinstance(a, EngineRun) else EngineRun.from_dict(a)
+    b = b if isinstance(b, EngineRun) else EngineRun.from_dict(b)
+    for p in range(max(len(a.rounds), len(b.rounds))):
+        ra = a.rounds[p] if p < len(a.rounds) else []
+        rb = b.rounds[p] if p < len(b.rounds) else []
+        for k in range(max(len(ra), len(rb))):
+            if k >= len(ra) or k >= len(rb):
+                longer = a.engine if k < len(ra) else b.engine
+                return Divergence(p, k, None, f"only {longer} ran this round")
+            x, y = ra[k], rb[k]
+            if x.get("id_last") is not None and y.get("id_last") is not None and x["id_last"] != y["id_last"]:
+                return Divergence(p, k, None, f"the round starts from token {x['id_last']} in {a.engine}, "
+                                              f"{y['id_last']} in {b.engine}")
+            dx, dy = x.get("draft"), y.get("draft")
+            if dx is not None and dy is not None:
+                for i in range(max(len(dx), len(dy))):
+                    tx = dx[i] if i < len(dx) else None
+                    ty = dy[i] if i < len(dy) else None
+                    if tx != ty:
+                        return Divergence(p, k, i + 1, f"{a.engine} drafted {_tok(tx)}, {b.engine} {_tok(ty)}")
+            elif x["n_drafted"] != y["n_drafted"]:
+                n = min(x["n_drafted"], y["n_drafted"]) + 1
+                return Divergence(p, k, n, f"{a.engine} drafted {x['n_drafted']} tokens, {b.engine} {y['n_drafted']}")
+            if x["n_accepted"] != y["n_accepted"]:
+                return Divergence(p, k, min(x["n_accepted"], y["n_accepted"]) + 1,
+                                  f"{a.engine} accepted {x['n_accepted']}, {b.engine} {y['n_accepted']}")
+            if x.get("bonus") is not None and y.get("bonus") is not None and x["bonus"] != y["bonus"]:
+                return Divergence(p, k, x["n_accepted"] + 1,
+                                  f"the target's token is {x['bonus']} in {a.engine}, {y['bonus']} in {b.engine}")
+    return None
+
+
+def _tok(t) -> str:
+    return "nothing" if t is None else f"token {t}"
+
+
+def resolve_draft(value) -> Path:
+    """A draft GGUF given as a file, a folder holding draft.gguf, or the name of a draft shipped in
+    the project's drafts/ folder (smollm2-dflash)."""
+    p = Path(value)
+    if not p.exists() and len(p.parts) == 1 and (ROOT / "drafts" / p).is_dir():
+        p = ROOT / "drafts" / p
+    if p.is_dir():
+        p = p / "draft.gguf"
+    if not p.is_file():
+        raise FileNotFoundError(f"{value}: no such draft model file")
+    return p
+
+
+def open_drafter(engine: str, tg, draft: Path, target: Path, **settings):
+    """The draft session of `engine` beside the open target `tg`, and its driver (the draft's own
+    head, its whole block drafted): (session, drafter)."""
+    from ..runtime.drafters import DraftParams, create_drafter
+    if engine == "llama.cpp":
+        session = tg.open_draft(draft, **settings)
+    elif engine == "graphgen":
+        from ..runtime.session import Session
+        session = Session(draft, target=target, **settings)
+    else:
+        raise GraphgenError(f"unknown engine {engine!r}: the engines are {', '.join(ENGINES)}")
+    try:
+        return session, create_drafter(session, None, DraftParams(n_max=None))
+    except BaseException:
+        session.close()
+        raise
+
+
+def _run_engine(engine, target, draft, prompts_text, n_predict, temp, seed, n_seq, threads, layers, block,
+                task=None) -> EngineRun:
+    from ..reference.session import ReferenceTarget
+    from ..speculate import run_speculative
+    from ..verifier import TargetVerifier
+
+    # a byte-level BPE gives at most a token per byte (and a BOS): a context bound before tokenizing
+    longest = max(len(t.encode()) for t in prompts_text) + 2
+    # every sequence of a batch holds its prompt, n_predict tokens and one block past them
+    n_ctx = max(256, -(-n_seq * (longest + n_predict + block + 1) // 256) * 256)
+    runs = []
+    with ReferenceTarget(target, layers, n_ctx=n_ctx, n_batch=256, n_seq=n_seq, n_threads=threads) as tg:
+        session, drafter = open_drafter(engine, tg, draft, target, n_ctx=n_ctx, n_ubatch=64, flash_attn=True,
+                                        n_seq=n_seq, n_threads=threads, type_k="f16", type_v="f16")
+        try:
+            prompts = [tg.tokenize(t) for t in prompts_text]
+            for i, p in enumerate(prompts):
+                if not p:
+                    raise GraphgenError(f"prompt {i}: the text gives no tokens")
+            for c in range(0, len(prompts), n_seq):
+                chunk = prompts[c:c + n_seq]
+                if task is not None:
+                    task.update(f"{engine}: prompts {c + 1}-{c + len(chunk)} of {len(prompts)}")
+                # a fresh start for every batch: neither cache keeps the previous batch's cells
+                for s in range(n_seq):
+                    tg.seq_rm(s, -1, -1)
+                    drafter.seq_rm(s, -1, -1)
+                res = run_speculative(drafter, [(p, None) for p in chunk], n_predict=n_predict,
+                                      verifier=TargetVerifier(tg, temp=temp, seed=seed), temp=temp, seed=seed)
+                texts = {s: b"".join(tg.pieces(res.tokens[s][res.n_prompt[s]:])[0]).decode(errors="replace")
+                         for s in res.tokens}
+                runs.append((res, texts))
+            n_max = drafter.n_max
+        finally:
+            session.close()
+    out = EngineRun(engine, n_max, list(prompts_text), [])
+    for res, texts in runs:
+        for s in sorted(res.tokens):
+            out.rounds.append([{"pos0": r.pos0, "id_last": r.id_last, "draft": list(r.draft),
+                                "n_drafted": len(r.draft), "n_accepted": r.n_accepted, "bonus": r.bonus}
+                               for r in res.rounds if r.seq == s])
+            out.tokens.append(list(res.tokens[s][res.n_prompt[s]:]))
+            out.text.append(texts[s])
+        out.seconds += res.t_total
+    return out
+
+
+def run_engines(target, draft, prompts_text=None, n_predict: int = 64, engines=ENGINES, temp: float = 0.0,
+                seed: int = 0, n_seq: int = 1, threads: int = 1) -> dict:
+    """Every prompt (default DEFAULT_PROMPTS) through the speculative loop once per engine:
+    {engine: EngineRun}. The pair is checked first (graphgen.pair.check_pair, PairError)."""
+    from .. import progress
+    from ..errors import PairError
+    from ..pair import check_pair
+    from ..runtime.model import load
+
+    target, draft = Path(target), Path(draft)
+    for what, p in (("target", target), ("draft", draft)):
+        if not p.is_file():
+            raise FileNotFoundError(f"{p}: no such {what} model file")
+    problems = check_pair(target, draft)
+    if problems:
+        raise PairError(problems)
+    prompts_text = list(DEFAULT_PROMPTS if prompts_text is None else prompts_text)
+    if not prompts_text:
+        raise GraphgenError("no prompts")
+    if n_predict < 1:
+        raise GraphgenError(f"n_predict must be at least 1, got {n_predict}")
+    if n_seq < 1:
+        raise GraphgenError(f"n_seq must be at least 1, got {n_seq}")
+    for e in engines:
+        if e not in ENGINES:
+            raise GraphgenError(f"unknown engine {e!r}: the engines are {', '.join(ENGINES)}")
+    meta = load(draft, target=target)
+    layers, block = list(meta.hparams.target_layers), meta.hparams.block_size or 16
+    meta.close()
+    n_seq = min(n_seq, len(prompts_text))
+    out = {}
+    with progress.task(f"accept {draft.name} on {target.name}") as task:
+        for e in engines:
+            out[e] = _run_engine(e, target, draft, prompts_text, n_predict, temp, seed, n_seq, threads, layers,
+                                 block, task)
+    return out
+
+
+# -- the plot -----------------------------------------------------------------------------------
+
+COLOURS = {"graphgen": "#1f77b4", "llama.cpp": "#d62728", "authors": "#2ca02c"}
+
+
+def acceptance_svg(runs: dict, title: str = "") -> str:
+    """Acceptance per draft position (x: 1..n_max, y: 0..1), one polyline per engine; engines that
+    agree exactly draw over each other, so each later line is dashed."""
+    from ..bench import html_escape
+    W, H, L, R, T, B = 520, 320, 50, 20, 40, 40
+    n_max = max((r.n_max for r in runs.values()), default=1) or 1
+
+    def px(i):
+        return L + (i - 1) / max(n_max - 1, 1) * (W - L - R)
+
+    def py(v):
+        return T + (1 - v) * (H - T - B)
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" '
+             'font-size="11">',
+             f'<text x="10" y="16" font-size="13">{html_escape(title)}</text>',
+             f'<rect x="{L}" y="{T}" width="{W - L - R}" height="{H - T - B}" fill="none" stroke="#999"/>']
+    for k in range(0, 11, 2):
+        y = py(k / 10)
+        parts.append(f'<line x1="{L}" x2="{W - R}" y1="{y:.1f}" y2="{y:.1f}" stroke="#eee"/>'
+                     f'<text x="{L - 6}" y="{y + 4:.1f}" text-anchor="end">{k / 10:.1f}</text>')
+    for i in range(1, n_max + 1):
+        parts.append(f'<text x="{px(i):.1f}" y="{H - B + 14}" text-anchor="middle">{i}</text>')
+    parts.append(f'<text x="{(L + W - R) / 2}" y="{H - 8}" text-anchor="middle">draft position</text>')
+    parts.append(f'<text x="12" y="{(T + H - B) / 2}" transform="rotate(-90 12 {(T + H - B) / 2})" '
+                 'text-anchor="middle">acceptance rate</text>')
+    for j, (e, run) in enumerate(runs.items()):
+        colour = COLOURS.get(e, "#555")
+        dash = f' stroke-dasharray="{6 + 2 * j},{3 + 2 * j}"' if j else ""
+        pts = [(px(i + 1), py(v)) for i, v in enumerate(run.acceptance_per_position)]
+        parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="2"{dash} points="'
+                     + " ".join(f"{x:.1f},{y:.1f}" for x, y in pts) + '"/>')
+        parts += [f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2.5" fill="{colour}"/>' for x, y in pts]
+        ly = T + 14 + 14 * j
+        parts.append(f'<line x1="{W - R - 190}" x2="{W - R - 170}" y1="{ly}" y2="{ly}" stroke="{colour}" '
+                     f'stroke-width="2"{dash}/><text x="{W - R - 165}" y="{ly + 4}">{html_escape(e)} '
+                     f'(mean accepted {run.mean_accepted_length:.2f})</text>')
+    parts.append("</svg>")
+    return "\n".join(parts) + "\n"

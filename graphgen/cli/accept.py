@@ -1,0 +1,138 @@
+"""`graphgen accept -m TARGET -md DRAFT`: one draft's acceptance in each engine's speculative loop.
+
+The target runs in b11739 for every engine; the draft in b11739 beside it (llama.cpp) and in
+graphgen. Prints a table per engine (mean accepted length, acceptance per draft position,
+tokens/s) and whether the two engines drafted and accepted the same tokens round for round;
+exit 1 when they did not, naming the first prompt, round and draft position where they part.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..errors import GraphgenError
+from .llamaflags import count_arg
+
+
+def _engines(text: str) -> list[str]:
+    from ..accept.compare import ENGINES
+    names = [t for t in text.replace(" ", "").split(",") if t]
+    if not names:
+        raise GraphgenError("--engines: no engine given")
+    for n in names:
+        if n not in ENGINES:
+            raise GraphgenError(f"--engines {text}: unknown engine {n!r} (the engines are {', '.join(ENGINES)})")
+    if len(set(names)) != len(names):
+        raise GraphgenError(f"--engines {text}: an engine is named twice")
+    return names
+
+
+def _prompts(args) -> list[str] | None:
+    texts = list(args.prompt or [])
+    if args.file:
+        path = Path(args.file)
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no such prompt file")
+        # one prompt a line: the held-out sets are short texts, and a file of them reads naturally so
+        texts += [line for line in path.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
+        if not texts:
+            raise GraphgenError(f"{path}: the prompt file holds no text")
+    return texts or None
+
+
+def _cmd_accept(args) -> int:
+    from ..accept.compare import acceptance_svg, first_divergence, resolve_draft, run_engines
+    from ..targets import resolve
+
+    from .llamaflags import model_path
+    model_path(args)
+    if args.model_draft is None:
+        raise GraphgenError("no draft: give the draft GGUF with -md FILE")
+    engines = _engines(args.engines)
+    if not 0 <= args.seed <= 0xFFFFFFFF:
+        raise GraphgenError(f"--seed must be in [0, 2^32-1], got {args.seed}")
+    texts = _prompts(args)
+    target = resolve(args.model)
+    if not Path(target).is_file():
+        raise FileNotFoundError(f"{target}: no such target model file")
+    draft = resolve_draft(args.model_draft)
+    runs = run_engines(target, draft, texts, n_predict=args.n_predict, engines=engines, temp=args.temp,
+                       seed=args.seed, n_seq=args.n_parallel, threads=args.threads)
+    div = None
+    compared = "llama.cpp" in runs and "graphgen" in runs
+    if compared:
+        div = first_divergence(runs["llama.cpp"], runs["graphgen"])
+    if args.svg:
+        from ..staging import staged_file
+        with staged_file(args.svg) as tmp:
+            tmp.write_text(acceptance_svg(runs, f"{draft.name} on {Path(target).name}: acceptance per draft "
+                                                f"position (-n {args.n_predict}, {len(runs[engines[0]].prompts)} "
+                                                "prompts)"))
+    if args.json:
+        doc = {"target": str(target), "draft": str(draft), "n_predict": args.n_predict, "temp": args.temp,
+               "seed": args.seed, "n_seq": args.n_parallel,
+               "engines": {e: r.to_dict() for e, r in runs.items()}}
+        if compared:
+            doc["identical"] = div is None
+            doc["first_divergence"] = None if div is None else {"prompt": div.prompt, "round": div.round,
+                                                                "position": div.position, "what": div.what}
+        print(json.dumps(doc, indent=1))
+    else:
+        _print(runs, div, compared, args.verbose)
+    return 1 if div is not None else 0
+
+
+def _print(runs: dict, div, compared: bool, verbose: bool) -> None:
+    first = next(iter(runs.values()))
+    n_max = max(r.n_max for r in runs.values())
+    print(f"{len(first.prompts)} prompts")
+    head = "engine      mean accepted  blocks  drafted  accepted  tokens/s  " + \
+        " ".join(f"{'p' + str(i):>5}" for i in range(1, n_max + 1))
+    print(head)
+    for e, r in runs.items():
+        d = r.to_dict()
+        rates = " ".join(f"{v:5.2f}" for v in r.acceptance_per_position)
+        print(f"{e:<11} {r.mean_accepted_length:13.3f}  {d['blocks']:6d}  {d['drafted_tokens']:7d}  "
+              f"{d['accepted_tokens']:8d}  {r.tokens_per_s:8.2f}  {rates}")
+    if compared:
+        if div is None:
+            print("llama.cpp and graphgen drafting: identical in every round (drafts, acceptance, target tokens)")
+        else:
+            print(f"llama.cpp and graphgen drafting DIFFER, first at {div.describe()}")
+    if verbose:
+        for e, r in runs.items():
+            for p, (prompt, text) in enumerate(zip(r.prompts, r.text)):
+                print(f"--- {e}, prompt {p}: {prompt}\n{text}")
+
+
+def register(sub) -> None:
+    from .llamaflags import add_model
+    p = sub.add_parser(
+        "accept", help="a draft's acceptance in each engine's speculative loop, on a real target",
+        description="Run held-out prompts through the speculative loop with the target in llama.cpp b11739 "
+                    "and the draft in b11739 (llama.cpp) and in graphgen; print each engine's mean accepted "
+                    "length, acceptance per draft position and tokens/s, and whether the two engines drafted "
+                    "and accepted the same tokens in every round. Exit 0 when they did, 1 when they did not "
+                    "(naming the first prompt, round and draft position where they part), 2 on bad input.")
+    add_model(p, "the target GGUF (a known name: smollm2)")
+    p.add_argument("-md", "--model-draft", dest="model_draft", metavar="FILE", default=None,
+                   help="the draft GGUF, a folder holding draft.gguf, or a shipped draft's name (smollm2-dflash)")
+    p.add_argument("-p", "--prompt-text", dest="prompt", action="append", metavar="TEXT",
+                   help="a prompt's text; repeat for more (default: six held-out prompts)")
+    p.add_argument("-f", "--file", metavar="FILE", help="prompts from FILE, one a line")
+    p.add_argument("-n", "--n-predict", dest="n_predict", type=count_arg(1), default=64, metavar="N",
+                   help="tokens to generate per prompt (default 64)")
+    p.add_argument("-np", "--parallel", dest="n_parallel", type=count_arg(1), default=1, metavar="N",
+                   help="prompts drafted and verified together in one batch (default 1)")
+    p.add_argument("-t", "--threads", type=count_arg(1), default=1, metavar="N",
+                   help="threads of the target and the draft (default 1)")
+    p.add_argument("--temp", type=float, default=0.0,
+                   help="the target's sampling temperature; 0 is greedy (default 0)")
+    p.add_argument("--seed", type=int, default=0, help="the target's sampling seed, with --temp above 0 (default 0)")
+    p.add_argument("--engines", default="llama.cpp,graphgen", metavar="E,E",
+                   help="the engines, comma-separated: llama.cpp, graphgen (default llama.cpp,graphgen)")
+    p.add_argument("--svg", metavar="F", help="write the acceptance per draft position, one line per engine (SVG)")
+    p.add_argument("--json", action="store_true", help="print everything, rounds and text included, as JSON")
+    p.add_argument("--verbose", action="store_true", help="print each prompt's generated text")
+    p.set_defaults(fn=_cmd_accept)

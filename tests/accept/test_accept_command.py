@@ -1,0 +1,120 @@
+"""`graphgen accept`: the shipped SmolLM2 draft in b11739's loop and in graphgen's, round for round.
+
+The command's JSON is checked against its own rounds (the mean and the per-position rates are
+recomputed here), the two engines must draft and accept alike, the SVG has a line per engine, and
+a token planted in one engine's draft is found at the round it was planted in."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from graphgen.accept.train import HELD_OUT_PROMPTS
+
+pytestmark = pytest.mark.reference
+
+ROOT = Path(__file__).resolve().parents[2]
+DRAFT = ROOT / "drafts" / "smollm2-dflash" / "draft.gguf"
+CLI = [sys.executable, "-m", "graphgen.cli"]
+# the card's held-out prompts, on which the draft's mean accepted length was measured (0.23)
+PROMPTS = HELD_OUT_PROMPTS[:3]
+N = 24
+TRAINED_MIN = 0.12  # half the card's figure: a margin for other machines' numerics
+
+
+def _args(svg=None) -> list[str]:
+    out = ["accept", "-m", "smollm2", "-md", str(DRAFT), "-n", str(N), "-np", str(len(PROMPTS)), "--json"]
+    for p in PROMPTS:
+        out += ["-p", p]
+    return out + (["--svg", str(svg)] if svg else [])
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("accept")
+    svg = folder / "acc.svg"
+    p = subprocess.run(CLI + _args(svg), capture_output=True, text=True, timeout=300, cwd=folder)
+    return p, svg, folder
+
+
+def test_the_engines_draft_and_accept_alike_in_every_round(run):
+    from graphgen.accept.compare import first_divergence
+    p, _, _ = run
+    assert p.returncode == 0, p.stderr[-2000:]
+    doc = json.loads(p.stdout)
+    a, b = doc["engines"]["llama.cpp"], doc["engines"]["graphgen"]
+    assert doc["identical"] is True and doc["first_divergence"] is None
+    assert first_divergence(a, b) is None
+    assert len(a["rounds"]) == len(PROMPTS) and a["rounds"] == b["rounds"] and a["tokens"] == b["tokens"]
+    assert all(len(t) == N for t in a["tokens"]) and a["text"] == b["text"]
+
+
+def test_the_numbers_follow_from_the_rounds(run):
+    p, _, _ = run
+    doc = json.loads(p.stdout)
+    for name, e in doc["engines"].items():
+        blocks = [r for rs in e["rounds"] for r in rs]
+        assert blocks and all(r["n_drafted"] == len(r["draft"]) for r in blocks)
+        accepted = sum(r["n_accepted"] for r in blocks)
+        assert e["blocks"] == len(blocks) and e["accepted_tokens"] == accepted
+        assert e["mean_accepted_length"] == pytest.approx(accepted / len(blocks))
+        rates = []
+        for i in range(e["n_max"]):
+            long_enough = [r for r in blocks if len(r["draft"]) > i]
+            rates.append(sum(r["n_accepted"] > i for r in long_enough) / len(long_enough))
+        assert e["acceptance_per_position"] == pytest.approx(rates)
+        assert e["generated_tokens"] == N * len(PROMPTS)
+        assert e["tokens_per_s"] == pytest.approx(e["generated_tokens"] / e["seconds"])
+        assert e["mean_accepted_length"] > TRAINED_MIN, (name, e["mean_accepted_length"])
+
+
+def test_the_svg_has_a_line_per_engine_and_nothing_half_written_beside_it(run):
+    p, svg, folder = run
+    text = svg.read_text()
+    assert text.startswith("<svg") and text.rstrip().endswith("</svg>")
+    assert text.count("<polyline") == 2 and "llama.cpp" in text and "graphgen" in text
+    assert sorted(f.name for f in folder.iterdir()) == ["acc.svg"]
+
+
+def test_a_planted_draft_token_is_found_at_its_round(monkeypatch, capsys):
+    from graphgen.accept import compare
+    from graphgen.cli import main
+
+    planted_round = 3
+    real = compare.open_drafter
+
+    def faulty(engine, *a, **kw):
+        session, drafter = real(engine, *a, **kw)
+        if engine == "graphgen":
+            calls = {"n": 0}
+            draft = drafter.draft
+
+            def planted(reqs):
+                out = draft(reqs)
+                if calls["n"] == planted_round:
+                    out[0] = [(out[0][0] + 1) % 49152] + list(out[0][1:])
+                calls["n"] += 1
+                return out
+            drafter.draft = planted
+        return session, drafter
+    monkeypatch.setattr(compare, "open_drafter", faulty)
+    assert main(_args()) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["identical"] is False
+    assert doc["first_divergence"]["prompt"] == 0 and doc["first_divergence"]["round"] == planted_round
+    assert doc["first_divergence"]["position"] == 1
+    d = compare.first_divergence(doc["engines"]["llama.cpp"], doc["engines"]["graphgen"])
+    assert (d.prompt, d.round, d.position) == (0, planted_round, 1)
+
+
+def test_bad_inputs_are_one_line_naming_them(tmp_path):
+    p = subprocess.run(CLI + ["accept", "-m", "smollm2", "-md", "nowhere.gguf"], capture_output=True, text=True,
+                       timeout=120, cwd=tmp_path)
+    assert p.returncode == 2 and p.stderr.strip() == "graphgen: error: nowhere.gguf: no such draft model file"
+    p = subprocess.run(CLI + ["accept", "-m", "smollm2", "-md", str(DRAFT), "--engines", "llama.cpp,torch"],
+                       capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and "'torch'" in p.stderr
