@@ -1,0 +1,242 @@
+"""The authors' own speculative loop as an acceptance engine beside graphgen's.
+
+`authors_accept(target_gguf, draft_dir, prompts_tokens, n_predict)` runs z-lab's `dflash_generate`
+itself, unchanged, once per prompt: the target is transformers' model of the GGUF (its weights
+dequantized to float32, features.transformers_model), the draft `DFlashDraftModel.from_pretrained`
+of the checkpoint folder in float32, reading the target's embeddings and head as dflash_generate
+does. Block size, mask token and target layer ids are the checkpoint config's, read by the
+authors' class.
+
+What each round counts. dflash_generate's own statistic (`acceptance_lengths`, kept here as
+"authors_lengths") is the tokens a round appended to the output: the drafted tokens the target
+agreed with plus the target's own next token, cut at n_predict and at a stop token. graphgen's
+rounds (speculate.RoundRecord.n_accepted, like llama.cpp's) count only the agreed drafted tokens.
+So per round n_accepted = authors_length - 1, except:
+
+- the last round of a sequence that reaches n_predict on an agreed drafted token: the target's token
+  after it is dropped (dflash_generate clips the round, graphgen cuts its run the same way), so
+  there n_accepted = authors_length;
+- a round ended by a stop token: it is counted like the target's own token (graphgen never accepts
+  an end-of-generation token, it ends the round instead), so n_accepted = authors_length - 1.
+
+Both cases need what the round drafted and how much of it the target agreed with, which the
+returned tokens alone do not tell; they are observed, not recomputed from the output: a forward
+hook on the target sees every verification batch (the anchor token and the drafted tokens) and its
+logits, from which greedy agreement is dflash_generate's own rule (the longest prefix of drafted
+tokens equal to the target's argmax at the row before); at temp > 0 the count returned by dflash's
+`_rejection_sample` is recorded by a wrapper. Then per sequence, without a stop token,
+
+    generated tokens = 1 + sum(n_accepted) + rounds - (1 if the last round's own token was dropped)
+
+(1 the token of the prefill), the same identity as graphgen's loop, and mean accepted length =
+sum(n_accepted) / rounds, graphgen's `mean_accepted_length` (accepted / blocks).
+
+Drafted per round: verify_size - 1 tokens, where dflash_generate shrinks the last blocks to what
+n_predict leaves (min(block_size, room + 1)); graphgen drafts a full block every round.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from pathlib import Path
+
+from ..errors import GraphgenError
+
+
+class AuthorsLoopError(GraphgenError, ValueError):
+    """A target, draft folder or prompt the authors' loop cannot take; the message names it."""
+
+
+# -- input ----------------------------------------------------------------------------------------
+
+def _draft_config(draft_dir) -> tuple[Path, dict]:
+    path = Path(draft_dir)
+    if not path.exists():
+        raise AuthorsLoopError(f"draft {path}: no such folder (the authors' checkpoint: config.json + "
+                               "model.safetensors)")
+    if not path.is_dir():
+        with open(path, "rb") as f:
+            gguf = f.read(4) == b"GGUF"
+        raise AuthorsLoopError(f"draft {path}: {'a GGUF file' if gguf else 'a file'}, not a checkpoint folder: "
+                               "the authors' loop loads the checkpoint (config.json + model.safetensors) "
+                               "with DFlashDraftModel.from_pretrained")
+    cfg_path = path / "config.json"
+    if not cfg_path.is_file():
+        raise AuthorsLoopError(f"draft {path}: no config.json (not a save_pretrained checkpoint)")
+    try:
+        cfg = json.loads(cfg_path.read_text())
+    except (OSError, ValueError) as e:
+        raise AuthorsLoopError(f"draft {cfg_path}: not JSON ({e})") from None
+    arch = cfg.get("architectures") or []
+    if arch != ["DFlashDraftModel"]:
+        raise AuthorsLoopError(f"draft {cfg_path}: architectures {arch!r}; the authors' loop here runs "
+                               "z-lab's DFlashDraftModel")
+    if "mask_token_id" not in (cfg.get("dflash_config") or {}):
+        raise AuthorsLoopError(f"draft {cfg_path}: missing key 'dflash_config.mask_token_id' "
+                               "(dflash_generate fills the blocks with it)")
+    if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
+        raise AuthorsLoopError(f"draft {path}: no weights (model.safetensors)")
+    return path, cfg
+
+
+def _prompts(prompts_tokens, n_vocab: int) -> list[list[int]]:
+    if isinstance(prompts_tokens, (str, bytes)) or not hasattr(prompts_tokens, "__iter__"):
+        raise AuthorsLoopError("prompts_tokens: a list of token-id lists, one per prompt")
+    out = []
+    for i, p in enumerate(prompts_tokens):
+        if isinstance(p, (str, bytes)) or not hasattr(p, "__iter__"):
+            raise AuthorsLoopError(f"prompts_tokens[{i}]: token ids, not {type(p).__name__}")
+        ids = [int(t) for t in p]
+        if not ids:
+            raise AuthorsLoopError(f"prompts_tokens[{i}]: empty")
+        bad = [t for t in ids if not 0 <= t < n_vocab]
+        if bad:
+            raise AuthorsLoopError(f"prompts_tokens[{i}]: id {bad[0]} out of range 0..{n_vocab - 1}")
+        out.append(ids)
+    if not out:
+        raise AuthorsLoopError("prompts_tokens: no prompts")
+    return out
+
+
+# -- models ---------------------------------------------------------------------------------------
+
+def _load(target_gguf, draft_dir):
+    from .features import FeaturesError, target_shape, transformers_model
+    try:
+        import torch
+        from dflash.model import DFlashDraftModel
+    except ImportError as e:
+        raise AuthorsLoopError(f"the authors' loop needs torch, transformers and dflash (graphgen[torch]): "
+                               f"missing {e.name or e}") from None
+    path, cfg = _draft_config(draft_dir)
+    try:
+        tpath, _, n_layer, n_embd, n_vocab = target_shape(target_gguf)
+    except FeaturesError as e:
+        raise AuthorsLoopError(str(e)) from None
+    if int(cfg.get("hidden_size", -1)) != n_embd:
+        raise AuthorsLoopError(f"draft {path}/config.json: hidden_size {cfg.get('hidden_size')}, the target "
+                               f"{tpath.name} is {n_embd} wide")
+    from ..authors.forward import quiet_transformers
+    quiet_transformers()
+    target = transformers_model(tpath, torch.float32)
+    draft = DFlashDraftModel.from_pretrained(str(path), dtype=torch.float32).eval()
+    # dflash_generate reads hidden_states[id + 1]: the output of target layer `id`
+    bad = [i for i in draft.target_layer_ids if not 0 <= int(i) < n_layer]
+    if bad:
+        raise AuthorsLoopError(f"draft {path}/config.json: target layer id {bad[0]} out of range "
+                               f"0..{n_layer - 1} of the target {tpath.name}")
+    if not 0 <= int(draft.mask_token_id) < n_vocab:
+        raise AuthorsLoopError(f"draft {path}/config.json: mask_token_id {draft.mask_token_id} out of the "
+                               f"target's vocabulary ({n_vocab})")
+    return target, draft, n_vocab
+
+
+# -- the loop -------------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def _observed(target, temp: float):
+    """Record, per verification batch of dflash_generate, (drafted tokens, agreed drafted tokens).
+
+    The prefill is the target's first call (logits of its last row only, logits_to_keep=1); every
+    later call verifies one block: the anchor then the drafted tokens."""
+    import torch
+    import dflash.model as zm
+    calls, sampled = [], []
+
+    def hook(module, args, kwargs, output):
+        ids = args[0] if args else kwargs["input_ids"]
+        calls.append((ids[0].clone(), output.logits[0].argmax(dim=-1)))
+
+    def rejection(*args, **kwargs):
+        n_acc, bonus = real_rejection(*args, **kwargs)
+        sampled.append(int(n_acc))
+        return n_acc, bonus
+
+    real_rejection, real_clock = zm._rejection_sample, zm._cuda_time
+    handle = target.register_forward_hook(hook, with_kwargs=True)
+    zm._rejection_sample = rejection
+    if not torch.cuda.is_available():
+        # its stats timer synchronizes CUDA; on CPU a plain clock times the same thing
+        zm._cuda_time = time.perf_counter
+    rounds: list = []
+    try:
+        yield rounds
+    finally:
+        handle.remove()
+        zm._rejection_sample, zm._cuda_time = real_rejection, real_clock
+    for k, (ids, best) in enumerate(calls[1:]):
+        drafted = ids[1:]
+        if temp > 0:
+            agreed = sampled[k]
+        else:
+            agreed = int((drafted == best[:-1]).to(torch.int64).cumprod(0).sum())
+        rounds.append((int(drafted.numel()), agreed))
+    if temp > 0 and len(sampled) != len(rounds):
+        raise AuthorsLoopError(f"dflash_generate verified {len(rounds)} blocks but rejection-sampled "
+                               f"{len(sampled)}: its loop no longer matches what this module reads")
+
+
+def _one(target, draft, prompt: list[int], n_predict: int, temp: float, seed: int,
+         stop_token_ids) -> dict:
+    import torch
+    from dflash.model import dflash_generate
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        with _observed(target, temp) as observed:
+            t0 = time.perf_counter()
+            res = dflash_generate(draft, target, torch.tensor([prompt], dtype=torch.long), n_predict,
+                                  stop_token_ids, temperature=float(temp), return_stats=True)
+            seconds = time.perf_counter() - t0
+    tokens = [int(t) for t in res.output_ids[0]]
+    lengths = [int(n) for n in res.acceptance_lengths]
+    if len(lengths) != len(observed):
+        raise AuthorsLoopError(f"dflash_generate reported {len(lengths)} rounds, its target verified "
+                               f"{len(observed)} blocks: its loop no longer matches what this module reads")
+    stops = set(int(t) for t in stop_token_ids or ())
+    rounds, at = [], len(prompt) + 1  # the prefill's token comes first
+    for (n_drafted, agreed), produced in zip(observed, lengths):
+        if not produced <= agreed + 1:
+            raise AuthorsLoopError(f"a round appended {produced} tokens after {agreed} agreed drafted "
+                                   "ones: dflash_generate's count is not what this module documents")
+        stopped = tokens[at + produced - 1] in stops
+        # the round's last appended token is the target's own unless the round was cut at
+        # n_predict right after an agreed drafted token; a stop token always ends like the target's
+        n_acc = min(agreed, produced - 1) if stopped else min(agreed, produced)
+        rounds.append((n_drafted, n_acc))
+        at += produced
+    return {"rounds": rounds, "tokens": tokens, "seconds": seconds, "authors_lengths": lengths}
+
+
+def authors_accept(target_gguf, draft_dir, prompts_tokens, n_predict: int, temp: float = 0.0, seed: int = 0,
+                   *, stop_token_ids=None) -> list[dict]:
+    """z-lab's `dflash_generate` on each prompt (batch 1, one after another), instrumented.
+
+    target_gguf: the target GGUF (or a name graphgen knows, e.g. "smollm2"), run in transformers with
+    float32 weights dequantized from it; draft_dir: the authors' checkpoint folder (save_pretrained);
+    prompts_tokens: one list of token ids per prompt (tokenized as the target's tokenizer does, BOS
+    included where it adds one); n_predict: tokens to generate per prompt, the prefill's included
+    (as llama.cpp's -n); temp 0 is greedy, above it dflash's rejection sampling with torch's
+    generator seeded `seed` for every prompt; stop_token_ids: dflash_generate's, None to generate
+    exactly n_predict.
+
+    Returns per prompt {"rounds": [(n_drafted, n_accepted), ...] (n_accepted excluding the target's
+    own token, as graphgen and llama.cpp count), "tokens": prompt + generated, "seconds": wall time
+    of dflash_generate, "authors_lengths": dflash_generate's own acceptance_lengths}.
+    """
+    if int(n_predict) < 1:
+        raise AuthorsLoopError(f"n_predict: {n_predict}; at least 1")
+    if float(temp) < 0:
+        raise AuthorsLoopError(f"temp: {temp}; 0 (greedy) or more")
+    target, draft, n_vocab = _load(target_gguf, draft_dir)
+    prompts = _prompts(prompts_tokens, n_vocab)
+    stops = None if stop_token_ids is None else [int(t) for t in stop_token_ids]
+    return [_one(target, draft, p, int(n_predict), float(temp), int(seed), stops) for p in prompts]
+
+
+def mean_accepted_length(results) -> float:
+    """Agreed drafted tokens per round over every prompt's rounds: graphgen's `mean_accepted_length`
+    (accepted / blocks), without the target's own token."""
+    rounds = [r for res in results for r in res["rounds"]]
+    return sum(a for _, a in rounds) / len(rounds) if rounds else 0.0
