@@ -19,6 +19,9 @@ from pathlib import Path
 from ..errors import GraphgenError
 
 ENGINES = ("llama.cpp", "graphgen")
+# the authors' own loop (graphgen.accept.authors_loop): the target in transformers, the draft from its
+# checkpoint; needs the graphgen[torch] extra
+AUTHORS = "authors"
 ROOT = Path(__file__).resolve().parents[2]
 
 # held-out text: none is a training prompt, none is made by graphgen/accept/train.py's templates or
@@ -218,10 +221,55 @@ def _run_engine(engine, target, draft, prompts_text, n_predict, temp, seed, n_se
     return out
 
 
+def authors_checkpoint(draft: Path, given=None) -> Path:
+    """The authors' checkpoint folder of a draft: `given`, else the GGUF's own folder; it must hold
+    config.json and model.safetensors."""
+    folder = Path(given) if given is not None else Path(draft).parent
+    missing = [f for f in ("config.json", "model.safetensors") if not (folder / f).is_file()]
+    if missing:
+        how = "" if given is not None else "; give the checkpoint folder with --authors-draft DIR"
+        raise GraphgenError(f"{folder}: no authors' checkpoint there ({' and '.join(missing)} missing){how}")
+    return folder
+
+
+def _stop_tokens(target: Path) -> list[int]:
+    # the target's end-of-generation ids, where graphgen's loop ends a sequence too
+    from ..ggufile import field_value, open_reader
+    r = open_reader(target)
+    ids = [field_value(r, f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]
+    return sorted({int(i) for i in ids if i is not None})
+
+
+def _run_authors(target, draft, prompts_text, n_predict, temp, seed, layers, authors_draft, task=None) -> EngineRun:
+    from ..reference.session import ReferenceTarget
+    from .authors_loop import authors_accept
+
+    folder = authors_checkpoint(draft, authors_draft)
+    longest = max(len(t.encode()) for t in prompts_text) + 2
+    with ReferenceTarget(target, layers, n_ctx=max(256, longest), n_batch=256, n_seq=1, n_threads=1) as tg:
+        # b11739's tokenizer, as the other engines' prompts have it
+        prompts = [tg.tokenize(t) for t in prompts_text]
+        if task is not None:
+            task.update(f"{AUTHORS}: {len(prompts)} prompts in transformers")
+        res = authors_accept(target, folder, prompts, n_predict, temp=temp, seed=seed,
+                             stop_token_ids=_stop_tokens(target))
+        out = EngineRun(AUTHORS, 0, list(prompts_text), [])
+        for p, r in zip(prompts, res):
+            gen = [int(t) for t in r["tokens"][len(p):]]
+            out.rounds.append([{"n_drafted": int(d), "n_accepted": int(a)} for d, a in r["rounds"]])
+            out.tokens.append(gen)
+            out.text.append(b"".join(tg.pieces(gen)[0]).decode(errors="replace"))
+            out.seconds += float(r["seconds"])
+    out.n_max = max((rd["n_drafted"] for rd in out.blocks), default=0)
+    return out
+
+
 def run_engines(target, draft, prompts_text=None, n_predict: int = 64, engines=ENGINES, temp: float = 0.0,
-                seed: int = 0, n_seq: int = 1, threads: int = 1) -> dict:
+                seed: int = 0, n_seq: int = 1, threads: int = 1, authors_draft=None) -> dict:
     """Every prompt (default DEFAULT_PROMPTS) through the speculative loop once per engine:
-    {engine: EngineRun}. The pair is checked first (graphgen.pair.check_pair, PairError)."""
+    {engine: EngineRun}. The pair is checked first (graphgen.pair.check_pair, PairError).
+    Engine "authors" runs the authors' loop on the checkpoint beside the GGUF (or `authors_draft`),
+    one prompt at a time whatever n_seq."""
     from .. import progress
     from ..errors import PairError
     from ..pair import check_pair
@@ -242,8 +290,12 @@ def run_engines(target, draft, prompts_text=None, n_predict: int = 64, engines=E
     if n_seq < 1:
         raise GraphgenError(f"n_seq must be at least 1, got {n_seq}")
     for e in engines:
-        if e not in ENGINES:
-            raise GraphgenError(f"unknown engine {e!r}: the engines are {', '.join(ENGINES)}")
+        if e not in ENGINES + (AUTHORS,):
+            raise GraphgenError(f"unknown engine {e!r}: the engines are {', '.join(ENGINES + (AUTHORS,))}")
+    if AUTHORS in engines:
+        authors_checkpoint(draft, authors_draft)  # before any engine runs
+        from ..authors import require_torch
+        require_torch()
     meta = load(draft, target=target)
     layers, block = list(meta.hparams.target_layers), meta.hparams.block_size or 16
     meta.close()
@@ -251,6 +303,9 @@ def run_engines(target, draft, prompts_text=None, n_predict: int = 64, engines=E
     out = {}
     with progress.task(f"accept {draft.name} on {target.name}") as task:
         for e in engines:
+            if e == AUTHORS:
+                out[e] = _run_authors(target, draft, prompts_text, n_predict, temp, seed, layers, authors_draft, task)
+                continue
             out[e] = _run_engine(e, target, draft, prompts_text, n_predict, temp, seed, n_seq, threads, layers,
                                  block, task)
     return out
@@ -294,8 +349,8 @@ def acceptance_svg(runs: dict, title: str = "") -> str:
                      + " ".join(f"{x:.1f},{y:.1f}" for x, y in pts) + '"/>')
         parts += [f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2.5" fill="{colour}"/>' for x, y in pts]
         ly = T + 14 + 14 * j
-        parts.append(f'<line x1="{W - R - 190}" x2="{W - R - 170}" y1="{ly}" y2="{ly}" stroke="{colour}" '
-                     f'stroke-width="2"{dash}/><text x="{W - R - 165}" y="{ly + 4}">{html_escape(e)} '
+        parts.append(f'<line x1="{W - R - 225}" x2="{W - R - 205}" y1="{ly}" y2="{ly}" stroke="{colour}" '
+                     f'stroke-width="2"{dash}/><text x="{W - R - 200}" y="{ly + 4}">{html_escape(e)} '
                      f'(mean accepted {run.mean_accepted_length:.2f})</text>')
     parts.append("</svg>")
     return "\n".join(parts) + "\n"

@@ -16,13 +16,14 @@ from .llamaflags import count_arg
 
 
 def _engines(text: str) -> list[str]:
-    from ..accept.compare import ENGINES
+    from ..accept.compare import AUTHORS, ENGINES
+    known = ENGINES + (AUTHORS,)
     names = [t for t in text.replace(" ", "").split(",") if t]
     if not names:
         raise GraphgenError("--engines: no engine given")
     for n in names:
-        if n not in ENGINES:
-            raise GraphgenError(f"--engines {text}: unknown engine {n!r} (the engines are {', '.join(ENGINES)})")
+        if n not in known:
+            raise GraphgenError(f"--engines {text}: unknown engine {n!r} (the engines are {', '.join(known)})")
     if len(set(names)) != len(names):
         raise GraphgenError(f"--engines {text}: an engine is named twice")
     return names
@@ -58,7 +59,7 @@ def _cmd_accept(args) -> int:
         raise FileNotFoundError(f"{target}: no such target model file")
     draft = resolve_draft(args.model_draft)
     runs = run_engines(target, draft, texts, n_predict=args.n_predict, engines=engines, temp=args.temp,
-                       seed=args.seed, n_seq=args.n_parallel, threads=args.threads)
+                       seed=args.seed, n_seq=args.n_parallel, threads=args.threads, authors_draft=args.authors_draft)
     div = None
     compared = "llama.cpp" in runs and "graphgen" in runs
     if compared:
@@ -131,7 +132,12 @@ def register(sub) -> None:
                    help="the target's sampling temperature; 0 is greedy (default 0)")
     p.add_argument("--seed", type=int, default=0, help="the target's sampling seed, with --temp above 0 (default 0)")
     p.add_argument("--engines", default="llama.cpp,graphgen", metavar="E,E",
-                   help="the engines, comma-separated: llama.cpp, graphgen (default llama.cpp,graphgen)")
+                   help="the engines, comma-separated: llama.cpp, graphgen, and authors (the authors' own loop, "
+                        "the target in transformers; needs the graphgen[torch] extra and the draft's checkpoint) "
+                        "(default llama.cpp,graphgen)")
+    p.add_argument("--authors-draft", metavar="DIR", default=None,
+                   help="the authors' checkpoint of the draft (config.json + model.safetensors), for --engines "
+                        "authors (default: the folder of the -md GGUF)")
     p.add_argument("--svg", metavar="F", help="write the acceptance per draft position, one line per engine (SVG)")
     p.add_argument("--json", action="store_true", help="print everything, rounds and text included, as JSON")
     p.add_argument("--verbose", action="store_true", help="print each prompt's generated text")

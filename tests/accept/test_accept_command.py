@@ -118,3 +118,11 @@ def test_bad_inputs_are_one_line_naming_them(tmp_path):
     p = subprocess.run(CLI + ["accept", "-m", "smollm2", "-md", str(DRAFT), "--engines", "llama.cpp,torch"],
                        capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and "'torch'" in p.stderr
+    # the authors' engine needs the checkpoint beside the GGUF (or --authors-draft): said before any run
+    lone = tmp_path / "lone" / "draft.gguf"
+    lone.parent.mkdir()
+    lone.write_bytes(DRAFT.read_bytes())
+    p = subprocess.run(CLI + ["accept", "-m", "smollm2", "-md", str(lone), "--engines", "graphgen,authors"],
+                       capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert f"{lone.parent}: no authors' checkpoint there" in p.stderr and "--authors-draft" in p.stderr
