@@ -5,7 +5,9 @@
 in graphgen's Session. Each engine gets a target of its own (b11739 allows one draft context per
 target child), the same settings and the prompts in the same batches of n_seq, so with greedy
 sampling the two must draft, accept and generate the same tokens round for round;
-`first_divergence` finds where they do not. `acceptance_svg` plots the acceptance per draft
+`first_divergence` finds where they do not. "authors" runs z-lab's own loop instead
+(graphgen.accept.authors_loop: the target in transformers, the draft from its checkpoint), whose
+rounds give only drafted and accepted counts. `acceptance_svg` plots the acceptance per draft
 position, one line per engine.
 
 Rounds are numbered per prompt from 0; draft positions from 1, as the plot's x axis has them.

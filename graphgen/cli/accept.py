@@ -1,9 +1,10 @@
 """`graphgen accept -m TARGET -md DRAFT`: one draft's acceptance in each engine's speculative loop.
 
-The target runs in b11739 for every engine; the draft in b11739 beside it (llama.cpp) and in
-graphgen. Prints a table per engine (mean accepted length, acceptance per draft position,
-tokens/s) and whether the two engines drafted and accepted the same tokens round for round;
-exit 1 when they did not, naming the first prompt, round and draft position where they part.
+The target runs in b11739 for the draft in b11739 beside it (llama.cpp) and in graphgen; the
+authors' own loop (--engines ...,authors) runs it in transformers. Prints a table per engine (mean
+accepted length, acceptance per draft position, tokens/s) and whether b11739's and graphgen's
+drafting agreed round for round; exit 1 when they did not, naming the first prompt, round and draft
+position where they part.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def _prompts(args) -> list[str] | None:
         path = Path(args.file)
         if not path.is_file():
             raise FileNotFoundError(f"{path}: no such prompt file")
-        # one prompt a line: the held-out sets are short texts, and a file of them reads naturally so
+        # one prompt a line, as llama.cpp's parallel example reads its -f: a held-out set is many short texts
         texts += [line for line in path.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
         if not texts:
             raise GraphgenError(f"{path}: the prompt file holds no text")
