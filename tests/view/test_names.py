@@ -24,8 +24,8 @@ def test_no_command_takes_p_as_a_count_of_rows():
                     assert "--prompt-text" in a.option_strings and a.metavar == "TEXT" and a.type is None, name
             if "--prompt" in a.option_strings:
                 prompt_helps[name] = a.help
-    assert sorted(takes_p) == [("diff", "prompt_text"), ("draft", "prompt"), ("dump", "prompt_text"),
-                               ("rpc-server", "port")]
+    assert sorted(takes_p) == [("accept", "prompt"), ("diff", "prompt_text"), ("draft", "prompt"),
+                               ("dump", "prompt_text"), ("rpc-server", "port")]
     assert {"dump", "trace", "bench", "xdiff", "check-batch"} <= set(prompt_helps)
     for name, text in prompt_helps.items():
         assert "a count (not llama.cpp's -p prompt text)" in text, (name, text)
