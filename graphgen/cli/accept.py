@@ -31,7 +31,7 @@ def _engines(text: str) -> list[str]:
 
 
 def _prompts(args) -> list[str] | None:
-    texts = list(args.prompt or [])
+    texts = list(args.prompt_text or [])
     if args.file:
         path = Path(args.file)
         if not path.is_file():
@@ -109,7 +109,7 @@ def _print(runs: dict, div, compared: bool, verbose: bool) -> None:
 
 
 def register(sub) -> None:
-    from .llamaflags import add_model
+    from .llamaflags import add_model, add_pair_flags
     p = sub.add_parser(
         "accept", help="a draft's acceptance in each engine's speculative loop, on a real target",
         description="Run held-out prompts through the speculative loop with the target in llama.cpp b11739 "
@@ -118,11 +118,10 @@ def register(sub) -> None:
                     "and accepted the same tokens in every round. Exit 0 when they did, 1 when they did not "
                     "(naming the first prompt, round and draft position where they part), 2 on bad input.")
     add_model(p, "the target GGUF (a known name: smollm2)")
-    p.add_argument("-md", "--model-draft", dest="model_draft", metavar="FILE", default=None,
-                   help="the draft GGUF, a folder holding draft.gguf, or a shipped draft's name (smollm2-dflash)")
-    p.add_argument("-p", "--prompt-text", dest="prompt", action="append", metavar="TEXT",
-                   help="a prompt's text; repeat for more (default: six held-out prompts)")
-    p.add_argument("-f", "--file", metavar="FILE", help="prompts from FILE, one a line")
+    add_pair_flags(p, draft_help="the draft GGUF, a folder holding draft.gguf, or a shipped draft's name "
+                                 "(smollm2-dflash)",
+                   prompt_help="a prompt's text; repeat for more (default: six held-out prompts)",
+                   file_help="prompts from FILE, one a line")
     p.add_argument("-n", "--n-predict", dest="n_predict", type=count_arg(1), default=64, metavar="N",
                    help="tokens to generate per prompt (default 64)")
     p.add_argument("-np", "--parallel", dest="n_parallel", type=count_arg(1), default=1, metavar="N",

@@ -75,7 +75,7 @@ def _run(args, DraftParams, SimulatedVerifier, open_drafter, run_speculative, de
     args.backend = backend_of(args.backend)
     if not Path(args.model).is_file():
         raise FileNotFoundError(f"{args.model}: no such model file")
-    if args.prompt or args.file:
+    if args.prompt_text or args.file:
         raise GraphgenError("-p / -f take text, which needs a target's vocabulary: give the target with -m and the "
                             "draft with -md; without a target, give --prompt-tokens")
     if args.prompt_tokens is None:
@@ -201,13 +201,12 @@ def register(subparsers) -> None:
                     "its layer inputs; per round the draft drafts a block, the target verifies it in one batch and "
                     "the accepted text streams to stdout. With -m DRAFT alone: a simulated verifier accepts a given "
                     "prefix of each draft, on random or given target features.")
-    from .llamaflags import add_context_flags, add_device, add_model
+    from .llamaflags import add_context_flags, add_device, add_model, add_pair_flags
     add_model(p, "the target GGUF with -md (a known name: smollm2), else the draft GGUF")
-    p.add_argument("-md", "--model-draft", dest="model_draft", metavar="FILE", default=None,
-                   help="the draft GGUF; -m is then the target, which verifies every draft")
-    p.add_argument("-p", "--prompt-text", dest="prompt", action="append", metavar="TEXT",
-                   help="prompt text, tokenized by the target (with -md); repeated: sequences of -np take them in turn")
-    p.add_argument("-f", "--file", metavar="FILE", help="read the prompt text from FILE (with -md)")
+    add_pair_flags(p, draft_help="the draft GGUF; -m is then the target, which verifies every draft",
+                   prompt_help="prompt text, tokenized by the target (with -md); repeated: sequences of -np take them "
+                               "in turn",
+                   file_help="read the prompt text from FILE (with -md)")
     p.add_argument("--no-baseline", action="store_true",
                    help="with -md: skip the run of the target alone (the speed ratio and the greedy check)")
     p.add_argument("--spec-type", default=None,

@@ -313,17 +313,15 @@ def _diff_on_target(args) -> int:
 
 
 def register(sub) -> None:
-    from .llamaflags import add_context_flags, add_device, add_model, count_arg
+    from .llamaflags import add_context_flags, add_device, add_model, add_pair_flags, count_arg
     p = sub.add_parser("dump", help="run a scenario and dump every graph evaluation")
     add_model(p, "a draft GGUF; with --engine torch a checkpoint folder in its authors' format; with -md the "
                  "target GGUF (or smollm2)")
     add_context_flags(p)
-    p.add_argument("-md", "--model-draft", dest="model_draft", metavar="FILE", default=None,
-                   help="the draft, run on the real target -m: the speculative loop is recorded (the target's "
-                        "features, every block) and its draft graphs dumped")
-    p.add_argument("-p", "--prompt-text", dest="prompt_text", action="append", metavar="TEXT",
-                   help="with -md: prompt text, tokenized by the target (repeat for the sequences of -np)")
-    p.add_argument("-f", "--file", metavar="FILE", help="with -md: read the prompt text from FILE")
+    add_pair_flags(p, draft_help="the draft, run on the real target -m: the speculative loop is recorded (the "
+                                 "target's features, every block) and its draft graphs dumped",
+                   prompt_help="with -md: prompt text, tokenized by the target (repeat for the sequences of -np)",
+                   file_help="with -md: read the prompt text from FILE")
     p.add_argument("-n", "--n-predict", dest="n_predict", type=count_arg(1), default=None, metavar="N",
                    help="with -md: tokens to generate (default 16)")
     p.add_argument("--temp", type=float, default=None, help="with -md: the target's temperature (default 0: greedy)")
@@ -348,9 +346,8 @@ def register(sub) -> None:
     add_diff_args(p)
     g = p.add_argument_group("a draft on a real target (instead of REF OURS)")
     g.add_argument("-m", "--model", dest="target_model", metavar="TARGET", help="the target GGUF (or smollm2)")
-    g.add_argument("-md", "--model-draft", dest="model_draft", metavar="DRAFT", help="the draft GGUF")
-    g.add_argument("-p", "--prompt-text", dest="prompt_text", action="append", metavar="TEXT", help="prompt text")
-    g.add_argument("-f", "--file", metavar="FILE", help="read the prompt text from FILE")
+    add_pair_flags(g, draft_help="the draft GGUF", prompt_help="prompt text",
+                   file_help="read the prompt text from FILE")
     g.add_argument("-n", "--n-predict", dest="n_predict", type=count_arg(1), default=16, metavar="N",
                    help="tokens to generate (default 16)")
     g.add_argument("--temp", type=float, default=None, help="the target's temperature (default 0: greedy)")

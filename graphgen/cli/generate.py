@@ -21,7 +21,7 @@ LLAMA_DEFAULT_TEMP = 0.8  # common_params_sampling's default temperature
 
 
 def _prompts(args) -> list[str]:
-    texts = list(getattr(args, "prompt_text", None) or getattr(args, "prompt", None) or [])
+    texts = list(args.prompt_text or [])
     if args.file:
         path = Path(args.file)
         if not path.is_file():
@@ -32,10 +32,39 @@ def _prompts(args) -> list[str]:
     return texts
 
 
-def run_target(args) -> int:
-    from .. import progress
+def open_pair(args, target: Path, draft: Path, n_seq: int, **target_kw):
+    """The pair checked, the target opened in b11739 with the draft's target layers, the prompts
+    tokenized by it and the context checked to hold them: (target, prompts, the draft's block size).
+    The caller closes the target."""
     from ..pair import check_pair
     from ..reference.session import ReferenceTarget
+    from ..runtime.model import load
+
+    problems = check_pair(target, draft)
+    if problems:
+        raise PairError(problems)
+    meta = load(draft, target=target)
+    layers, block = list(meta.hparams.target_layers), meta.hparams.block_size or 16
+    meta.close()
+    texts = _prompts(args)
+    tg = ReferenceTarget(target, layers, n_ctx=args.n_ctx or 4096, n_seq=n_seq, n_threads=args.threads or 1,
+                         **target_kw)
+    try:
+        prompts = [tg.tokenize(texts[s % len(texts)]) for s in range(n_seq)]
+        # the context must hold every sequence: prompt, generated tokens and one draft block past them
+        longest = max(len(p) for p in prompts)
+        need = n_seq * (longest + args.n_predict + block + 1)
+        if need > tg.n_ctx:
+            raise GraphgenError(f"the prompt has {longest} tokens: with -n {args.n_predict}, a draft block of "
+                                f"{block} and -np {n_seq}, the context needs {need} cells; -c is {tg.n_ctx}")
+    except BaseException:
+        tg.close()
+        raise
+    return tg, prompts, block
+
+
+def run_target(args) -> int:
+    from .. import progress
     from ..runtime.drafters import LLAMA_DEFAULT_SEED, DraftParams, create_drafter
     from ..speculate import run_speculative
     from ..targets import resolve
@@ -49,9 +78,6 @@ def run_target(args) -> int:
     for what, p in (("target", target), ("draft", draft)):
         if not p.is_file():
             raise FileNotFoundError(f"{p}: no such {what} model file")
-    problems = check_pair(target, draft)
-    if problems:
-        raise PairError(problems)
     if args.spec_draft_sampling == "probabilistic":
         raise GraphgenError("--spec-draft-sampling probabilistic needs rejection-sampling verification (q), which "
                             "the real-target loop does not run; use greedy drafting")
@@ -82,27 +108,13 @@ def run_target(args) -> int:
         raise GraphgenError(f"-devd {args.device_draft}: the llama.cpp draft engine runs on the CPU; use --engine "
                             "graphgen")
     params = DraftParams(n_max=args.spec_draft_n_max, n_min=args.spec_draft_n_min, p_min=args.spec_draft_p_min)
-    from ..runtime.model import load
-    meta = load(draft, target=target)
-    layers, block = list(meta.hparams.target_layers), meta.hparams.block_size or 16
-    meta.close()
-    texts = _prompts(args)
 
     with progress.task(f"draft {draft.name} on {target.name}") as task:
         task.update("loading the target")
-        # the context must hold every sequence: prompt, generated tokens and one draft block past them
-        longest = 0
         tg = None
         try:
-            n_ctx_guess = args.n_ctx or 4096
-            tg = ReferenceTarget(target, layers, n_ctx=n_ctx_guess, n_batch=args.n_batch or 256, n_seq=n_seq, n_threads=args.threads or 1,
-                                 flash_attn=args.flash_attn or "auto", type_k=tgt_k, type_v=tgt_v)
-            prompts = [tg.tokenize(texts[s % len(texts)]) for s in range(n_seq)]
-            longest = max(len(p) for p in prompts)
-            need = n_seq * (longest + args.n_predict + block + 1)
-            if need > tg.n_ctx:
-                raise GraphgenError(f"the prompt has {longest} tokens: with -n {args.n_predict}, a draft block of "
-                                    f"{block} and -np {n_seq}, the context needs {need} cells; -c is {tg.n_ctx}")
+            tg, prompts, _ = open_pair(args, target, draft, n_seq, n_batch=args.n_batch or 256,
+                                       flash_attn=args.flash_attn or "auto", type_k=tgt_k, type_v=tgt_v)
             task.update("loading the draft")
             settings = dict(n_ctx=tg.n_ctx, n_ubatch=n_ubatch, flash_attn=flash_attn, n_seq=n_seq,
                             n_threads=args.threads or 1, type_k=type_k, type_v=type_v)
@@ -254,33 +266,18 @@ def record_run(args, target: Path, draft: Path, folder: Path) -> Path:
     features (an .npz beside it), every block and seq_rm. Returns the scenario file."""
     import numpy as np
 
-    from ..reference.session import ReferenceTarget
     from ..runtime.drafters import DraftParams, create_drafter
-    from ..runtime.model import load
     from ..runtime.session import Session
     from ..speculate import RecordingSession, run_speculative
     from ..verifier import TargetVerifier
-    from ..pair import check_pair
 
-    problems = check_pair(target, draft)
-    if problems:
-        raise PairError(problems)
-    meta = load(draft, target=target)
-    layers, block = list(meta.hparams.target_layers), meta.hparams.block_size or 16
-    meta.close()
     n_seq = args.n_parallel or 1
     n_ubatch = args.n_ubatch or 64
     n_predict = args.n_predict
-    texts = _prompts(args)
     temp = 0.0 if args.temp is None else args.temp
     seed = 0 if args.target_seed is None else args.target_seed
-    with ReferenceTarget(target, layers, n_ctx=args.n_ctx or 4096, n_batch=256, n_seq=n_seq,
-                         n_threads=args.threads or 1) as tg:
-        prompts = [tg.tokenize(texts[s % len(texts)]) for s in range(n_seq)]
-        need = n_seq * (max(len(p) for p in prompts) + n_predict + block + 1)
-        if need > tg.n_ctx:
-            raise GraphgenError(f"the prompt needs {need} cells of context with -n {n_predict} and -np {n_seq}; "
-                                f"-c is {tg.n_ctx}")
+    tg, prompts, _ = open_pair(args, target, draft, n_seq, n_batch=256)
+    with tg:
         from .llamaflags import resolve_fa
         fa = bool(resolve_fa(args.flash_attn))
         settings = {"n_ctx": tg.n_ctx, "n_ubatch": n_ubatch, "flash_attn": fa, "n_seq": n_seq,

@@ -43,6 +43,14 @@ def add_model(p, help_text: str = "the draft GGUF") -> None:
                    help=f"{help_text}, as llama.cpp takes it (instead of the positional argument)")
 
 
+def add_pair_flags(p, *, draft_help: str, prompt_help: str, file_help: str) -> None:
+    """llama.cpp's speculative pair: -md the draft (with -m the target), -p the prompt's text (spelt
+    --prompt-text beside graphgen's row-count --prompt), -f a file of it. `p` may be an argument group."""
+    p.add_argument("-md", "--model-draft", dest="model_draft", metavar="FILE", default=None, help=draft_help)
+    p.add_argument("-p", "--prompt-text", dest="prompt_text", action="append", metavar="TEXT", help=prompt_help)
+    p.add_argument("-f", "--file", metavar="FILE", help=file_help)
+
+
 def model_path(args) -> str:
     given = [m for m in (args.model, getattr(args, "model_flag", None)) if m is not None]
     if not given:

@@ -189,7 +189,7 @@ LLAMA_SHORT = {"-m": {"model_flag", "target_model"}, "-fa": {"flash_attn"}, "-c"
                "-dev": {"backend", "backends"}, "-ctk": {"type_k"}, "-ctv": {"type_v"}, "-n": {"n_predict"},
                # the speculative ones: the draft model, its caches and device; the prompt text and its file
                "-md": {"model_draft"}, "-ctkd": {"type_k_draft"}, "-ctvd": {"type_v_draft"}, "-devd": {"device_draft"},
-               "-p": {"prompt", "prompt_text"}, "-f": {"file"}}
+               "-p": {"prompt_text"}, "-f": {"file"}}
 RPC_SERVER_SHORT = {"-H": {"host"}, "-p": {"port"}}
 # graphgen's own, on commands llama.cpp does not have: diff's and xdiff's op filter
 OWN_SHORT = {("diff", "-o"), ("xdiff", "-o")}

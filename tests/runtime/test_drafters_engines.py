@@ -12,6 +12,7 @@ import pytest
 from graphgen.runtime.drafters import DraftParams
 from graphgen.speculate import SimulatedVerifier, open_drafter, run_speculative
 from graphgen.synth import make_model
+from real_target import Recording
 
 pytestmark = [pytest.mark.reference]
 
@@ -26,22 +27,6 @@ HEADS = {
     "dspark-dsv4": ("dspark", "dsv4", {}, {}),
 }
 N_ROUNDS = 100
-
-
-class Recording:
-    """A session wrapper keeping what every block gave the driver."""
-
-    def __init__(self, session):
-        self.session, self.blocks = session, []
-
-    def __getattr__(self, name):
-        return getattr(self.session, name)
-
-    def block_multi(self, blocks, embd_state=None, **kw):
-        r = self.session.block_multi(blocks, embd_state=embd_state, **kw)
-        self.blocks.append((None if r.logits is None else np.array(r.logits),
-                            None if r.h_nextn is None else np.array(r.h_nextn)))
-        return r
 
 
 def _run(model, engine, params, n_predict, feats, prompts):

@@ -24,7 +24,7 @@ def test_no_command_takes_p_as_a_count_of_rows():
                     assert "--prompt-text" in a.option_strings and a.metavar == "TEXT" and a.type is None, name
             if "--prompt" in a.option_strings:
                 prompt_helps[name] = a.help
-    assert sorted(takes_p) == [("accept", "prompt"), ("diff", "prompt_text"), ("draft", "prompt"),
+    assert sorted(takes_p) == [("accept", "prompt_text"), ("diff", "prompt_text"), ("draft", "prompt_text"),
                                ("dump", "prompt_text"), ("rpc-server", "port")]
     assert {"dump", "trace", "bench", "xdiff", "check-batch"} <= set(prompt_helps)
     for name, text in prompt_helps.items():
