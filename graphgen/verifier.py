@@ -21,7 +21,7 @@ import time
 import numpy as np
 
 from .errors import GraphgenError
-from .ops.cmath import expf
+from .ops.cmath import softmaxf
 from .runtime.mt19937 import MT19937, uniform_real
 
 F32 = np.float32
@@ -42,7 +42,7 @@ class TargetSampler:
         lg = np.asarray(logits[:TOP_K], dtype=np.float32)
         cand = ids[:TOP_K]
         # top-p on the softmax at temperature 1: keep the fewest best whose mass reaches p
-        p = _softmax(lg)
+        p = softmaxf(lg)
         keep = len(p)
         cum = F32(0)
         for i, pi in enumerate(p):
@@ -55,22 +55,13 @@ class TargetSampler:
         floor = F32(lg[0] + F32(math.log(MIN_P)))
         n = max(1, int(np.sum(lg >= floor)))
         lg, cand = lg[:n], cand[:n]
-        p = _softmax(np.array([F32(v / F32(self.temp)) for v in lg], dtype=np.float32))
+        p = softmaxf(np.array([F32(v / F32(self.temp)) for v in lg], dtype=np.float32))
         u = uniform_real(self.rng, 0.0, 1.0)
         for i, pi in enumerate(p):
             u -= float(pi)
             if u < 0.0:
                 return int(cand[i])
         return int(cand[len(cand) - 1])
-
-
-def _softmax(lg: np.ndarray) -> np.ndarray:
-    mx = lg[0] if len(lg) else F32(0)
-    ex = [expf(F32(v - mx)) for v in lg]
-    s = F32(0)
-    for e in ex:
-        s = F32(s + e)
-    return np.array([F32(e / s) for e in ex], dtype=np.float32)
 
 
 class TargetVerifier:

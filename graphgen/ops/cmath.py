@@ -37,3 +37,15 @@ def inv_sqrtf(n) -> float:
 def recipf(x) -> float:
     """1.0f / x with x a float (softcaps)."""
     return float(np.float32(1.0) / np.float32(x))
+
+
+def softmaxf(logits) -> np.ndarray:
+    """Softmax as the samplers' host code runs it, in float32 with expf: shifted by the first (best)
+    logit, summed in order, each term divided by the sum."""
+    lg = np.asarray(logits, dtype=np.float32)
+    mx = lg[0] if len(lg) else np.float32(0)
+    ex = [expf(np.float32(v - mx)) for v in lg]
+    s = np.float32(0)
+    for e in ex:
+        s = np.float32(s + e)
+    return np.array([np.float32(e / s) for e in ex], dtype=np.float32)

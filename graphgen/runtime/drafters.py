@@ -27,7 +27,7 @@ import numpy as np
 
 from ..errors import GraphgenError
 from ..ggufile import field_value, try_open
-from ..ops.cmath import expf
+from ..ops.cmath import expf, softmaxf
 from .mt19937 import MT19937, uniform_real
 
 log = logging.getLogger("graphgen.drafters")
@@ -59,12 +59,7 @@ def top10(logits_row: np.ndarray):
     # llama_sampler_top_k keeps the k largest logits in descending order
     idx = np.argsort(-row, kind="stable")[:k]
     lg = row[idx]
-    mx = lg[0]
-    ps = [expf(F32(v - mx)) for v in lg]
-    s = F32(0.0)
-    for p in ps:
-        s = F32(s + p)
-    probs = np.array([F32(p / s) for p in ps], dtype=np.float32)
+    probs = softmaxf(lg)
     order = np.argsort(-probs, kind="stable")
     return idx[order], lg[order], probs[order]
 
