@@ -123,6 +123,16 @@ def feature_nmse(feats, ref) -> tuple[list[float], list[float]]:
     return [float(v) for v in rest], [float(v) for v in every]
 
 
+def divergence(runs: dict) -> str | None:
+    """Where b11739's and graphgen's drafting part in one copy's runs ({engine: EngineRun}), as
+    compare.first_divergence describes it; None where they agree or only one engine ran."""
+    from .compare import first_divergence
+    if "llama.cpp" not in runs or "graphgen" not in runs:
+        return None
+    d = first_divergence(runs["llama.cpp"], runs["graphgen"])
+    return None if d is None else d.describe()
+
+
 @dataclass
 class CopyRun:
     """One target copy behind the draft: its loops and its features' distance to the reference."""
@@ -163,10 +173,11 @@ class QuantizedResult:
         are farther from the reference than quantization explains, engines that drafted apart."""
         out = []
         for c in self.copies.values():
-            worst = int(np.argmax(c.nmse))
-            if c.nmse[worst] > max_nmse:
-                out.append(f"{c.label} ({c.path.name}): feature NMSE {c.nmse[worst]:.3g} against {self.reference} "
-                           f"at layer {self.layers[worst]}, above {max_nmse:g}: not the same weights")
+            # the first layer past the bound: a fault sits between it and the draft layer before
+            far = next((k for k, v in enumerate(c.nmse) if v > max_nmse), None)
+            if far is not None:
+                out.append(f"{c.label} ({c.path.name}): feature NMSE {c.nmse[far]:.3g} against {self.reference} "
+                           f"at layer {self.layers[far]}, above {max_nmse:g}: not the same weights")
             if c.divergence is not None:
                 out.append(f"{c.label}: llama.cpp and graphgen drafting differ, first at {c.divergence}")
         return out
@@ -182,7 +193,7 @@ def measure(draft, copies: dict, prompts=None, n_predict: int = 64, engines=("ll
     """`draft`'s acceptance behind each of `copies` ({label: target GGUF}, as target_copies gives
     them) and the copies' feature NMSE against the copy labelled `reference`. `prompts`: default
     compare.DEFAULT_PROMPTS. `log`: a callable given a line per stage."""
-    from .compare import DEFAULT_PROMPTS, first_divergence, run_engines
+    from .compare import DEFAULT_PROMPTS, run_engines
     say = log or (lambda _: None)
     draft = Path(draft)
     if not draft.is_file():
@@ -212,12 +223,8 @@ def measure(draft, copies: dict, prompts=None, n_predict: int = 64, engines=("ll
     for label, path in copies.items():
         rest, every = feature_nmse(feats[label], feats[reference])
         first = next(iter(runs[label].values()))
-        div = None
-        if "llama.cpp" in runs[label] and "graphgen" in runs[label]:
-            d = first_divergence(runs[label]["llama.cpp"], runs[label]["graphgen"])
-            div = None if d is None else d.describe()
         same = [list(a) == list(b) for a, b in zip(first.tokens, ref_run.tokens)]
-        res.copies[label] = CopyRun(label, path, runs[label], rest, every, same, div)
+        res.copies[label] = CopyRun(label, path, runs[label], rest, every, same, divergence(runs[label]))
     return res
 
 
