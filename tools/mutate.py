@@ -743,6 +743,54 @@ MUTATIONS = [
              ("tests/runtime/test_verifier.py",)),
     Mutation("eog_not_ending_generation", "TargetVerifier.verify",
              "eog = self.is_eog(tok)", "eog = False", ("tests/runtime/test_verifier.py",)),
+    # --- a draft behind a quantized target and its float copies (graphgen/accept/quantized.py) ---
+    Mutation("quantized_nmse_counts_each_first_position", "graphgen/accept/quantized.py:feature_nmse",
+             "[f[1:] for f in feats]), np.concatenate([r[1:] for r in ref])",
+             "[f for f in feats]), np.concatenate([r for r in ref])",
+             ("tests/accept/test_quantized_target.py::"
+              "test_feature_nmse_leaves_each_sequences_first_row_out_of_the_first_figure",)),
+    Mutation("quantized_features_on_the_prompts_alone", "graphgen/accept/quantized.py:measure",
+             "seqs = [p + list(g) for p, g in zip(prompt_tokens, ref_run.tokens)]",
+             "seqs = [list(p) for p in prompt_tokens]",
+             ("tests/accept/test_quantized_target.py::"
+              "test_the_feature_nmse_is_b11739s_on_the_f32_texts_tokens",)),
+    Mutation("quantized_features_on_the_first_copys_text", "graphgen/accept/quantized.py:measure",
+             "ref_run = next(iter(runs[reference].values()))",
+             "ref_run = next(iter(next(iter(runs.values())).values()))",
+             ("tests/accept/test_quantized_target.py::"
+              "test_the_feature_nmse_is_b11739s_on_the_f32_texts_tokens",)),
+    Mutation("quantized_sequences_share_the_cache", "graphgen/accept/quantized.py:sequence_features",
+             "t.seq_rm(0, -1, -1)", "pass",
+             ("tests/accept/test_quantized_target.py::"
+              "test_the_feature_nmse_is_b11739s_on_the_f32_texts_tokens",)),
+    Mutation("quantized_tau_without_the_target_token", "graphgen/accept/quantized.py:CopyRun.tau",
+             "self.first.mean_accepted_length + 1.0", "self.first.mean_accepted_length",
+             ("tests/accept/test_quantized_target.py::"
+              "test_each_copy_generates_its_greedy_text_and_the_engines_agree",)),
+    Mutation("quantized_text_compared_with_itself", "graphgen/accept/quantized.py:measure",
+             "zip(first.tokens, ref_run.tokens)", "zip(first.tokens, first.tokens)",
+             ("tests/accept/test_quantized_target.py::"
+              "test_each_copy_generates_its_greedy_text_and_the_engines_agree",)),
+    Mutation("quantized_same_text_rounds_compare_lengths", "graphgen/accept/quantized.py:same_text_rounds",
+             'r["draft"] != o["draft"]', 'r["n_drafted"] != o["n_drafted"]',
+             ("tests/accept/test_quantized_target.py::"
+              "test_each_copy_generates_its_greedy_text_and_the_engines_agree",)),
+    Mutation("quantized_bound_loosened", "graphgen/accept/quantized.py:QuantizedResult.problems",
+             "v > max_nmse", "v > 100 * max_nmse",
+             ("tests/accept/test_quantized_target.py::"
+              "test_a_copy_with_a_layer_zeroed_is_caught",)),
+    Mutation("quantized_engines_parting_unseen", "graphgen/accept/quantized.py:divergence",
+             "return None if d is None else d.describe()", "return None",
+             ("tests/accept/test_quantized_target.py::"
+              "test_the_engines_parting_is_a_problem",)),
+    Mutation("quantized_own_type_dequantized", "graphgen/accept/quantized.py:target_copies",
+             "if t == own:", "if t == own and t in F.DEQUANT_TYPES:",
+             ("tests/accept/test_quantized_target.py::"
+              "test_the_copies_are_the_file_and_its_dequantized_weights",)),
+    Mutation("quantized_draft_layers_as_authors_ids", "graphgen/accept/quantized.py:draft_layers",
+             "[int(il) for il in layers]", "[int(il) - 1 for il in layers]",
+             ("tests/accept/test_quantized_target.py::"
+              "test_the_copies_are_the_file_and_its_dequantized_weights",)),
 ]
 
 

@@ -8,9 +8,10 @@ and the NMSE of the draft's target-layer inputs against the f32 copy's on the sa
 prompt followed by the f32 target's own continuation). Prints one markdown table, a row per draft
 and copy: tau (the mean acceptance length counting the target's own token: 1.0 for a draft that
 never hits), accepted drafted tokens per block, acceptance per draft position, tokens/s, the
-feature NMSE per draft layer, and how many prompts' text equals the f32 target's. Progress on
-stderr; exit 1 when a copy's features are farther from f32 than quantization explains or the
-engines drafted apart, 2 on bad input.
+feature NMSE per draft layer, how many prompts' text equals the f32 target's, and on those
+prompts how many rounds drafted other tokens than behind f32 and the tokens accepted (behind f32
+in brackets): the same text, other features. Progress on stderr; exit 1 when a copy's features
+are farther from f32 than quantization explains or the engines drafted apart, 2 on bad input.
 
     python tools/quantized_target.py [DRAFT ...] [--target smollm2] [--types q4_1,f16,f32]
                                      [-n 64] [--engines llama.cpp,graphgen] [--json FILE]

@@ -133,6 +133,29 @@ def divergence(runs: dict) -> str | None:
     return None if d is None else d.describe()
 
 
+def same_text_rounds(run, ref, same) -> dict:
+    """Over the prompts whose generated text is the reference copy's (`same`, per prompt): the
+    rounds of `run` and `ref` (EngineRun, one copy's and the reference's) that start at the same
+    position, how many of them drafted other tokens, and what each accepted in them. The draft
+    is asked the same question there; what differs is what it is fed (the target's features and
+    its borrowed embeddings and head in the copy's type)."""
+    out = {"prompts": 0, "rounds": 0, "drafts_apart": 0, "accepted": 0, "accepted_ref": 0}
+    for p, alike in enumerate(same):
+        if not alike:
+            continue
+        out["prompts"] += 1
+        theirs = {r["pos0"]: r for r in ref.rounds[p]}
+        for r in run.rounds[p]:
+            o = theirs.get(r["pos0"])
+            if o is None:
+                continue
+            out["rounds"] += 1
+            out["drafts_apart"] += r["draft"] != o["draft"]
+            out["accepted"] += r["n_accepted"]
+            out["accepted_ref"] += o["n_accepted"]
+    return out
+
+
 @dataclass
 class CopyRun:
     """One target copy behind the draft: its loops and its features' distance to the reference."""
@@ -143,6 +166,7 @@ class CopyRun:
     nmse_all: list             # the same over every position
     same_text: list            # per prompt: whether its generated tokens are the reference copy's
     divergence: str | None = None   # where b11739's and graphgen's drafting part (both engines run)
+    same_text_rounds: dict = field(default_factory=dict)   # against the reference, same_text_rounds()
 
     @property
     def first(self):
@@ -156,6 +180,7 @@ class CopyRun:
     def to_dict(self) -> dict:
         return {"label": self.label, "path": str(self.path), "tau": self.tau, "nmse": self.nmse,
                 "nmse_all": self.nmse_all, "same_text": self.same_text, "divergence": self.divergence,
+                "same_text_rounds": self.same_text_rounds,
                 "engines": {e: r.to_dict() for e, r in self.runs.items()}}
 
 
@@ -224,23 +249,27 @@ def measure(draft, copies: dict, prompts=None, n_predict: int = 64, engines=("ll
         rest, every = feature_nmse(feats[label], feats[reference])
         first = next(iter(runs[label].values()))
         same = [list(a) == list(b) for a, b in zip(first.tokens, ref_run.tokens)]
-        res.copies[label] = CopyRun(label, path, runs[label], rest, every, same, divergence(runs[label]))
+        res.copies[label] = CopyRun(label, path, runs[label], rest, every, same, divergence(runs[label]),
+                                    same_text_rounds(first, ref_run, same))
     return res
 
 
 def table(results) -> str:
     """A markdown table, a row per draft and copy: tau, accepted per block (and the two counts, for
-    the reader to judge the sample), acceptance per draft
-    position, tokens/s per engine, the feature NMSE per draft layer against the reference, and how
-    many prompts' text is the reference copy's."""
+    the reader to judge the sample), acceptance per draft position, tokens/s per engine, the
+    feature NMSE per draft layer against the reference, how many prompts' text is the reference
+    copy's, and on those prompts the rounds drafted apart and the tokens accepted
+    (same_text_rounds)."""
     results = list(results)
     if not results:
         raise QuantizedError("table: no results")
     n_max = max(c.first.n_max for r in results for c in r.copies.values())
     engines = list(dict.fromkeys(e for r in results for c in r.copies.values() for e in c.runs))
     layer_cols = sorted({il for r in results for il in r.layers})
-    head = (["draft", "target", "tau", "accepted / block", "accepted", "blocks"] + [f"p{i}" for i in range(1, n_max + 1)]
-            + [f"tok/s {e}" for e in engines] + [f"NMSE L{il}" for il in layer_cols] + ["text as ref"])
+    head = (["draft", "target", "tau", "accepted / block", "accepted", "blocks"]
+            + [f"p{i}" for i in range(1, n_max + 1)]
+            + [f"tok/s {e}" for e in engines] + [f"NMSE L{il}" for il in layer_cols]
+            + ["text as ref", "same text: drafts apart", "same text: accepted (ref)"])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * 2 + "---:|" * (len(head) - 2)]
     for r in results:
         for c in r.copies.values():
@@ -252,6 +281,8 @@ def table(results) -> str:
                      + ["" if v is None else f"{v:.3f}" for v in rates]
                      + [f"{c.runs[e].tokens_per_s:.1f}" if e in c.runs else "" for e in engines]
                      + [("0" if nm[il] == 0 else f"{nm[il]:.2e}") if il in nm else "" for il in layer_cols]
-                     + [f"{sum(c.same_text)} / {len(c.same_text)}"])
+                     + [f"{sum(c.same_text)} / {len(c.same_text)}",
+                        f"{c.same_text_rounds['drafts_apart']} / {c.same_text_rounds['rounds']}",
+                        f"{c.same_text_rounds['accepted']} ({c.same_text_rounds['accepted_ref']})"])
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

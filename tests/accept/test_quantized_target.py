@@ -5,7 +5,7 @@
   the ones the draft GGUF reads.
 - Each copy's loops generate the target's own greedy text (features.greedy, outside the loop,
   says what it is), b11739's and graphgen's drafting agree round for round, and tau, the
-  acceptance per position and the text comparison follow from the rounds.
+  acceptance per position, the text comparison and the same-text rounds follow from the rounds.
 - The feature NMSE is what b11739 gives for the same tokens, recomputed here from
   features.llama_features; Q4_1 against f32 is of the order of one 8-bit rounding of the
   features (what Q4_1's matmuls do to their inputs), f16 against f32 of one f16 rounding, and
@@ -113,7 +113,19 @@ def test_each_copy_generates_its_greedy_text_and_the_engines_agree(result, greed
         rates = [sum(r["n_accepted"] > i for r in blocks if r["n_drafted"] > i)
                  / max(1, sum(r["n_drafted"] > i for r in blocks)) for i in range(a.n_max)]
         assert a.acceptance_per_position == pytest.approx(rates)
+        # on the prompts whose text is f32's, the rounds starting at the same position, paired
+        ref = result.copies["f32"].runs["llama.cpp"]
+        pairs = [(x, y) for p, alike in enumerate(c.same_text) if alike
+                 for x in a.rounds[p] for y in ref.rounds[p] if x["pos0"] == y["pos0"]]
+        assert c.same_text_rounds == {"prompts": sum(c.same_text), "rounds": len(pairs),
+                                      "drafts_apart": sum(x["draft"] != y["draft"] for x, y in pairs),
+                                      "accepted": sum(x["n_accepted"] for x, _ in pairs),
+                                      "accepted_ref": sum(y["n_accepted"] for _, y in pairs)}
     assert result.copies["f32"].same_text == [True] * len(PROMPTS)
+    f32 = result.copies["f32"].same_text_rounds
+    assert f32["drafts_apart"] == 0 and f32["rounds"] == len(result.copies["f32"].first.blocks)
+    # the same text, other features: the Q4_1 target's move some of the draft's tokens
+    assert result.copies["q4_1"].same_text_rounds["drafts_apart"] > 0
     # the Q4_1 target's greedy text parts from the float one's on one of these prompts: the
     # copies are measured on different texts, and the features below on the same one
     assert result.copies["q4_1"].same_text != [True] * len(PROMPTS)
