@@ -30,6 +30,13 @@ from ..errors import GraphgenError
 
 # a control token SmolLM2 never emits in text: the mask filling every drafted block
 SMOLLM2_MASK_TOKEN = 16  # <empty_output>
+# the target's own name, which a speculators draft's config gives as its verifier
+SMOLLM2_VERIFIER = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+# the target's best tokens kept per decoded row: enough of its distribution to distil (the rest of
+# the mass is small after 16 for a 135M model's greedy text)
+TOP_KEPT = 16
 
 
 class TrainError(GraphgenError):
@@ -84,6 +91,26 @@ _TEMPLATES = [
     "The best way to learn about {topic} is",
     "Summary: {topic_cap} and its effects on everyday life.\n\n",
     "Question: Why do people enjoy {topic}?\nAnswer:",
+    "I have always wondered how {thing} works.",
+    "The teacher asked the class to describe {topic}.",
+    "Last summer, {person} decided to {action}.",
+    "Most people do not know that {topic}",
+    "Here is a simple explanation of {thing}:",
+    "When I was a child, I loved {food}, and",
+    "The museum had a new exhibition about {topic}.",
+    "There are many reasons to {action}.",
+    "{person_cap} opened the door and saw",
+    "According to experts, the future of {topic}",
+    "Notes from today's lecture on {topic}:\n\n-",
+    "If you want to {action}, you should",
+    "The old book on the shelf was about {topic}.",
+    "Breaking news: a new study about {topic} shows",
+    "My grandmother's recipe for {food} is simple.",
+    "Let me tell you a story about {person} {place}.",
+    "Pros and cons of {topic}:\n\nPros:\n-",
+    "It is easy to confuse {thing} with",
+    "Every morning, {person} would",
+    "The word \"{topic}\" comes from",
 ]
 
 _CHAT = "<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n"
@@ -152,12 +179,18 @@ class Corpus:
     features: list[np.ndarray]
     seconds: float = 0.0
     meta: dict = field(default_factory=dict)
+    # the target's best TOP_KEPT tokens and logits at every decoded row (the soft labels of distillation)
+    top_ids: list[np.ndarray] = field(default_factory=list)
+    top_logits: list[np.ndarray] = field(default_factory=list)
 
     def save(self, path: Path) -> None:
         lens = np.array([len(t) for t in self.tokens], dtype=np.int64)
+        extra = {}
+        if self.top_ids:
+            extra = {"top_ids": np.concatenate(self.top_ids), "top_logits": np.concatenate(self.top_logits)}
         np.savez(path, layers=np.array(self.layers), lens=lens, starts=np.array(self.starts),
                  tokens=np.concatenate(self.tokens), features=np.concatenate(self.features),
-                 meta=json.dumps({**self.meta, "seconds": self.seconds}))
+                 meta=json.dumps({**self.meta, "seconds": self.seconds}), **extra)
 
     @classmethod
     def load(cls, path: Path) -> "Corpus":
@@ -166,11 +199,17 @@ class Corpus:
         tok_at = np.concatenate([[0], np.cumsum(lens)])
         feat_at = np.concatenate([[0], np.cumsum(lens - 1)])
         meta = json.loads(str(z["meta"]))
+
+        def rows(name):
+            if name not in z.files:
+                return []
+            a = z[name]     # each z[name] reads the whole array again: once per name
+            return [a[feat_at[i]:feat_at[i + 1]] for i in range(len(lens))]
+        tokens = z["tokens"]
         return cls([int(x) for x in z["layers"]],
-                   [z["tokens"][tok_at[i]:tok_at[i + 1]] for i in range(len(lens))],
-                   [int(s) for s in z["starts"]],
-                   [z["features"][feat_at[i]:feat_at[i + 1]] for i in range(len(lens))],
-                   float(meta.get("seconds", 0.0)), meta)
+                   [tokens[tok_at[i]:tok_at[i + 1]] for i in range(len(lens))],
+                   [int(s) for s in z["starts"]], rows("features"),
+                   float(meta.get("seconds", 0.0)), meta, rows("top_ids"), rows("top_logits"))
 
     @property
     def n_generated(self) -> int:
@@ -184,12 +223,13 @@ class _Recorder:
     def __init__(self, target):
         self.target = target
         self.n_batch = target.n_batch
-        self.rows: dict[tuple[int, int], np.ndarray] = {}
+        self.rows: dict[tuple[int, int], tuple] = {}
 
     def decode(self, rows, full_logits: bool = False):
         ids, top, feats = self.target.decode(rows, full_logits)
-        for (seq, _tok, pos), f in zip(rows, feats):
-            self.rows[(int(seq), int(pos))] = f.astype(np.float16)
+        for (seq, _tok, pos), f, i, t in zip(rows, feats, ids, top):
+            self.rows[(int(seq), int(pos))] = (f.astype(np.float16), i[:TOP_KEPT].astype(np.int32),
+                                               t[:TOP_KEPT].astype(np.float16))
         return ids, top, feats
 
     def __getattr__(self, name):
@@ -203,7 +243,7 @@ def generate_corpus(target_path, layers: list[int], prompts: list[str], *, n_pre
     from ..verifier import generate_alone
     log = log or (lambda s: None)
     t0 = time.perf_counter()
-    tokens, starts, feats = [], [], []
+    tokens, starts, feats, top_ids, top_logits = [], [], [], [], []
     with ReferenceTarget(target_path, layers, n_ctx=n_seq * 256, n_batch=512, n_seq=n_seq,
                          n_threads=n_threads) as tg:
         tokenized = [tg.tokenize(p) for p in prompts]
@@ -217,14 +257,17 @@ def generate_corpus(target_path, layers: list[int], prompts: list[str], *, n_pre
             for seq, toks in out.items():
                 tokens.append(np.array(toks, dtype=np.int32))
                 starts.append(len(chunk[seq]))
-                feats.append(np.stack([rec.rows[(seq, pos)] for pos in range(len(toks) - 1)]))
+                kept = [rec.rows[(seq, pos)] for pos in range(len(toks) - 1)]
+                feats.append(np.stack([k[0] for k in kept]))
+                top_ids.append(np.stack([k[1] for k in kept]))
+                top_logits.append(np.stack([k[2] for k in kept]))
                 tg.seq_rm(seq, -1, -1)
             done = min(b + n_seq, len(prompts))
             el = time.perf_counter() - t0
             n_gen = sum(len(t) - s for t, s in zip(tokens, starts))
             log(f"data: {done}/{len(prompts)} prompts, {n_gen} tokens generated, {n_gen / el:.1f} tokens/s, "
                 f"{_clock(el / done * (len(prompts) - done))} left")
-    return Corpus(list(layers), tokens, starts, feats, time.perf_counter() - t0)
+    return Corpus(list(layers), tokens, starts, feats, time.perf_counter() - t0, {}, top_ids, top_logits)
 
 
 def embedding_table(gguf_path) -> np.ndarray:
@@ -286,8 +329,13 @@ def write_target_folder(gguf_path, out_dir) -> Path:
 
 # -- the draft ------------------------------------------------------------------------------------
 
+# which authors' class each trained variant is (graphgen.authors.checkpoint builds them)
+VARIANT_AUTHORS = {"dflash": "zlab", "dflash2": "zlab", "dspark": "speculators"}
+
+
 @dataclass
 class DraftShape:
+    variant: str = "dflash"
     n_embd: int = 576
     n_head: int = 9
     n_head_kv: int = 3
@@ -301,58 +349,177 @@ class DraftShape:
     mask_token_id: int = SMOLLM2_MASK_TOKEN
     rope_theta: float = 100000.0
     rms_eps: float = 1e-5
-    max_positions: int = 8192
+    # DFlash2: the block's grouped dynamic convolutions and the candidate selector
+    conv_kernel: int = 3
+    conv_group: int = 64
+    selector_rank: int = 8
+    selector_top_k: int = 8
+    # DSpark: the Markov head's rank and the draft vocabulary (the corpus's most frequent tokens)
+    markov_rank: int = 16
+    draft_vocab: int = 3072
+
+    @property
+    def authors(self) -> str:
+        return VARIANT_AUTHORS[self.variant]
+
+    @property
+    def offset(self) -> int:
+        """Block row i predicts the token at anchor + i + offset: z-lab's rows start at the anchor
+        (row 0 predicts nothing), speculators' DSpark samples from the anchor (sample_from_anchor)."""
+        return 1 if self.variant == "dspark" else 0
+
+    def spec(self):
+        """The same draft as graphgen.authors.checkpoint's HFSpec, which builds the authors' classes."""
+        from ..authors.checkpoint import HFSpec
+        if self.variant not in VARIANT_AUTHORS:
+            raise TrainError(f"--variant {self.variant}: trained variants are {', '.join(VARIANT_AUTHORS)}")
+        return HFSpec(variant=self.variant, authors=self.authors, n_embd=self.n_embd, n_layer=self.n_layer,
+                      n_head=self.n_head, n_head_kv=self.n_head_kv, head_dim=self.head_dim, n_ff=self.n_ff,
+                      n_vocab=self.n_vocab, block_size=self.block_size,
+                      target_layers=[i + 1 for i in self.target_layer_ids], n_target_layers=self.n_target_layers,
+                      mask_token_id=self.mask_token_id, rope_theta=self.rope_theta, rms_eps=self.rms_eps,
+                      conv_kernel=self.conv_kernel, conv_group=self.conv_group, selector_rank=self.selector_rank,
+                      selector_top_k=self.selector_top_k, markov_rank=self.markov_rank, conf=True,
+                      sample_from_anchor=True,
+                      d2t_vocab=self.draft_vocab if self.variant == "dspark" else None).resolved()
 
 
-def draft_config(s: DraftShape):
-    """A Qwen3Config the authors' DFlashDraftModel takes, carrying z-lab's dflash_config."""
-    from transformers import Qwen3Config
-    return Qwen3Config(hidden_size=s.n_embd, intermediate_size=s.n_ff, num_hidden_layers=s.n_layer,
-                       num_attention_heads=s.n_head, num_key_value_heads=s.n_head_kv, head_dim=s.head_dim,
-                       vocab_size=s.n_vocab, rms_norm_eps=s.rms_eps, max_position_embeddings=s.max_positions,
-                       rope_parameters={"rope_type": "default", "rope_theta": s.rope_theta},
-                       attention_bias=False, hidden_act="silu", tie_word_embeddings=False,
-                       num_target_layers=s.n_target_layers,
-                       dflash_config={"mask_token_id": s.mask_token_id, "block_size": s.block_size,
-                                      "target_layer_ids": list(s.target_layer_ids)},
-                       architectures=["DFlashDraftModel"])
+def draft_vocabulary(corpus: "Corpus", size: int, n_vocab: int) -> np.ndarray:
+    """The `size` tokens the corpus holds most often (ties to the lower id), sorted: a DSpark draft
+    vocabulary, as speculators builds one from its training data's token counts."""
+    counts = np.bincount(np.concatenate(corpus.tokens).astype(np.int64), minlength=n_vocab)
+    order = np.lexsort((np.arange(n_vocab), -counts))
+    return np.sort(order[:size])
+
+
+def new_draft(shape: DraftShape, embed_np: np.ndarray, target_folder: Path | None = None, vocab=None):
+    """A fresh authors' draft of `shape`: z-lab's DFlashDraftModel / DFlash2DraftModel, or
+    speculators' DSparkDraftModel (its verifier config read from `target_folder`, its draft
+    vocabulary `vocab`, its embeddings the target's, its own head started from the target's rows)."""
+    import torch
+    from ..authors import checkpoint as C
+    s = shape.spec()
+    if shape.authors == "zlab":
+        model = C._zlab_model(s)
+        for layer in model.layers:
+            for conv in (layer.attention_conv, layer.mlp_conv):
+                if conv is not None:
+                    # z-lab leaves the kernels uninitialized (torch.empty): start both as the identity,
+                    # as speculators' reset_parameters does
+                    with torch.no_grad():
+                        conv.base_kernel.zero_()
+                        conv.base_kernel[:, 0].fill_(1.0)
+                        conv.kernel_projection.weight.zero_()
+        return model
+    if target_folder is None or vocab is None:
+        raise TrainError("a speculators draft needs its target's folder and a draft vocabulary")
+    model = C._speculators_model(s, Path(target_folder))
+    ids = torch.as_tensor(np.asarray(vocab), dtype=torch.long)
+    if len(ids) != shape.draft_vocab:
+        raise TrainError(f"draft vocabulary of {len(ids)} tokens; the shape says {shape.draft_vocab}")
+    t2d = torch.zeros(shape.n_vocab, dtype=torch.bool)
+    t2d[ids] = True
+    model.load_vocab_mappings(t2d, ids - torch.arange(len(ids)))
+    embed = torch.from_numpy(embed_np)
+    with torch.no_grad():
+        model.embed_tokens.weight.copy_(embed)
+        model.lm_head.weight.copy_(embed[ids])
+        if getattr(model, "verifier_lm_head", None) is not None:
+            model.verifier_lm_head.weight.copy_(embed[ids])
+    for name in ("embed_tokens", "verifier_lm_head", "verifier_norm"):
+        mod = getattr(model, name, None)
+        if mod is not None:
+            mod.requires_grad_(False)
+    return model
+
+
+class _BlockwiseConvs:
+    """DFlash2's convolutions run along a block's rows; a training forward lays many blocks end to
+    end, so while it runs each convolution sees one block at a time (as in the authors' loop, where
+    a forward holds one block)."""
+
+    def __init__(self, model, block: int):
+        self.convs = [c for layer in model.layers for c in (getattr(layer, "attention_conv", None),
+                                                          getattr(layer, "mlp_conv", None)) if c is not None]
+        self.block = block
+
+    def __enter__(self):
+        b = self.block
+        for conv in self.convs:
+            prepare, finish = type(conv).prepare.__get__(conv), type(conv).finish.__get__(conv)
+
+            def p(h, prepare=prepare):
+                n, rows, width = h.shape
+                out, dyn = prepare(h.reshape(n * rows // b, b, width))
+                return out.reshape(n, rows, width), dyn.reshape(n, rows, *dyn.shape[2:])
+
+            def f(h, dyn, finish=finish):
+                n, rows, width = h.shape
+                return finish(h.reshape(-1, b, width), dyn.reshape(-1, b, *dyn.shape[2:])).reshape(n, rows, width)
+            conv.prepare, conv.finish = p, f
+        return self
+
+    def __exit__(self, *exc):
+        for conv in self.convs:
+            del conv.prepare, conv.finish
 
 
 @dataclass
 class TrainSettings:
-    steps: int = 600
+    steps: int = 1500
     seqs_per_step: int = 8
     anchors_per_seq: int = 12
     lr: float = 2e-3
-    warmup: int = 40
-    weight_decay: float = 0.01
-    negatives: int = 0          # 0: the whole vocabulary in every softmax; else the corpus's tokens + this many random
-    decay: float = 4.0          # block row i's loss weight is exp(-(i - 1) / decay)
+    warmup: int = 60
+    weight_decay: float = 0.1
+    decay: float = 4.0          # the loss weight of drafted token d (0 = the first) is exp(-d / decay)
+    negatives: int = 4096       # z-lab: random tokens beyond the data's in each step's softmax (0: the whole vocabulary)
+    distill: float = 0.5        # the share of the loss on the target's top-TOP_KEPT distribution (soft labels)
+    selector_alpha: float = 1.0  # DFlash2: weight of the selector's K-way loss
+    confidence_alpha: float = 0.1  # DSpark: weight of the confidence head's loss
     seed: int = 0
     threads: int = 1            # on a shared 2-core machine one thread ran 4x faster than two (no OpenMP waits)
-    val_seqs: int = 16          # sequences held out of training, their loss logged beside the training loss
-    feature_dropout: float = 0.0  # dropout on the target features in training: a few thousand rows overfit fast
+    val_seqs: int = 24          # sequences held out of training, their loss logged beside the training loss
+    feature_dropout: float = 0.1  # dropout on the target features in training
     keep_best: bool = True      # return the weights of the logged step with the lowest held-out CE
 
 
-def _anchor_pool(corpus: Corpus, block: int) -> list[np.ndarray]:
-    # an anchor is a generated token with at least one generated token after it to predict
+def _anchor_pool(corpus: Corpus, offset: int) -> list[np.ndarray]:
+    # an anchor is a generated token with at least one generated token to predict after it
     return [np.arange(s, len(t) - 1) for t, s in zip(corpus.tokens, corpus.starts)]
 
 
+@dataclass
+class Batch:
+    feats: object      # [n, ctx, width] the target features of every sequence
+    noise: object      # [n, k * B] block tokens (anchor, then the mask)
+    pos: object        # [n, ctx + k * B]
+    visible: object    # [n, 1, k * B, ctx + k * B] the attention mask
+    labels: object     # [n, k * B] the target's token each row predicts, -100 where none
+    draft_index: object  # [n, k * B] which drafted token a row is (0 = the first), -1 where none
+    prev: object       # [n, k * B] the token before each row's label (the selector's and Markov head's input)
+    soft_ids: object   # [n, k * B, TOP_KEPT] the target's best tokens at each row's label (or None)
+    soft_logits: object
+
+
 def make_batch(corpus: Corpus, seq_ids, anchors_per_seq: int, block: int, mask_id: int,
-               rng: np.random.Generator, pool=None):
-    """One step's tensors: context features, block tokens, positions, the attention mask, labels
-    (-100 where nothing is predicted) and each label's block row."""
+               rng: np.random.Generator, pool=None, offset: int = 0) -> Batch:
+    """One step's tensors: `anchors_per_seq` blocks per sequence; block row i predicts the token at
+    anchor + i + offset (rows that would predict the anchor itself or beyond the sequence get -100)."""
     import torch
-    pool = pool or _anchor_pool(corpus, block)
+    pool = pool or _anchor_pool(corpus, offset)
     n = len(seq_ids)
     ctx_len = max(len(corpus.features[i]) for i in seq_ids)
     k = anchors_per_seq
     width = corpus.features[seq_ids[0]].shape[1]
+    soft = bool(corpus.top_ids)
     feats = np.zeros((n, ctx_len, width), dtype=np.float32)
     noise = np.full((n, k, block), mask_id, dtype=np.int64)
     labels = np.full((n, k, block), -100, dtype=np.int64)
+    index = np.full((n, k, block), -1, dtype=np.int64)
+    prev = np.zeros((n, k, block), dtype=np.int64)
+    soft_ids = np.zeros((n, k, block, TOP_KEPT), dtype=np.int64) if soft else None
+    soft_logits = np.full((n, k, block, TOP_KEPT), -np.inf, dtype=np.float32) if soft else None
     pos = np.zeros((n, ctx_len + k * block), dtype=np.int64)
     visible = np.zeros((n, k, block, ctx_len + k * block), dtype=bool)
     for row, i in enumerate(seq_ids):
@@ -365,46 +532,141 @@ def make_batch(corpus: Corpus, seq_ids, anchors_per_seq: int, block: int, mask_i
             if j < len(chosen):
                 a = int(chosen[j])
                 noise[row, j, 0] = toks[a]
-                end = min(a + block, len(toks))
-                labels[row, j, 1:end - a] = toks[a + 1:end]
+                for r in range(block):
+                    p = a + r + offset          # the position row r predicts
+                    if p <= a or p >= len(toks):
+                        continue
+                    labels[row, j, r] = toks[p]
+                    index[row, j, r] = p - a - 1
+                    prev[row, j, r] = toks[p - 1]
+                    if soft:
+                        # the target's distribution of the token at p: its logits at decoded row p - 1
+                        soft_ids[row, j, r] = corpus.top_ids[i][p - 1]
+                        soft_logits[row, j, r] = corpus.top_logits[i][p - 1]
                 visible[row, j, :, :a] = True           # the context before the anchor
             else:
                 a = 0                                   # an unused slot: sees only its own block
             pos[row, ctx_len + j * block: ctx_len + (j + 1) * block] = a + np.arange(block)
             visible[row, j, :, ctx_len + j * block: ctx_len + (j + 1) * block] = True
-    return (torch.from_numpy(feats), torch.from_numpy(noise.reshape(n, k * block)), torch.from_numpy(pos),
-            torch.from_numpy(visible.reshape(n, 1, k * block, ctx_len + k * block)),
-            torch.from_numpy(labels.reshape(n, k * block)))
+    t = torch.from_numpy
+    return Batch(t(feats), t(noise.reshape(n, k * block)), t(pos),
+                 t(visible.reshape(n, 1, k * block, ctx_len + k * block)), t(labels.reshape(n, k * block)),
+                 t(index.reshape(n, k * block)), t(prev.reshape(n, k * block)),
+                 t(soft_ids.reshape(n, k * block, TOP_KEPT)) if soft else None,
+                 t(soft_logits.reshape(n, k * block, TOP_KEPT)) if soft else None)
 
 
-def block_loss(model, embed, feats, noise, pos, visible, labels, block: int, decay: float, vocab=None):
-    """Weighted cross-entropy of the block rows against the target's tokens (`embed`: the frozen
-    bf16 table, block embeddings and head); also the top-1 hits of the first predicted row (what the
-    first drafted token's acceptance rests on) and of all rows. With `vocab` (sorted token ids that
-    hold every label) the softmax runs over those tokens only, the head's cost cut to their share."""
+def block_hidden(model, shape: DraftShape, embed, b: Batch, bf16: bool = True):
+    """The block rows after the draft's final norm, [n, k * B, n_embd], through the authors' modules:
+    z-lab's forward as dflash_generate calls it; speculators' modules in their _backbone_forward's
+    order (fc, hidden_norm, rotary, each layer, norm), with this batch's mask. Each block's rows
+    equal what the authors' inference computes for that block alone (tests/accept/test_train.py)."""
+    import torch
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        if shape.authors == "zlab":
+            with _BlockwiseConvs(model, shape.block_size):
+                return model(position_ids=b.pos, attention_mask=b.visible,
+                             noise_embedding=embed[b.noise].to(torch.bfloat16 if bf16 else embed.dtype),
+                             target_hidden=b.feats)
+        m = model
+        target = m.hidden_norm(m.fc(b.feats))
+        h = m.embed_tokens(b.noise)
+        pos_emb = m.rotary_emb(h, b.pos)
+        for layer in m.layers:
+            h = layer(target_hidden=target, hidden_states=h, position_ids=b.pos, attention_mask=b.visible,
+                      use_cache=False, position_embeddings=pos_emb)
+        return m.norm(h)
+
+
+@dataclass
+class Columns:
+    """The vocabulary a training softmax runs over: `ids` (sorted token ids) and `cmap`, each
+    token's column or -1."""
+    ids: object
+    cmap: object
+
+    @classmethod
+    def of(cls, ids, n_vocab: int) -> "Columns":
+        import torch
+        ids = torch.as_tensor(np.asarray(ids), dtype=torch.long)
+        cmap = torch.full((n_vocab,), -1, dtype=torch.long)
+        cmap[ids] = torch.arange(len(ids))
+        return cls(ids, cmap)
+
+
+def block_loss(model, shape: DraftShape, embed, b: Batch, st: TrainSettings, cols=None):
+    """The weighted loss of the block rows against the target: cross-entropy on its greedy token,
+    mixed with its top-TOP_KEPT distribution (distillation); DFlash2 adds its selector's K-way loss
+    over the unary top-k (the target's token put in at rank K when missing, as speculators trains
+    it), DSpark its Markov bias on the logits and its confidence head's loss. Also the top-1 hits of
+    the first drafted token and of all rows (teacher-forced, through the selector / Markov head)."""
     import torch
     import torch.nn.functional as F
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        hidden = model(position_ids=pos, attention_mask=visible, noise_embedding=embed[noise].to(torch.bfloat16),
-                       target_hidden=feats)
-    n, rows = labels.shape
-    in_block = torch.arange(rows) % block
-    keep = (labels >= 0)
+    hidden = block_hidden(model, shape, embed, b)
+    n, rows = b.labels.shape
+    keep = b.labels >= 0
+    y = b.labels[keep]
+    d = b.draft_index[keep]
+    prev = b.prev[keep]
     h = hidden[keep]
-    y = labels[keep]
-    r = in_block.expand(n, rows)[keep]
-    if vocab is not None:
-        y = torch.searchsorted(vocab, y)
-        logits = (h.to(torch.bfloat16) @ embed[vocab].T).float()
+    conf_logit = None
+    # cols: the vocabulary the softmax runs over (token ids), cmap: a token's column there or -1
+    if shape.authors == "zlab":
+        table = embed if cols is None else embed[cols.ids]
+        logits = (h.to(torch.bfloat16) @ table.T).float()
     else:
-        logits = (h.to(torch.bfloat16) @ embed.T).float()
-    ce = F.cross_entropy(logits, y, reduction="none")
-    w = torch.exp(-(r.float() - 1) / decay)
-    loss = (ce * w).sum() / w.sum()
+        m = model
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = m.lm_head(h).float()
+        logits = logits + m.markov_head.block_bias(prev_token_ids=prev[:, None], hidden_states=h[:, None])[:, 0].float()
+        if m.confidence_head is not None:
+            feats = torch.cat([h.float(), m.markov_head.prev_embeddings(prev).float()], -1) \
+                if m.config.confidence_head_with_markov else h.float()
+            conf_logit = m.confidence_head(feats)
+    yv = y if cols is None else cols.cmap[y]      # the label's column, -1 outside the softmax's vocabulary
+    w = torch.exp(-d.float() / st.decay)
+    logp = F.log_softmax(logits, -1)
+    inside = yv >= 0
+    ce = torch.where(inside, -logp.gather(-1, yv.clamp(min=0)[:, None])[:, 0], torch.zeros_like(w))
+    loss_rows = ce
+    if st.distill and b.soft_ids is not None:
+        sid = b.soft_ids[keep]
+        slog = b.soft_logits[keep].float()
+        if cols is not None:
+            sid = cols.cmap[sid]
+            slog = torch.where(sid >= 0, slog, torch.full_like(slog, float("-inf")))
+        # a row whose whole top lies outside the vocabulary has no soft label (softmax of -inf: NaN)
+        p = torch.softmax(slog, -1).nan_to_num(0.0)
+        kd = -(p * logp.gather(-1, sid.clamp(min=0))).sum(-1)
+        loss_rows = (1 - st.distill) * ce + st.distill * kd
+    wi = w * inside.float()
+    loss = (loss_rows * wi).sum() / wi.sum().clamp(min=1e-9)
     with torch.no_grad():
-        hit = logits.argmax(-1) == y
-        first = r == 1
-        stats = {"ce": float(ce.mean()), "acc1": float(hit[first].float().mean()) if first.any() else 0.0,
+        pick = logits.argmax(-1)
+    if shape.variant == "dflash2":
+        sel = model.candidate_selector
+        cand = torch.topk(logits.detach(), sel.top_k, dim=-1).indices
+        match = cand.eq(yv[:, None])
+        has = match.any(-1)
+        tpos = torch.where(has, match.long().argmax(-1), torch.full_like(yv, sel.top_k - 1))
+        cand = cand.clone()
+        cand[:, -1] = torch.where(has, cand[:, -1], yv.clamp(min=0))
+        cand_ids = cand if cols is None else cols.ids[cand]
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            ctx = sel.predecessor_codebook(prev) * sel.hidden_projection(h)
+        scores = logits.gather(-1, cand) + (ctx.float()[:, None, :] * sel.successor_codebook(cand_ids).float()).sum(-1)
+        sel_ce = F.cross_entropy(scores, tpos, reduction="none")
+        loss = loss + st.selector_alpha * (sel_ce * wi).sum() / wi.sum().clamp(min=1e-9)
+        with torch.no_grad():
+            pick = cand.gather(-1, scores.argmax(-1)[:, None])[:, 0]   # what the selector drafts
+    hit = (pick == yv) & inside
+    if conf_logit is not None:
+        loss = loss + st.confidence_alpha * (F.binary_cross_entropy_with_logits(
+            conf_logit.float(), hit.float(), reduction="none") * w).sum() / w.sum()
+    with torch.no_grad():
+        first = d == 0
+        stats = {"ce": float(ce[inside].mean()) if inside.any() else 0.0,
+                 "acc1": float(hit[first].float().mean()) if first.any() else 0.0,
                  "acc": float(hit.float().mean()), "n": int(y.numel())}
     return loss, stats
 
@@ -414,20 +676,36 @@ def _clock(seconds: float) -> str:
     return f"{seconds // 60}:{seconds % 60:02d}"
 
 
-def train(corpus: Corpus, embed_np: np.ndarray, shape: DraftShape, st: TrainSettings, log=None):
-    """Trains a fresh DFlashDraftModel; returns (model, history of {step, loss, ce, acc1, acc})."""
+def train(corpus: Corpus, embed_np: np.ndarray, shape: DraftShape, st: TrainSettings, log=None,
+          target_folder: Path | None = None):
+    """Trains a fresh authors' draft of `shape`; returns (model, history of {step, loss, ce, acc1, acc},
+    seconds)."""
     import torch
-    from dflash.model import DFlashDraftModel
     log = log or (lambda s: None)
     torch.set_num_threads(st.threads)
     torch.manual_seed(st.seed)
     rng = np.random.default_rng(st.seed)
-    model = DFlashDraftModel(draft_config(shape))
+    vocab = draft_vocabulary(corpus, shape.draft_vocab, shape.n_vocab) if shape.authors == "speculators" else None
+    model = new_draft(shape, embed_np, target_folder, vocab)
     model.train()
+    # DSpark's softmax runs over its draft vocabulary; z-lab's tied head over the tokens the data
+    # holds plus a fresh random draw of the rest each step, so that every token is pushed down now
+    # and then at a fraction of the whole head's cost (a soft label outside them is left out)
+    fixed = Columns.of(vocab, shape.n_vocab) if vocab is not None else None
+    seen = np.unique(np.concatenate(corpus.tokens).astype(np.int64))
+
+    def columns():
+        if fixed is not None:
+            return fixed
+        if not st.negatives:
+            return None
+        return Columns.of(np.union1d(seen, rng.choice(shape.n_vocab, size=st.negatives, replace=False)),
+                          shape.n_vocab)
     # a frozen bf16 copy: the block embeddings and the tied head, as the draft borrows them
     embed = torch.from_numpy(embed_np).to(torch.bfloat16)
-    decay_params = [p for n, p in model.named_parameters() if p.dim() > 1]
-    other_params = [p for n, p in model.named_parameters() if p.dim() <= 1]
+    trained = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    decay_params = [p for n, p in trained if p.dim() > 1]
+    other_params = [p for n, p in trained if p.dim() <= 1]
     opt = torch.optim.AdamW([{"params": decay_params, "weight_decay": st.weight_decay},
                              {"params": other_params, "weight_decay": 0.0}], lr=st.lr, betas=(0.9, 0.95))
 
@@ -437,22 +715,22 @@ def train(corpus: Corpus, embed_np: np.ndarray, shape: DraftShape, st: TrainSett
         frac = (step - st.warmup) / max(1, st.steps - st.warmup)
         return st.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
 
-    pool = _anchor_pool(corpus, shape.block_size)
-    seen = torch.unique(torch.from_numpy(np.concatenate(corpus.tokens).astype(np.int64)))
+    pool = _anchor_pool(corpus, shape.offset)
     usable = [int(i) for i in rng.permutation([i for i, p in enumerate(pool) if len(p)])]
     val_ids, usable = usable[:st.val_seqs], usable[st.val_seqs:]
-    # one fixed batch of the held-out sequences, up to 32 anchors each
-    val_batch = make_batch(corpus, val_ids, 32, shape.block_size, shape.mask_token_id,
-                           np.random.default_rng(st.seed + 1), pool) if val_ids else None
+    # one fixed batch of the held-out sequences, up to 16 anchors each
+    val_batch = make_batch(corpus, val_ids, 16, shape.block_size, shape.mask_token_id,
+                           np.random.default_rng(st.seed + 1), pool, shape.offset) if val_ids else None
 
     def validate():
         if val_batch is None:
             return {}
         with torch.no_grad():
-            _, vs = block_loss(model, embed, *val_batch, block=shape.block_size, decay=st.decay)
+            _, vs = block_loss(model, shape, embed, val_batch, st, fixed)
         return {"val_ce": round(vs["ce"], 4), "val_acc1": round(vs["acc1"], 4), "val_acc": round(vs["acc"], 4)}
     history, window, best = [], [], None
     t0 = last = time.perf_counter()
+    c0 = time.process_time()
     order = np.array(usable)
     at = 0
     for step in range(st.steps):
@@ -460,24 +738,20 @@ def train(corpus: Corpus, embed_np: np.ndarray, shape: DraftShape, st: TrainSett
             order, at = rng.permutation(usable), 0
         seq_ids = [int(i) for i in order[at:at + st.seqs_per_step]]
         at += st.seqs_per_step
-        batch = make_batch(corpus, seq_ids, st.anchors_per_seq, shape.block_size, shape.mask_token_id, rng, pool)
+        batch = make_batch(corpus, seq_ids, st.anchors_per_seq, shape.block_size, shape.mask_token_id, rng, pool,
+                           shape.offset)
         for g in opt.param_groups:
             g["lr"] = lr_at(step)
-        vocab = None
-        if st.negatives:
-            # every token of the data, and a fresh random draw of the others, pushed down too
-            others = torch.from_numpy(rng.choice(shape.n_vocab, size=st.negatives, replace=False))
-            vocab = torch.unique(torch.cat([seen, others]))
         if st.feature_dropout:
-            batch = (torch.nn.functional.dropout(batch[0], st.feature_dropout), *batch[1:])
-        loss, stats = block_loss(model, embed, *batch, block=shape.block_size, decay=st.decay, vocab=vocab)
+            batch.feats = torch.nn.functional.dropout(batch.feats, st.feature_dropout)
+        loss, stats = block_loss(model, shape, embed, batch, st, columns())
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_([p for _, p in trained], 1.0)
         opt.step()
         window.append({"loss": loss.item(), **stats})
         now = time.perf_counter()
-        if now - last > 15 or step + 1 == st.steps:
+        if now - last > 60 or step + 1 == st.steps:
             last = now
             rate = (step + 1) / (now - t0)
             mean = {k: float(np.mean([w[k] for w in window])) for k in ("loss", "ce", "acc1", "acc")}
@@ -486,12 +760,13 @@ def train(corpus: Corpus, embed_np: np.ndarray, shape: DraftShape, st: TrainSett
             model.train()
             if val and (best is None or val["val_ce"] < best[0]):
                 best = (val["val_ce"], step + 1, {k: v.detach().clone() for k, v in model.state_dict().items()})
-            history.append({"step": step + 1, "seconds": round(now - t0, 1), **{k: round(v, 4) for k, v in mean.items()},
-                            **val})
+            history.append({"step": step + 1, "seconds": round(now - t0, 1),
+                            "cpu_seconds": round(time.process_time() - c0, 1),
+                            **{k: round(v, 4) for k, v in mean.items()}, **val})
             window = []
-            vtext = f"; held out: CE {val['val_ce']:.3f}, first-row top-1 {val['val_acc1']:.3f}" if val else ""
-            log(f"train: step {step + 1}/{st.steps}, loss {mean['loss']:.3f}, CE {mean['ce']:.3f}, first-row top-1 "
-                f"{mean['acc1']:.3f}, all rows {mean['acc']:.3f}{vtext}, {rate:.2f} steps/s, "
+            vtext = f"; held out: CE {val['val_ce']:.3f}, first-token top-1 {val['val_acc1']:.3f}" if val else ""
+            log(f"train {shape.variant}: step {step + 1}/{st.steps}, loss {mean['loss']:.3f}, CE {mean['ce']:.3f}, "
+                f"first-token top-1 {mean['acc1']:.3f}, all rows {mean['acc']:.3f}{vtext}, {rate:.2f} steps/s, "
                 f"{_clock((st.steps - step - 1) / rate)} left")
     model.eval()
     if st.keep_best and best is not None:
@@ -501,14 +776,23 @@ def train(corpus: Corpus, embed_np: np.ndarray, shape: DraftShape, st: TrainSett
     return model, history, time.perf_counter() - t0
 
 
-def save_checkpoint(model, out_dir, dtype: str = "bfloat16") -> Path:
-    """The authors' save_pretrained, weights in `dtype` to stay small."""
+def save_checkpoint(model, out_dir, dtype: str = "bfloat16", verifier: str | None = None) -> Path:
+    """The authors' save_pretrained, weights in `dtype` to stay small; a speculators config names
+    `verifier` as its verifier (the training's target folder was temporary)."""
     import torch
     from ..authors.forward import quiet_transformers
     quiet_transformers()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model.to(getattr(torch, dtype)).save_pretrained(str(out))
+    if verifier is not None:
+        path = out / "config.json"
+        cfg = json.loads(path.read_text())
+        ver = cfg.get("speculators_config", {}).get("verifier")
+        if ver is None:
+            raise TrainError(f"{path}: no speculators_config.verifier to name {verifier!r} in")
+        ver["name_or_path"] = verifier
+        path.write_text(json.dumps(cfg, indent=2) + "\n")
     return out
 
 
