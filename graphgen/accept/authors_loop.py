@@ -135,9 +135,21 @@ def _load(target_gguf, draft_dir):
 
 # -- the loop -------------------------------------------------------------------------------------
 
+def authors_rule(draft, posterior) -> int:
+    """dflash_generate's greedy verification: the longest prefix of the drafted tokens equal to the
+    target's argmax at the row before each (posterior: the target's argmax per row of the block, the
+    anchor's first)."""
+    import torch
+    draft = torch.as_tensor(list(draft), dtype=torch.long)
+    posterior = torch.as_tensor(list(posterior), dtype=torch.long)
+    n = min(draft.numel(), posterior.numel())
+    return int((draft[:n] == posterior[:n]).to(torch.int64).cumprod(0).sum())
+
+
 @contextlib.contextmanager
 def _observed(target, temp: float):
-    """Record, per verification batch of dflash_generate, (drafted tokens, agreed drafted tokens).
+    """Record, per verification batch of dflash_generate, (anchor, drafted tokens, the target's argmax
+    per row, agreed drafted tokens).
 
     The prefill is the target's first call (logits of its last row only, logits_to_keep=1); every
     later call verifies one block: the anchor then the drafted tokens."""
@@ -167,12 +179,9 @@ def _observed(target, temp: float):
         handle.remove()
         zm._rejection_sample, zm._cuda_time = real_rejection, real_clock
     for k, (ids, best) in enumerate(calls[1:]):
-        drafted = ids[1:]
-        if temp > 0:
-            agreed = sampled[k]
-        else:
-            agreed = int((drafted == best[:-1]).to(torch.int64).cumprod(0).sum())
-        rounds.append((int(drafted.numel()), agreed))
+        drafted = [int(t) for t in ids[1:]]
+        agreed = sampled[k] if temp > 0 else authors_rule(drafted, best[:-1])
+        rounds.append((int(ids[0]), drafted, [int(t) for t in best], agreed))
     if temp > 0 and len(sampled) != len(rounds):
         raise AuthorsLoopError(f"dflash_generate verified {len(rounds)} blocks but rejection-sampled "
                                f"{len(sampled)}: its loop no longer matches what this module reads")
@@ -195,8 +204,8 @@ def _one(target, draft, prompt: list[int], n_predict: int, temp: float, seed: in
         raise AuthorsLoopError(f"dflash_generate reported {len(lengths)} rounds, its target verified "
                                f"{len(observed)} blocks: its loop no longer matches what this module reads")
     stops = set(int(t) for t in stop_token_ids or ())
-    rounds, at = [], len(prompt) + 1  # the prefill's token comes first
-    for (n_drafted, agreed), produced in zip(observed, lengths):
+    rounds, blocks, at = [], [], len(prompt) + 1  # the prefill's token comes first
+    for (anchor, drafted, best, agreed), produced in zip(observed, lengths):
         if not produced <= agreed + 1:
             raise AuthorsLoopError(f"a round appended {produced} tokens after {agreed} agreed drafted "
                                    "ones: dflash_generate's count is not what this module documents")
@@ -204,9 +213,14 @@ def _one(target, draft, prompt: list[int], n_predict: int, temp: float, seed: in
         # the round's last appended token is the target's own unless the round was cut at
         # n_predict right after an agreed drafted token; a stop token always ends like the target's
         n_acc = min(agreed, produced - 1) if stopped else min(agreed, produced)
-        rounds.append((n_drafted, n_acc))
+        rounds.append((len(drafted), n_acc))
+        # as graphgen records a round: the anchor's position, the draft, the target's token after the
+        # accepted ones (-1 where the round was cut before it) and the target's argmax per row
+        blocks.append({"pos0": at - 1, "id_last": anchor, "draft": drafted, "n_drafted": len(drafted),
+                       "n_accepted": n_acc, "bonus": tokens[at + produced - 1] if produced > n_acc else -1,
+                       "target": best})
         at += produced
-    return {"rounds": rounds, "tokens": tokens, "seconds": seconds, "authors_lengths": lengths}
+    return {"rounds": rounds, "blocks": blocks, "tokens": tokens, "seconds": seconds, "authors_lengths": lengths}
 
 
 def authors_accept(target_gguf, draft_dir, prompts_tokens, n_predict: int, temp: float = 0.0, seed: int = 0,
@@ -229,10 +243,46 @@ def authors_accept(target_gguf, draft_dir, prompts_tokens, n_predict: int, temp:
         raise AuthorsLoopError(f"n_predict: {n_predict}; at least 1")
     if float(temp) < 0:
         raise AuthorsLoopError(f"temp: {temp}; 0 (greedy) or more")
-    target, draft, n_vocab = _load(target_gguf, draft_dir)
+    target, draft, n_vocab = load(target_gguf, draft_dir)
     prompts = _prompts(prompts_tokens, n_vocab)
     stops = None if stop_token_ids is None else [int(t) for t in stop_token_ids]
-    return [_one(target, draft, p, int(n_predict), float(temp), int(seed), stops) for p in prompts]
+    out = [_one(target, draft, p, int(n_predict), float(temp), int(seed), stops) for p in prompts]
+    for r in out:
+        r["layers"] = read_layers(draft)
+    return out
+
+
+def load(target_gguf, draft_dir):
+    """(the target in transformers, the authors' draft, n_vocab) as authors_accept runs them."""
+    return _load(target_gguf, draft_dir)
+
+
+def read_layers(draft) -> list[int]:
+    """The target layer inputs the draft reads in dflash_generate, in graphgen's numbering (layer
+    il's input, dflash.target_layers): extract_context_feature takes hidden_states[id + 1]."""
+    return [int(i) + 1 for i in draft.target_layer_ids]
+
+
+def draft_block(target, draft, features, anchor: int, pos0: int, size: int):
+    """The authors' draft forward for one block as dflash_generate runs it, from scratch: context
+    features [pos0, n_layers * n_embd or n_layers, n_embd] of positions 0..pos0-1, the block
+    [anchor, mask x (size - 1)] at pos0.. -> (drafted tokens [size - 1], their logits float32
+    [size - 1, n_vocab]). dflash_generate feeds the same rows in pieces through the draft's cache;
+    its attention over them is the same."""
+    import numpy as np
+    import torch
+    from dflash.model import _draft_value, _output_head, _raw_input_embeddings
+    feats = torch.as_tensor(np.ascontiguousarray(features, dtype=np.float32)).reshape(1, int(pos0), -1)
+    if size < 2:
+        raise AuthorsLoopError(f"draft_block: size {size}; a block holds the anchor and at least one token")
+    block = torch.full((1, int(size)), int(draft.mask_token_id), dtype=torch.long)
+    block[0, 0] = int(anchor)
+    with torch.inference_mode():
+        noise = _raw_input_embeddings(target, block, float(_draft_value(draft.config, "input_embedding_scale", 1.0)))
+        hidden = draft(target_hidden=feats, noise_embedding=noise,
+                       position_ids=torch.arange(int(pos0) + int(size))[None], use_cache=False)[:, 1:, :]
+        logits = draft.compute_logits(hidden, _output_head(target))[0].float()
+    return [int(t) for t in logits.argmax(dim=-1)], logits.numpy()
 
 
 def mean_accepted_length(results) -> float:

@@ -50,6 +50,8 @@ class EngineRun:
     tokens: list = field(default_factory=list)     # per prompt: the generated tokens
     text: list = field(default_factory=list)       # per prompt: the generated text
     seconds: float = 0.0                           # the loops' wall time, target included
+    prompt_tokens: list = field(default_factory=list)  # per prompt: its tokens, as the target split it
+    layers: list = field(default_factory=list)     # the target layer inputs the draft reads (il's input)
 
     @property
     def blocks(self) -> list:
@@ -88,7 +90,8 @@ class EngineRun:
 
     @classmethod
     def from_dict(cls, d: dict) -> "EngineRun":
-        return cls(**{k: d[k] for k in ("engine", "n_max", "prompts", "rounds", "tokens", "text", "seconds")})
+        return cls(**{k: d[k] for k in ("engine", "n_max", "prompts", "rounds", "tokens", "text", "seconds")},
+                   **{k: d[k] for k in ("prompt_tokens", "layers") if k in d})
 
 
 @dataclass
@@ -97,6 +100,7 @@ class Divergence:
     round: int           # the prompt's round, from 0
     position: int | None  # the draft position, from 1 (None: one engine ran a round the other did not)
     what: str
+    kind: str = ""        # what parts: "round", "anchor", "draft", "accepted" or "target"
 
     def describe(self) -> str:
         where = f"prompt {self.prompt}, round {self.round}"
@@ -211,7 +215,7 @@ def _run_engine(engine, target, draft, prompts_text, n_predict, temp, seed, n_se
             n_max = drafter.n_max
         finally:
             session.close()
-    out = EngineRun(engine, n_max, list(prompts_text), [])
+    out = EngineRun(engine, n_max, list(prompts_text), [], prompt_tokens=prompts, layers=list(layers))
     for res, texts in runs:
         for s in sorted(res.tokens):
             out.rounds.append([{"pos0": r.pos0, "id_last": r.id_last, "draft": list(r.draft),
@@ -255,10 +259,11 @@ def _run_authors(target, draft, prompts_text, n_predict, temp, seed, layers, aut
             task.update(f"{AUTHORS}: {len(prompts)} prompts in transformers")
         res = authors_accept(target, folder, prompts, n_predict, temp=temp, seed=seed,
                              stop_token_ids=_stop_tokens(target))
-        out = EngineRun(AUTHORS, 0, list(prompts_text), [])
+        out = EngineRun(AUTHORS, 0, list(prompts_text), [], prompt_tokens=prompts,
+                        layers=res[0]["layers"] if res else [])
         for p, r in zip(prompts, res):
             gen = [int(t) for t in r["tokens"][len(p):]]
-            out.rounds.append([{"n_drafted": int(d), "n_accepted": int(a)} for d, a in r["rounds"]])
+            out.rounds.append([dict(b) for b in r["blocks"]])
             out.tokens.append(gen)
             out.text.append(b"".join(tg.pieces(gen)[0]).decode(errors="replace"))
             out.seconds += float(r["seconds"])

@@ -44,7 +44,7 @@ def _prompts(args) -> list[str] | None:
 
 
 def _cmd_accept(args) -> int:
-    from ..accept.compare import acceptance_svg, first_divergence, resolve_draft, run_engines
+    from ..accept.compare import AUTHORS, acceptance_svg, first_divergence, resolve_draft, run_engines
     from ..targets import resolve
 
     from .llamaflags import model_path
@@ -65,6 +65,11 @@ def _cmd_accept(args) -> int:
     compared = "llama.cpp" in runs and "graphgen" in runs
     if compared:
         div = first_divergence(runs["llama.cpp"], runs["graphgen"])
+    attr = None
+    if "llama.cpp" in runs and AUTHORS in runs and args.temp == 0:
+        from ..accept.attribute import attribute
+        from ..accept.compare import authors_checkpoint
+        attr = attribute(target, runs, authors_checkpoint(draft, args.authors_draft), n_threads=args.threads)
     if args.svg:
         from ..staging import staged_file
         with staged_file(args.svg) as tmp:
@@ -79,10 +84,35 @@ def _cmd_accept(args) -> int:
             doc["identical"] = div is None
             doc["first_divergence"] = None if div is None else {"prompt": div.prompt, "round": div.round,
                                                                 "position": div.position, "what": div.what}
+        if attr is not None:
+            doc["attribution"] = attr.to_dict()
+            doc["authors_within_band"] = _within(runs, attr)
         print(json.dumps(doc, indent=1))
     else:
         _print(runs, div, compared, args.verbose)
-    return 1 if div is not None else 0
+        if attr is not None:
+            _print_attribution(runs, attr)
+    return 1 if div is not None or (attr is not None and _faulty(runs, attr)) else 0
+
+
+def _within(runs, attr) -> bool:
+    from ..accept.compare import AUTHORS
+    return abs(runs[AUTHORS].mean_accepted_length - runs["llama.cpp"].mean_accepted_length) <= attr.mean_band
+
+
+def _faulty(runs, attr) -> bool:
+    """The authors' loop differs from llama.cpp by more than the quantized target's numerics
+    explain: a stage besides in-band features blamed, or its mean outside the band."""
+    from ..accept.attribute import FEATURES
+    return any(b != FEATURES for b in attr.blamed) or not attr.features_in_band or not _within(runs, attr)
+
+
+def _print_attribution(runs, attr) -> None:
+    from ..accept.compare import AUTHORS
+    d = runs[AUTHORS].mean_accepted_length - runs["llama.cpp"].mean_accepted_length
+    print("\n".join(attr.lines()))
+    print(f"authors' mean accepted length {'within' if _within(runs, attr) else 'OUTSIDE'} the band: "
+          f"{d:+.3f} against +-{attr.mean_band:.3f}")
 
 
 def _print(runs: dict, div, compared: bool, verbose: bool) -> None:

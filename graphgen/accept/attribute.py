@@ -1,0 +1,378 @@
+"""Which stage makes the authors' loop accept differently from b11739's.
+
+The authors' loop (graphgen.accept.authors_loop: the target in transformers, z-lab's draft) and
+b11739's ("llama.cpp": the target and the draft in b11739) run the same target GGUF and the same
+trained draft, and can still draft or accept differently. Four stages can explain it:
+
+- the target's features: what each loop's target hands the draft (b11739's Q4_1 matmuls against
+  transformers' float ones; or other layers than the draft's GGUF names);
+- the draft forward: what the draft computes from identical features;
+- the sampling: which token each engine takes from its logits (greedy: the argmax);
+- the verification: how many drafted tokens each loop accepts against its target's tokens.
+
+`attribute(target, runs)` tests each on the rounds both loops ran, with fresh passes of the two
+targets over each engine's text (b11739 in a child process, transformers in float32) and the
+authors' draft replayed one block at a time (authors_loop.draft_block):
+
+- features: per draft layer, the NMSE of transformers' input of the layer the authors' loop reads
+  against b11739's input of the layer the GGUF names, over llama.cpp's texts (positions 1..: the
+  first carries SmolLM2's massive activation, docs/acceptance.md); within FEATURE_NMSE_BAND it is
+  the quantized target's numerics;
+- draft forward: the authors' draft on b11739's features of each llama.cpp round must draft what
+  llama.cpp drafted, at every position the round verified;
+- sampling: each engine's target token must be the argmax of its own target's logits, and each
+  authors' draft the argmax of its draft's logits on its own features;
+- verification: the authors' acceptance rule (authors_loop.authors_rule) on llama.cpp's drafts and
+  target tokens must give llama.cpp's accepted count, and on the authors' drafts and the fresh
+  transformers target's tokens the authors' count.
+
+Where the two loops part first (`first_parting`: an anchor, a drafted token at a verified position,
+an accepted count or a target token), the stage that explains that round is named, with the
+tokens each engine and each replay gave there. Drafted tokens past the first rejected one are
+never verified, and are not compared.
+
+Rounds are numbered per prompt from 0, draft positions from 1, as in compare.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from ..errors import GraphgenError
+from .compare import AUTHORS, Divergence, EngineRun
+
+FEATURES, DRAFT, SAMPLING, VERIFICATION = "target features", "draft forward", "sampling", "verification"
+STAGES = (FEATURES, DRAFT, SAMPLING, VERIFICATION)
+REFERENCE = "llama.cpp"
+# b11739 on the Q4_1 SmolLM2 against transformers on the same file: 9e-5 to 4e-4 per layer
+# (docs/acceptance.md); 1e-3 leaves 2.5x for other targets' numerics, while an input one layer off
+# is 1e-2 or more away
+FEATURE_NMSE_BAND = 1e-3
+
+
+class AttributionError(GraphgenError, ValueError):
+    """Runs the attribution cannot compare; the message names what is missing."""
+
+
+@dataclass
+class Stage:
+    name: str
+    blamed: bool
+    checked: int             # rounds (or layers) checked
+    failed: int              # of those, where the stage makes the engines differ
+    evidence: str
+    first: dict | None = None  # the first failing round: prompt, round, position and the tokens
+
+
+@dataclass
+class Attribution:
+    parting: Divergence | None       # the first round where the two loops part
+    explained_by: str | None         # the stage that explains it
+    explanation: str                 # in words, with the tokens
+    stages: list = field(default_factory=list)
+    nmse: list = field(default_factory=list)       # per draft layer: (llama.cpp layer, authors' layer, NMSE)
+    feature_changed_rounds: int = 0  # llama.cpp rounds whose verified draft changes on transformers' features
+    rounds: int = 0
+    counterfactual_mean: float = 0.0  # the authors' draft on transformers' features, on llama.cpp's rounds
+    mean_band: float = 0.0           # how far the authors' mean accepted length may be from llama.cpp's
+
+    @property
+    def blamed(self) -> list[str]:
+        return [s.name for s in self.stages if s.blamed]
+
+    def stage(self, name: str) -> Stage:
+        return next(s for s in self.stages if s.name == name)
+
+    @property
+    def features_in_band(self) -> bool:
+        return all(v <= FEATURE_NMSE_BAND for _, _, v in self.nmse)
+
+    def to_dict(self) -> dict:
+        return {"parting": None if self.parting is None else asdict(self.parting),
+                "explained_by": self.explained_by, "explanation": self.explanation,
+                "blamed": self.blamed, "stages": [asdict(s) for s in self.stages],
+                "nmse": [{"llama_layer": a, "authors_layer": b, "nmse": v} for a, b, v in self.nmse],
+                "features_in_band": self.features_in_band, "feature_nmse_band": FEATURE_NMSE_BAND,
+                "feature_changed_rounds": self.feature_changed_rounds, "rounds": self.rounds,
+                "counterfactual_mean": self.counterfactual_mean, "mean_band": self.mean_band}
+
+    def lines(self) -> list[str]:
+        out = []
+        if self.parting is None:
+            out.append("llama.cpp and the authors' loop: the same anchors, verified drafts, accepted counts "
+                       "and target tokens in every round")
+        else:
+            out.append(f"llama.cpp and the authors' loop part first at {self.parting.describe()}")
+            out.append(f"  explained by: {self.explained_by or 'nothing checked here'}: {self.explanation}")
+        nm = ", ".join(f"{a}{'' if a == b else f'(authors {b})'} {v:.2e}" for a, b, v in self.nmse)
+        out.append(f"feature NMSE per draft layer, llama.cpp vs transformers: {nm} "
+                   f"({'within' if self.features_in_band else 'BEYOND'} the quantized target's band "
+                   f"{FEATURE_NMSE_BAND:.0e})")
+        out.append(f"on llama.cpp's {self.rounds} rounds, the authors' draft on transformers' features would get "
+                   f"{self.counterfactual_mean:.3f} accepted per round; the authors' mean may lie within "
+                   f"{self.mean_band:.3f} of llama.cpp's")
+        for s in self.stages:
+            out.append(f"  {s.name:<16} {'BLAMED' if s.blamed else 'ok':<7} {s.evidence}")
+        return out
+
+
+# -- where the loops part -----------------------------------------------------------------------
+
+def _verified(r: dict, o: dict) -> int:
+    """Draft positions both rounds verified: up to the first one either rejected."""
+    return min(len(r["draft"]), len(o["draft"]), min(r["n_accepted"], o["n_accepted"]) + 1)
+
+
+def first_parting(a: EngineRun, c: EngineRun) -> Divergence | None:
+    """The first (prompt, round, position) where two loops' rounds part: the anchor, a drafted token
+    at a position both verified, the accepted count, or the target's token; None if none does.
+    Unlike compare.first_divergence, a block the authors' loop shrank to what -n leaves is
+    compared on its common length."""
+    for p in range(max(len(a.rounds), len(c.rounds))):
+        ra = a.rounds[p] if p < len(a.rounds) else []
+        rc = c.rounds[p] if p < len(c.rounds) else []
+        for k in range(max(len(ra), len(rc))):
+            if k >= len(ra) or k >= len(rc):
+                longer = a.engine if k < len(ra) else c.engine
+                return Divergence(p, k, None, f"only {longer} ran this round", "round")
+            x, y = ra[k], rc[k]
+            if x["id_last"] != y["id_last"] or x["pos0"] != y["pos0"]:
+                return Divergence(p, k, None, f"the round starts from token {x['id_last']} at {x['pos0']} in "
+                                              f"{a.engine}, {y['id_last']} at {y['pos0']} in {c.engine}", "anchor")
+            for i in range(_verified(x, y)):
+                if x["draft"][i] != y["draft"][i]:
+                    return Divergence(p, k, i + 1, f"{a.engine} drafted token {x['draft'][i]}, "
+                                                   f"{c.engine} token {y['draft'][i]}", "draft")
+            if x["n_accepted"] != y["n_accepted"]:
+                return Divergence(p, k, min(x["n_accepted"], y["n_accepted"]) + 1,
+                                  f"{a.engine} accepted {x['n_accepted']}, {c.engine} {y['n_accepted']}", "accepted")
+            if x["bonus"] != y["bonus"]:
+                return Divergence(p, k, x["n_accepted"] + 1, f"the target's token is {x['bonus']} in {a.engine}, "
+                                                              f"{y['bonus']} in {c.engine}", "target")
+    return None
+
+
+# -- the passes ---------------------------------------------------------------------------------
+
+def _llama_pass(target, layers, seqs, n_threads: int = 1):
+    """b11739 over each token list from position 0: [(features [n, L, n_embd], top-1 [n])]."""
+    from ..reference.session import ReferenceTarget
+    from . import features as F
+    checked = [F._check(target, layers, s) for s in seqs]
+    path, layers, _, n_embd = checked[0]
+    n_ctx = -(-max(len(c[2]) for c in checked) // 256) * 256
+    out = []
+    with ReferenceTarget(path, layers, n_ctx=n_ctx, n_batch=256, n_seq=1, n_threads=n_threads,
+                         **F.LLAMA_DEFAULTS) as t:
+        for _, _, tokens, _ in checked:
+            t.seq_rm(0, -1, -1)  # each text alone
+            feats, top = [], []
+            for p0 in range(0, len(tokens), t.n_batch):
+                ids, _, f = t.decode([(0, tok, p0 + k) for k, tok in enumerate(tokens[p0:p0 + t.n_batch])])
+                feats.append(f)
+                top.append(ids[:, 0])
+            out.append((np.concatenate(feats).reshape(len(tokens), len(layers), n_embd),
+                        [int(x) for x in np.concatenate(top)]))
+    return out
+
+
+def _torch_pass(target, layers, seqs):
+    """transformers over each token list: [(features [n, L, n_embd], argmax [n])]."""
+    from .features import transformers_run
+    out = []
+    for s in seqs:
+        f, lg = transformers_run(target, layers, s, logits=True)
+        out.append((f, [int(x) for x in lg.argmax(axis=1)]))
+    return out
+
+
+def _lcp(draft, tokens) -> int:
+    n = 0
+    for d, t in zip(draft, tokens):
+        if d != t:
+            break
+        n += 1
+    return n
+
+
+# -- the attribution ----------------------------------------------------------------------------
+
+def attribute(target, runs: dict, authors_draft, n_threads: int = 1) -> Attribution:
+    """The stages that make runs["authors"] differ from runs["llama.cpp"] (greedy runs of
+    compare.run_engines on the same prompts), and the one that explains where they part first.
+    authors_draft: the authors' checkpoint folder, loaded as the authors' loop loads it."""
+    from . import authors_loop as AL
+    for e in (REFERENCE, AUTHORS):
+        if e not in runs:
+            raise AttributionError(f"runs: no {e!r} run; the attribution compares llama.cpp and the authors' loop")
+    a = runs[REFERENCE] if isinstance(runs[REFERENCE], EngineRun) else EngineRun.from_dict(runs[REFERENCE])
+    c = runs[AUTHORS] if isinstance(runs[AUTHORS], EngineRun) else EngineRun.from_dict(runs[AUTHORS])
+    for r in (a, c):
+        if len(r.prompt_tokens) != len(r.rounds) or not r.layers:
+            raise AttributionError(f"{r.engine}: its run has no prompt tokens or draft layers (run_engines' runs)")
+        if any("draft" not in b for b in r.blocks):
+            raise AttributionError(f"{r.engine}: its rounds hold no drafts")
+    if a.prompt_tokens != c.prompt_tokens:
+        raise AttributionError("llama.cpp and the authors' loop ran different prompts")
+    if len(a.layers) != len(c.layers):
+        raise AttributionError(f"llama.cpp's draft reads {len(a.layers)} layers, the authors' {len(c.layers)}")
+    seq_a = [list(p) + list(t) for p, t in zip(a.prompt_tokens, a.tokens)]
+    seq_c = [list(p) + list(t) for p, t in zip(c.prompt_tokens, c.tokens)]
+    L = _llama_pass(target, a.layers, seq_a, n_threads)
+    T = _torch_pass(target, c.layers, seq_a)
+    Tc = _torch_pass(target, c.layers, seq_c)
+    tmodel, draft, _ = AL.load(target, authors_draft)
+
+    from .features import nmse
+    rows = [np.arange(1 if len(s) > 1 else 0, len(s)) for s in seq_a]
+    fl = np.concatenate([f[r] for (f, _), r in zip(L, rows)])
+    ft = np.concatenate([f[r] for (f, _), r in zip(T, rows)])
+    nm = [(int(x), int(y), float(v)) for x, y, v in zip(a.layers, c.layers, nmse(ft, fl))]
+
+    # replays: the authors' draft on b11739's and on transformers' features of every llama.cpp
+    # round's context, and on transformers' features of every authors' round's
+    rep_l, rep_t, rep_c = [], [], []
+    for p, rs in enumerate(a.rounds):
+        rep_l.append([AL.draft_block(tmodel, draft, L[p][0][:r["pos0"]], r["id_last"], r["pos0"],
+                                     len(r["draft"]) + 1)[0] for r in rs])
+        rep_t.append([AL.draft_block(tmodel, draft, T[p][0][:r["pos0"]], r["id_last"], r["pos0"],
+                                     len(r["draft"]) + 1)[0] for r in rs])
+    for p, rs in enumerate(c.rounds):
+        rep_c.append([AL.draft_block(tmodel, draft, Tc[p][0][:r["pos0"]], r["id_last"], r["pos0"],
+                                     len(r["draft"]) + 1)[0] for r in rs])
+
+    def where(p, k, i=None, **tokens):
+        return dict(prompt=p, round=k, position=i, **tokens)
+
+    # draft forward: the authors' draft on llama.cpp's features drafts what llama.cpp drafted
+    fail_d, changed, cf = {}, 0, []
+    for p, rs in enumerate(a.rounds):
+        for k, r in enumerate(rs):
+            n = min(len(r["draft"]), r["n_accepted"] + 1)
+            dl, dt = rep_l[p][k], rep_t[p][k]
+            i = _lcp(dl[:n], r["draft"][:n])
+            if i < n:
+                fail_d[(p, k)] = where(p, k, i + 1, authors=dl[i], llama=r["draft"][i])
+            # what llama.cpp's target would accept of the authors' draft on transformers' features
+            text = seq_a[p][r["pos0"] + 1:]
+            acc = min(_lcp(dt, text), r["n_accepted"] if r["bonus"] == -1 else len(dt))
+            cf.append(acc)
+            changed += int(acc != r["n_accepted"] or _lcp(dt[:n], dl[:n]) < n)
+    n_a = sum(len(rs) for rs in a.rounds)
+    stages = []
+
+    # sampling: each target token the argmax of its own target; each authors' draft its draft's argmax
+    fail_s, checked_s = {}, 0
+    for eng, run, passes in ((REFERENCE, a, L), (AUTHORS, c, Tc)):
+        for p, rs in enumerate(run.rounds):
+            top = passes[p][1]
+            for k, r in enumerate(rs):
+                checked_s += 1
+                best = top[r["pos0"] + r["n_accepted"]]
+                if r["bonus"] != -1 and r["bonus"] != best:
+                    fail_s.setdefault((p, k), where(p, k, r["n_accepted"] + 1, engine=eng, token=r["bonus"],
+                                                    argmax=best, what="target token"))
+    for p, rs in enumerate(c.rounds):
+        for k, r in enumerate(rs):
+            checked_s += 1
+            i = _lcp(rep_c[p][k], r["draft"])
+            if i < len(r["draft"]):
+                fail_s.setdefault((p, k), where(p, k, i + 1, engine=AUTHORS, token=r["draft"][i],
+                                                argmax=rep_c[p][k][i], what="drafted token"))
+
+    # verification: the authors' rule on llama.cpp's tokens, and on the fresh float target's
+    fail_v = {}
+    for eng, run, seqs, passes in ((REFERENCE, a, seq_a, None), (AUTHORS, c, seq_c, Tc)):
+        for p, rs in enumerate(run.rounds):
+            for k, r in enumerate(rs):
+                pos0, n = r["pos0"], r["n_accepted"]
+                if passes is None:
+                    # llama.cpp's own target tokens: the accepted ones, then its token
+                    tokens = seqs[p][pos0 + 1:pos0 + 2 + n]
+                else:
+                    tokens = passes[p][1][pos0:pos0 + len(r["draft"]) + 1]
+                got = min(AL.authors_rule(r["draft"], tokens), n if r["bonus"] == -1 else len(r["draft"]))
+                if got != n:
+                    fail_v.setdefault((p, k), where(p, k, min(got, n) + 1, engine=eng, accepted=n, rule=got))
+    n_c = sum(len(rs) for rs in c.rounds)
+
+    # where they part first, and what explains it
+    part = first_parting(a, c)
+    by, why = None, ""
+    if part is not None:
+        p, k, i = part.prompt, part.round, part.position
+        ra, rc = a.rounds[p][k], c.rounds[p][k]
+        if part.kind == "draft":
+            dl, dt = rep_l[p][k], rep_t[p][k]
+            if dl[:i] != ra["draft"][:i]:
+                by = DRAFT
+                why = (f"the authors' draft on llama.cpp's features drafts token {dl[i - 1]}, llama.cpp drafted "
+                       f"{ra['draft'][i - 1]}: the draft forward differs on identical features")
+            elif dt[:i] == rc["draft"][:i]:
+                by = FEATURES
+                why = (f"the authors' draft drafts token {dl[i - 1]} on llama.cpp's features, as llama.cpp did, "
+                       f"and token {dt[i - 1]} on transformers' features, as the authors' loop did: the target's "
+                       f"features explain it (NMSE {_nm(nm)})")
+            else:
+                by = SAMPLING
+                why = (f"the authors' loop drafted token {rc['draft'][i - 1]} where its draft's argmax on its own "
+                       f"features is {dt[i - 1]}")
+        elif part.kind in ("accepted", "target"):
+            row = ra["pos0"] + i - 1
+            if (p, k) in fail_v:
+                f = fail_v[(p, k)]
+                by = VERIFICATION
+                why = (f"{f['engine']} accepted {f['accepted']} drafted tokens, the authors' rule on its target's "
+                       f"tokens accepts {f['rule']}")
+            elif (p, k) in fail_s:
+                f = fail_s[(p, k)]
+                by = SAMPLING
+                why = f"{f['engine']} took {f['what']} {f['token']} where the argmax is {f['argmax']}"
+            elif L[p][1][row] != T[p][1][row]:
+                by = FEATURES
+                why = (f"the target's token after the same {row + 1} tokens is {L[p][1][row]} in llama.cpp, "
+                       f"{T[p][1][row]} in transformers: the target's numerics (feature NMSE {_nm(nm)})")
+            else:
+                why = part.what + "; no stage reproduces it"
+        else:
+            why = part.what + "; no stage reproduces it"
+
+    def first(fails):
+        return fails[min(fails)] if fails else None
+
+    in_band = all(v <= FEATURE_NMSE_BAND for _, _, v in nm)
+    stages.append(Stage(FEATURES, by == FEATURES or not in_band, len(nm), sum(v > FEATURE_NMSE_BAND for _, _, v in nm),
+                        f"NMSE up to {max(v for _, _, v in nm):.2e}; on llama.cpp's {n_a} rounds, transformers' "
+                        f"features change the authors' draft's verified tokens or acceptance in {changed}",
+                        None))
+    stages.append(Stage(DRAFT, by == DRAFT or bool(fail_d), n_a, len(fail_d),
+                        f"the authors' draft on llama.cpp's features drafts llama.cpp's verified tokens in "
+                        f"{n_a - len(fail_d)} of {n_a} rounds", first(fail_d)))
+    stages.append(Stage(SAMPLING, by == SAMPLING or bool(fail_s), checked_s, len(fail_s),
+                        f"rounds where a target token or an authors' drafted token is not its logits' argmax: "
+                        f"{len(fail_s)} of {checked_s}", first(fail_s)))
+    stages.append(Stage(VERIFICATION, by == VERIFICATION or bool(fail_v), n_a + n_c, len(fail_v),
+                        f"rounds whose accepted count the authors' rule does not give: {len(fail_v)} of {n_a + n_c}",
+                        first(fail_v)))
+    cf_mean = sum(cf) / len(cf) if cf else 0.0
+    return Attribution(part, by, why, stages, nm, changed, n_a, cf_mean, mean_band(a, cf_mean))
+
+
+def mean_band(a: EngineRun, counterfactual: float) -> float:
+    """How far the authors' mean accepted length may lie from llama.cpp's (docs/acceptance.md): the
+    features' own shift on llama.cpp's rounds (|counterfactual - mean|), plus two standard errors of
+    a difference of two means of its rounds' accepted counts, as if every round ran on other text:
+    the float target's greedy token differs from the quantized one's at a few percent of positions,
+    and from there the two loops continue different texts."""
+    n = [r["n_accepted"] for r in a.blocks]
+    if len(n) < 2:
+        return float("inf")
+    m = sum(n) / len(n)
+    sd = (sum((x - m) ** 2 for x in n) / (len(n) - 1)) ** 0.5
+    return abs(counterfactual - m) + 2 * sd * (2 / len(n)) ** 0.5
+
+
+def _nm(nm) -> str:
+    return ", ".join(f"layer {x} {v:.1e}" for x, _, v in nm)
