@@ -75,7 +75,10 @@ class Attribution:
     nmse: list = field(default_factory=list)       # per draft layer: (llama.cpp layer, authors' layer, NMSE)
     feature_changed_rounds: int = 0  # llama.cpp rounds whose verified draft changes on transformers' features
     rounds: int = 0
-    counterfactual_mean: float = 0.0  # the authors' draft on transformers' features, on llama.cpp's rounds
+    # on llama.cpp's rounds, what its target accepts of the authors' draft on transformers' features
+    # and on b11739's: the features' own effect on acceptance, the texts held the same
+    counterfactual_mean: float = 0.0
+    counterfactual_llama: float = 0.0
     mean_band: float = 0.0           # how far the authors' mean accepted length may be from llama.cpp's
 
     @property
@@ -96,7 +99,8 @@ class Attribution:
                 "nmse": [{"llama_layer": a, "authors_layer": b, "nmse": v} for a, b, v in self.nmse],
                 "features_in_band": self.features_in_band, "feature_nmse_band": FEATURE_NMSE_BAND,
                 "feature_changed_rounds": self.feature_changed_rounds, "rounds": self.rounds,
-                "counterfactual_mean": self.counterfactual_mean, "mean_band": self.mean_band}
+                "counterfactual_mean": self.counterfactual_mean,
+                "counterfactual_llama": self.counterfactual_llama, "mean_band": self.mean_band}
 
     def lines(self) -> list[str]:
         out = []
@@ -111,7 +115,8 @@ class Attribution:
                    f"({'within' if self.features_in_band else 'BEYOND'} the quantized target's band "
                    f"{FEATURE_NMSE_BAND:.0e})")
         out.append(f"on llama.cpp's {self.rounds} rounds, the authors' draft on transformers' features would get "
-                   f"{self.counterfactual_mean:.3f} accepted per round; the authors' mean may lie within "
+                   f"{self.counterfactual_mean:.3f} accepted per round ({self.counterfactual_llama:.3f} on "
+                   f"b11739's); the authors' mean may lie within "
                    f"{self.mean_band:.3f} of llama.cpp's")
         for s in self.stages:
             out.append(f"  {s.name:<16} {'BLAMED' if s.blamed else 'ok':<7} {s.evidence}")
@@ -247,7 +252,7 @@ def attribute(target, runs: dict, authors_draft, n_threads: int = 1) -> Attribut
         return dict(prompt=p, round=k, position=i, **tokens)
 
     # draft forward: the authors' draft on llama.cpp's features drafts what llama.cpp drafted
-    fail_d, changed, cf = {}, 0, []
+    fail_d, changed, cf, cf_l = {}, 0, [], []
     for p, rs in enumerate(a.rounds):
         for k, r in enumerate(rs):
             n = min(len(r["draft"]), r["n_accepted"] + 1)
@@ -257,9 +262,11 @@ def attribute(target, runs: dict, authors_draft, n_threads: int = 1) -> Attribut
                 fail_d[(p, k)] = where(p, k, i + 1, authors=dl[i], llama=r["draft"][i])
             # what llama.cpp's target would accept of the authors' draft on transformers' features
             text = seq_a[p][r["pos0"] + 1:]
-            acc = min(_lcp(dt, text), r["n_accepted"] if r["bonus"] == -1 else len(dt))
+            cap = r["n_accepted"] if r["bonus"] == -1 else len(dt)
+            acc = min(_lcp(dt, text), cap)
             cf.append(acc)
-            changed += int(acc != r["n_accepted"] or _lcp(dt[:n], dl[:n]) < n)
+            cf_l.append(min(_lcp(dl, text), cap))
+            changed += int(acc != cf_l[-1] or _lcp(dt[:n], dl[:n]) < n)
     n_a = sum(len(rs) for rs in a.rounds)
     stages = []
 
@@ -356,13 +363,13 @@ def attribute(target, runs: dict, authors_draft, n_threads: int = 1) -> Attribut
     stages.append(Stage(VERIFICATION, by == VERIFICATION or bool(fail_v), n_a + n_c, len(fail_v),
                         f"rounds whose accepted count the authors' rule does not give: {len(fail_v)} of {n_a + n_c}",
                         first(fail_v)))
-    cf_mean = sum(cf) / len(cf) if cf else 0.0
-    return Attribution(part, by, why, stages, nm, changed, n_a, cf_mean, mean_band(a, cf_mean))
+    cf_t, cf_ll = (sum(cf) / len(cf), sum(cf_l) / len(cf_l)) if cf else (0.0, 0.0)
+    return Attribution(part, by, why, stages, nm, changed, n_a, cf_t, cf_ll, mean_band(a, abs(cf_t - cf_ll)))
 
 
-def mean_band(a: EngineRun, counterfactual: float) -> float:
+def mean_band(a: EngineRun, shift: float) -> float:
     """How far the authors' mean accepted length may lie from llama.cpp's (docs/acceptance.md): the
-    features' own shift on llama.cpp's rounds (|counterfactual - mean|), plus two standard errors of
+    features' own shift on llama.cpp's rounds (`shift`: the counterfactual means' difference), plus two standard errors of
     a difference of two means of its rounds' accepted counts, as if every round ran on other text:
     the float target's greedy token differs from the quantized one's at a few percent of positions,
     and from there the two loops continue different texts."""
@@ -371,7 +378,7 @@ def mean_band(a: EngineRun, counterfactual: float) -> float:
         return float("inf")
     m = sum(n) / len(n)
     sd = (sum((x - m) ** 2 for x in n) / (len(n) - 1)) ** 0.5
-    return abs(counterfactual - m) + 2 * sd * (2 / len(n)) ** 0.5
+    return shift + 2 * sd * (2 / len(n)) ** 0.5
 
 
 def _nm(nm) -> str:

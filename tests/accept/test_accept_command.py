@@ -126,3 +126,29 @@ def test_bad_inputs_are_one_line_naming_them(tmp_path):
                        capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
     assert f"{lone.parent}: no authors' checkpoint there" in p.stderr and "--authors-draft" in p.stderr
+
+
+@pytest.mark.torch
+def test_the_authors_engine_is_attributed_and_a_planted_fault_named(monkeypatch, capsys):
+    """--engines llama.cpp,authors: the JSON carries the attribution; a wrong mask token planted in
+    the authors' draft is named as the draft forward, and the command exits 1."""
+    pytest.importorskip("dflash.model")
+    from graphgen.accept import authors_loop
+    from graphgen.cli import main
+    real = authors_loop._load
+
+    def remasked(*a, **kw):
+        tgt, draft, n_vocab = real(*a, **kw)
+        draft.mask_token_id = int(draft.mask_token_id) + 1
+        return tgt, draft, n_vocab
+    monkeypatch.setattr(authors_loop, "_load", remasked)
+    args = ["accept", "-m", "smollm2", "-md", str(DRAFT), "-n", "16", "-p", PROMPTS[0], "--engines",
+            "llama.cpp,authors", "--json"]
+    assert main(args) == 1
+    doc = json.loads(capsys.readouterr().out)
+    at = doc["attribution"]
+    assert at["explained_by"] == "draft forward" and "draft forward" in at["blamed"]
+    assert at["parting"]["prompt"] == 0 and at["features_in_band"] is True
+    assert "verification" not in at["blamed"] and "identical" not in doc
+    lead = doc["engines"]["llama.cpp"]["rounds"][0][at["parting"]["round"]]["draft"][at["parting"]["position"] - 1]
+    assert f"llama.cpp drafted {lead}" in at["explanation"]
