@@ -791,6 +791,31 @@ MUTATIONS = [
              "[int(il) for il in layers]", "[int(il) - 1 for il in layers]",
              ("tests/accept/test_quantized_target.py::"
               "test_the_copies_are_the_file_and_its_dequantized_weights",)),
+    # --- which stage parts the authors' loop from b11739's (graphgen/accept/attribute.py) ---
+    Mutation("attribution_replay_drops_the_anchor_row", "graphgen/accept/authors_loop.py:draft_block",
+             "use_cache=False)[:, 1:, :]", "use_cache=False)[:, :-1, :]",
+             ("tests/accept/test_attribution.py::test_without_a_fault_only_the_targets_numerics_are_blamed",)),
+    Mutation("attribution_authors_layers_as_ids", "graphgen/accept/authors_loop.py:read_layers",
+             "[int(i) + 1 for i in draft.target_layer_ids]", "[int(i) for i in draft.target_layer_ids]",
+             ("tests/accept/test_attribution.py::test_without_a_fault_only_the_targets_numerics_are_blamed",)),
+    Mutation("attribution_authors_round_at_the_next_token", "graphgen/accept/authors_loop.py:_one",
+             'blocks.append({"pos0": at - 1,', 'blocks.append({"pos0": at,',
+             ("tests/accept/test_attribution.py::test_without_a_fault_only_the_targets_numerics_are_blamed",)),
+    Mutation("attribution_draft_forward_unchecked", "graphgen/accept/attribute.py:attribute",
+             'i = _lcp(dl[:n], r["draft"][:n])', "i = n",
+             ("tests/accept/test_attribution.py::test_a_wrong_mask_token_is_the_draft_forward",)),
+    Mutation("attribution_verification_sees_only_too_few", "graphgen/accept/attribute.py:attribute",
+             "if got != n:", "if got > n:",
+             ("tests/accept/test_attribution.py::test_a_verification_accepting_one_too_many_is_the_verification",)),
+    Mutation("attribution_features_against_themselves", "graphgen/accept/attribute.py:attribute",
+             "T = _torch_pass(target, c.layers, seq_a)", "T = _torch_pass(target, a.layers, seq_a)",
+             ("tests/accept/test_attribution.py::test_a_target_layer_off_by_one_is_the_target_features",)),
+    Mutation("attribution_band_without_the_features_shift", "graphgen/accept/attribute.py:mean_band",
+             "return shift + 2 * sd", "return 2 * sd",
+             ("tests/accept/test_attribution.py::test_the_authors_mean_is_within_the_band_of_llama_cpps",)),
+    Mutation("attribution_parting_ignores_the_accepted_count", "graphgen/accept/attribute.py:first_parting",
+             'if x["n_accepted"] != y["n_accepted"]:', "if False:",
+             ("tests/accept/test_attribution.py::test_a_verification_accepting_one_too_many_is_the_verification",)),
 ]
 
 
