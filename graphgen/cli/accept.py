@@ -4,7 +4,9 @@ The target runs in b11739 for the draft in b11739 beside it (llama.cpp) and in g
 authors' own loop (--engines ...,authors) runs it in transformers. Prints a table per engine (mean
 accepted length, acceptance per draft position, tokens/s) and whether b11739's and graphgen's
 drafting agreed round for round; exit 1 when they did not, naming the first prompt, round and draft
-position where they part.
+position where they part. With llama.cpp and authors among the engines (greedy), it also says which
+stage makes the authors' loop differ (graphgen.accept.attribute) and exits 1 when more than the
+quantized target's numerics do, or the authors' mean accepted length is outside its band.
 """
 
 from __future__ import annotations
