@@ -154,9 +154,12 @@ def _shape_lines(s: dict) -> list[str]:
         f"{s['head_dim']}, FFN {s['n_ff']}, rope theta {s['rope_theta']:g}, rms eps {s['rms_eps']:g}",
         f"- block size {s['block_size']}, mask token {s['mask_token_id']} (`<empty_output>`, a control token "
         "the target does not emit in text)",
-        f"- target_layer_ids {s['target_layer_ids']} (z-lab's numbering: outputs of those layers; the GGUF "
-        f"reads layer inputs {[i + 1 for i in s['target_layer_ids']]}), spread as dflash's "
-        f"`build_target_layer_ids({s['n_target_layers']}, {len(s['target_layer_ids'])})`",
+        (f"- aux_hidden_state_layer_ids {[i + 1 for i in s['target_layer_ids']]} (speculators' numbering: "
+         "the target's hidden_states indices, the inputs of those layers, as the GGUF's dflash.target_layers)"
+         if v == "dspark" else
+         f"- target_layer_ids {s['target_layer_ids']} (z-lab's numbering: outputs of those layers; the GGUF "
+         f"reads layer inputs {[i + 1 for i in s['target_layer_ids']]})")
+        + f", spread as dflash's `build_target_layer_ids({s['n_target_layers']}, {len(s['target_layer_ids'])})`",
     ]
     if v == "dflash2":
         lines.append(f"- grouped dynamic convolutions around attention and FFN (kernel {s['conv_kernel']}, groups of "
@@ -228,7 +231,7 @@ def _card(out: Path, summary: dict, command: str, measured: dict | None) -> str:
               f"- {_cpu_minutes(h):.1f} minutes of one core's CPU time ({summary['seconds'] / 60:.1f} minutes of wall "
               "time on 2 CPU cores shared with other jobs)",
               "",
-              "| step | minutes | loss | CE | first-token top-1 | all-rows top-1 | held-out CE | held-out first-token top-1 |",
+              "| step | wall minutes | loss | CE | first-token top-1 | all-rows top-1 | held-out CE | held-out first-token top-1 |",
               "|---|---|---|---|---|---|---|---|"]
     h = [r for r in h if "step" in r]
     pick = h if len(h) <= 10 else [h[round(i * (len(h) - 1) / 9)] for i in range(10)]

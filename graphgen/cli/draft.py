@@ -203,7 +203,8 @@ def register(subparsers) -> None:
                     "prefix of each draft, on random or given target features.")
     from .llamaflags import add_context_flags, add_device, add_model, add_pair_flags
     add_model(p, "the target GGUF with -md (a known name: smollm2), else the draft GGUF")
-    add_pair_flags(p, draft_help="the draft GGUF; -m is then the target, which verifies every draft",
+    add_pair_flags(p, draft_help="the draft GGUF (a folder holding draft.gguf, or a shipped draft's name such as "
+                   "smollm2-dspark); -m is then the target, which verifies every draft",
                    prompt_help="prompt text, tokenized by the target (with -md); repeated: sequences of -np take them "
                                "in turn",
                    file_help="read the prompt text from FILE (with -md)")

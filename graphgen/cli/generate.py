@@ -74,10 +74,11 @@ def run_target(args) -> int:
     from .llamaflags import backend_of, model_path, resolve_fa
 
     model_path(args)
-    target, draft = resolve(args.model), Path(args.model_draft)
-    for what, p in (("target", target), ("draft", draft)):
-        if not p.is_file():
-            raise FileNotFoundError(f"{p}: no such {what} model file")
+    from ..accept.compare import resolve_draft
+    target = resolve(args.model)
+    if not target.is_file():
+        raise FileNotFoundError(f"{target}: no such target model file")
+    draft = resolve_draft(args.model_draft)
     if args.spec_draft_sampling == "probabilistic":
         raise GraphgenError("--spec-draft-sampling probabilistic needs rejection-sampling verification (q), which "
                             "the real-target loop does not run; use greedy drafting")
