@@ -1,6 +1,6 @@
 """Which stage makes the authors' loop accept differently from b11739's.
 
-The authors' loop (graphgen.accept.authors_loop: the target in transformers, z-lab's draft) and
+The authors' loop (graphgen.accept.authors_loop: the target in transformers, the authors' draft) and
 b11739's ("llama.cpp": the target and the draft in b11739) run the same target GGUF and the same
 trained draft, and can still draft or accept differently. Four stages can explain it:
 
@@ -12,7 +12,8 @@ trained draft, and can still draft or accept differently. Four stages can explai
 
 `attribute(target, runs)` tests each on the rounds both loops ran, with fresh passes of the two
 targets over each engine's text (b11739 in a child process, transformers in float32) and the
-authors' draft replayed one block at a time (authors_loop.draft_block):
+authors' draft replayed one block at a time (authors_loop.replay: z-lab's forward, DFlash2's
+selector walk, or speculators' modules with DSpark's Markov chain, as the loop drafts):
 
 - features: per draft layer, the NMSE of transformers' input of the layer the authors' loop reads
   against b11739's input of the layer the GGUF names, over llama.cpp's texts (positions 1..: the
@@ -240,13 +241,13 @@ def attribute(target, runs: dict, authors_draft, n_threads: int = 1) -> Attribut
     # round's context, and on transformers' features of every authors' round's
     rep_l, rep_t, rep_c = [], [], []
     for p, rs in enumerate(a.rounds):
-        rep_l.append([AL.draft_block(tmodel, draft, L[p][0][:r["pos0"]], r["id_last"], r["pos0"],
-                                     len(r["draft"]) + 1)[0] for r in rs])
-        rep_t.append([AL.draft_block(tmodel, draft, T[p][0][:r["pos0"]], r["id_last"], r["pos0"],
-                                     len(r["draft"]) + 1)[0] for r in rs])
+        rep_l.append([AL.replay(tmodel, draft, L[p][0][:r["pos0"]], r["id_last"], r["pos0"], len(r["draft"]))
+                      for r in rs])
+        rep_t.append([AL.replay(tmodel, draft, T[p][0][:r["pos0"]], r["id_last"], r["pos0"], len(r["draft"]))
+                      for r in rs])
     for p, rs in enumerate(c.rounds):
-        rep_c.append([AL.draft_block(tmodel, draft, Tc[p][0][:r["pos0"]], r["id_last"], r["pos0"],
-                                     len(r["draft"]) + 1)[0] for r in rs])
+        rep_c.append([AL.replay(tmodel, draft, Tc[p][0][:r["pos0"]], r["id_last"], r["pos0"], len(r["draft"]))
+                      for r in rs])
 
     def where(p, k, i=None, **tokens):
         return dict(prompt=p, round=k, position=i, **tokens)

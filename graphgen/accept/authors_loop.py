@@ -1,11 +1,20 @@
 """The authors' own speculative loop as an acceptance engine beside graphgen's.
 
-`authors_accept(target_gguf, draft_dir, prompts_tokens, n_predict)` runs z-lab's `dflash_generate`
-itself, unchanged, once per prompt: the target is transformers' model of the GGUF (its weights
-dequantized to float32, features.transformers_model), the draft `DFlashDraftModel.from_pretrained`
-of the checkpoint folder in float32, reading the target's embeddings and head as dflash_generate
-does. Block size, mask token and target layer ids are the checkpoint config's, read by the
-authors' class.
+`authors_accept(target_gguf, draft_dir, prompts_tokens, n_predict)` runs the authors' loop once per
+prompt, the target transformers' model of the GGUF (its weights dequantized to float32,
+features.transformers_model):
+
+- a z-lab DFlash or DFlash2 checkpoint: z-lab's `dflash_generate` itself, unchanged, the draft
+  `DFlashDraftModel` or `DFlash2DraftModel.from_pretrained` of the folder in float32 (the class
+  its config's architectures name), reading the target's embeddings and head as dflash_generate
+  does; DFlash2 drafts through its candidate selector (`propose`), which dflash_generate picks by
+  the class;
+- a speculators DSpark (or DFlash) checkpoint: speculators ships no loop, so
+  graphgen.accept.speculators_loop runs dflash_generate's loop with speculators' own modules
+  (graphgen.authors.forward.AuthorsDraft), the Markov head chained slot by slot, the verifier's
+  embeddings the GGUF's.
+
+Block size, mask token and target layers are the checkpoint config's, read by the authors' class.
 
 What each round counts. dflash_generate's own statistic (`acceptance_lengths`, kept here as
 "authors_lengths") is the tokens a round appended to the output: the drafted tokens the target
@@ -51,7 +60,11 @@ class AuthorsLoopError(GraphgenError, ValueError):
 
 # -- input ----------------------------------------------------------------------------------------
 
-def _draft_config(draft_dir) -> tuple[Path, dict]:
+def _draft_config(draft_dir) -> tuple[Path, dict, str, str]:
+    """(folder, config, authors, variant) of a checkpoint the authors' loop runs: z-lab's DFlash and
+    DFlash2 (dflash_generate), speculators' DSpark and DFlash (speculators_loop)."""
+    from ..authors import AuthorsError
+    from ..authors.folder import detect
     path = Path(draft_dir)
     if not path.exists():
         raise AuthorsLoopError(f"draft {path}: no such folder (the authors' checkpoint: config.json + "
@@ -61,7 +74,7 @@ def _draft_config(draft_dir) -> tuple[Path, dict]:
             gguf = f.read(4) == b"GGUF"
         raise AuthorsLoopError(f"draft {path}: {'a GGUF file' if gguf else 'a file'}, not a checkpoint folder: "
                                "the authors' loop loads the checkpoint (config.json + model.safetensors) "
-                               "with DFlashDraftModel.from_pretrained")
+                               "with the authors' from_pretrained")
     cfg_path = path / "config.json"
     if not cfg_path.is_file():
         raise AuthorsLoopError(f"draft {path}: no config.json (not a save_pretrained checkpoint)")
@@ -69,16 +82,28 @@ def _draft_config(draft_dir) -> tuple[Path, dict]:
         cfg = json.loads(cfg_path.read_text())
     except (OSError, ValueError) as e:
         raise AuthorsLoopError(f"draft {cfg_path}: not JSON ({e})") from None
-    arch = cfg.get("architectures") or []
-    if arch != ["DFlashDraftModel"]:
-        raise AuthorsLoopError(f"draft {cfg_path}: architectures {arch!r}; the authors' loop here runs "
-                               "z-lab's DFlashDraftModel")
-    if "mask_token_id" not in (cfg.get("dflash_config") or {}):
+    if not isinstance(cfg, dict):
+        raise AuthorsLoopError(f"draft {cfg_path}: not a JSON object")
+    try:
+        authors, variant = detect(path, cfg)
+    except AuthorsError as e:
+        raise AuthorsLoopError(f"draft {e}") from None
+    if authors is None or (authors, variant) not in LOOPS:
+        raise AuthorsLoopError(f"draft {cfg_path}: architectures {cfg.get('architectures')!r} "
+                               f"({authors or 'no authors'}' {variant}); the authors' loop here runs "
+                               f"{', '.join(f'{a} {v}' for a, v in LOOPS)}")
+    if authors == "zlab" and "mask_token_id" not in (cfg.get("dflash_config") or {}):
         raise AuthorsLoopError(f"draft {cfg_path}: missing key 'dflash_config.mask_token_id' "
                                "(dflash_generate fills the blocks with it)")
+    if authors == "speculators" and cfg.get("mask_token_id") is None:
+        raise AuthorsLoopError(f"draft {cfg_path}: missing key 'mask_token_id' (the blocks are filled with it)")
     if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
         raise AuthorsLoopError(f"draft {path}: no weights (model.safetensors)")
-    return path, cfg
+    return path, cfg, authors, variant
+
+
+# the checkpoints each loop runs: z-lab's with its own dflash_generate, speculators' with speculators_loop
+LOOPS = (("zlab", "dflash"), ("zlab", "dflash2"), ("speculators", "dspark"), ("speculators", "dflash"))
 
 
 def _prompts(prompts_tokens, n_vocab: int) -> list[list[int]]:
@@ -106,27 +131,47 @@ def _load(target_gguf, draft_dir):
     from .features import FeaturesError, target_shape, transformers_model
     try:
         import torch
-        from dflash.model import DFlashDraftModel
+        import dflash.model  # noqa: F401
     except ImportError as e:
         raise AuthorsLoopError(f"the authors' loop needs torch, transformers and dflash (graphgen[torch]): "
                                f"missing {e.name or e}") from None
-    path, cfg = _draft_config(draft_dir)
+    path, cfg, authors, variant = _draft_config(draft_dir)
     try:
         tpath, _, n_layer, n_embd, n_vocab = target_shape(target_gguf)
     except FeaturesError as e:
         raise AuthorsLoopError(str(e)) from None
-    if int(cfg.get("hidden_size", -1)) != n_embd:
-        raise AuthorsLoopError(f"draft {path}/config.json: hidden_size {cfg.get('hidden_size')}, the target "
+    width = (cfg.get("transformer_layer_config") or {}) if authors == "speculators" else cfg
+    if int(width.get("hidden_size", -1)) != n_embd:
+        key = "transformer_layer_config.hidden_size" if authors == "speculators" else "hidden_size"
+        raise AuthorsLoopError(f"draft {path}/config.json: {key} {width.get('hidden_size')}, the target "
                                f"{tpath.name} is {n_embd} wide")
+    from ..authors.folder import authors_class
     from ..authors.forward import quiet_transformers
     quiet_transformers()
     target = transformers_model(tpath, torch.float32)
-    draft = DFlashDraftModel.from_pretrained(str(path), dtype=torch.float32).eval()
-    # dflash_generate reads hidden_states[id + 1]: the output of target layer `id`
-    bad = [i for i in draft.target_layer_ids if not 0 <= int(i) < n_layer]
-    if bad:
-        raise AuthorsLoopError(f"draft {path}/config.json: target layer id {bad[0]} out of range "
-                               f"0..{n_layer - 1} of the target {tpath.name}")
+    if authors == "zlab":
+        # DFlashDraftModel or DFlash2DraftModel: dflash_generate takes DFlash2's selector path by its class
+        draft = authors_class(authors, variant).from_pretrained(str(path), dtype=torch.float32).eval()
+    else:
+        from .speculators_loop import load_draft
+        try:
+            import speculators  # noqa: F401
+        except ImportError as e:
+            raise AuthorsLoopError(f"draft {path}: a speculators checkpoint needs speculators (graphgen[torch]): "
+                                   f"missing {e.name or e}") from None
+        draft = load_draft(target, path)
+    if authors == "zlab":
+        # dflash_generate reads hidden_states[id + 1]: the output of target layer `id`
+        bad = [i for i in draft.target_layer_ids if not 0 <= int(i) < n_layer]
+        if bad:
+            raise AuthorsLoopError(f"draft {path}/config.json: target layer id {bad[0]} out of range "
+                                   f"0..{n_layer - 1} of the target {tpath.name}")
+    else:
+        # speculators' aux_hidden_state_layer_ids index hidden_states: layer id's input
+        bad = [i for i in draft.target_layers if not 0 <= int(i) <= n_layer]
+        if bad:
+            raise AuthorsLoopError(f"draft {path}/config.json: aux_hidden_state_layer_ids {bad[0]} out of range "
+                                   f"0..{n_layer} of the target {tpath.name}")
     if not 0 <= int(draft.mask_token_id) < n_vocab:
         raise AuthorsLoopError(f"draft {path}/config.json: mask_token_id {draft.mask_token_id} out of the "
                                f"target's vocabulary ({n_vocab})")
@@ -188,18 +233,24 @@ def _observed(target, temp: float):
 
 
 def _one(target, draft, prompt: list[int], n_predict: int, temp: float, seed: int,
-         stop_token_ids) -> dict:
+         stop_token_ids, p_min: float = 0.0) -> dict:
     import torch
     from dflash.model import dflash_generate
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        with _observed(target, temp) as observed:
-            t0 = time.perf_counter()
-            res = dflash_generate(draft, target, torch.tensor([prompt], dtype=torch.long), n_predict,
-                                  stop_token_ids, temperature=float(temp), return_stats=True)
-            seconds = time.perf_counter() - t0
-    tokens = [int(t) for t in res.output_ids[0]]
-    lengths = [int(n) for n in res.acceptance_lengths]
+    confidences = None
+    if _is_speculators(draft):
+        from .speculators_loop import generate
+        tokens, lengths, observed, confidences, seconds = generate(target, draft, prompt, n_predict,
+                                                                   stop_token_ids, p_min=p_min)
+    else:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            with _observed(target, temp) as observed:
+                t0 = time.perf_counter()
+                res = dflash_generate(draft, target, torch.tensor([prompt], dtype=torch.long), n_predict,
+                                      stop_token_ids, temperature=float(temp), return_stats=True)
+                seconds = time.perf_counter() - t0
+        tokens = [int(t) for t in res.output_ids[0]]
+        lengths = [int(n) for n in res.acceptance_lengths]
     if len(lengths) != len(observed):
         raise AuthorsLoopError(f"dflash_generate reported {len(lengths)} rounds, its target verified "
                                f"{len(observed)} blocks: its loop no longer matches what this module reads")
@@ -220,36 +271,57 @@ def _one(target, draft, prompt: list[int], n_predict: int, temp: float, seed: in
                        "n_accepted": n_acc, "bonus": tokens[at + produced - 1] if produced > n_acc else -1,
                        "target": best})
         at += produced
+    if confidences is not None:
+        # the confidence head's score of each drafted token, as a p_min cut would read it
+        for b, c in zip(blocks, confidences):
+            b["confidence"] = c
     return {"rounds": rounds, "blocks": blocks, "tokens": tokens, "seconds": seconds, "authors_lengths": lengths}
 
 
 def authors_accept(target_gguf, draft_dir, prompts_tokens, n_predict: int, temp: float = 0.0, seed: int = 0,
-                   *, stop_token_ids=None) -> list[dict]:
-    """z-lab's `dflash_generate` on each prompt (batch 1, one after another), instrumented.
+                   *, stop_token_ids=None, p_min: float = 0.0) -> list[dict]:
+    """The authors' loop on each prompt (batch 1, one after another), instrumented: z-lab's
+    `dflash_generate` for a z-lab DFlash or DFlash2 checkpoint (DFlash2 drafting through its
+    selector), speculators_loop.generate for a speculators DSpark or DFlash one.
 
     target_gguf: the target GGUF (or a name graphgen knows, e.g. "smollm2"), run in transformers with
     float32 weights dequantized from it; draft_dir: the authors' checkpoint folder (save_pretrained);
     prompts_tokens: one list of token ids per prompt (tokenized as the target's tokenizer does, BOS
     included where it adds one); n_predict: tokens to generate per prompt, the prefill's included
     (as llama.cpp's -n); temp 0 is greedy, above it dflash's rejection sampling with torch's
-    generator seeded `seed` for every prompt; stop_token_ids: dflash_generate's, None to generate
-    exactly n_predict.
+    generator seeded `seed` for every prompt (z-lab's checkpoints only: speculators ships no
+    sampling loop); stop_token_ids: the tokens that end a sequence, None to generate exactly
+    n_predict; p_min: a speculators DSpark's draft ends before the first token its confidence head
+    scores below it, as llama.cpp's --spec-draft-p-min (0: never).
 
     Returns per prompt {"rounds": [(n_drafted, n_accepted), ...] (n_accepted excluding the target's
-    own token, as graphgen and llama.cpp count), "tokens": prompt + generated, "seconds": wall time
-    of dflash_generate, "authors_lengths": dflash_generate's own acceptance_lengths}.
+    own token, as graphgen and llama.cpp count), "blocks": each round as graphgen records it,
+    "tokens": prompt + generated, "seconds": wall time of the loop, "authors_lengths": the tokens
+    each round appended (dflash_generate's own acceptance_lengths), "layers": read_layers}.
     """
     if int(n_predict) < 1:
         raise AuthorsLoopError(f"n_predict: {n_predict}; at least 1")
     if float(temp) < 0:
         raise AuthorsLoopError(f"temp: {temp}; 0 (greedy) or more")
+    if not 0 <= float(p_min) <= 1:
+        raise AuthorsLoopError(f"p_min: {p_min}; a probability, 0 to 1")
     target, draft, n_vocab = load(target_gguf, draft_dir)
+    if _is_speculators(draft) and float(temp) > 0:
+        raise AuthorsLoopError(f"temp {temp}: the speculators loop here is greedy only (speculators ships no "
+                               f"sampling loop); draft {draft_dir} runs at temp 0")
+    if not _is_speculators(draft) and float(p_min) > 0:
+        raise AuthorsLoopError(f"p_min {p_min}: only a DSpark draft's confidence head reads it")
     prompts = _prompts(prompts_tokens, n_vocab)
     stops = None if stop_token_ids is None else [int(t) for t in stop_token_ids]
-    out = [_one(target, draft, p, int(n_predict), float(temp), int(seed), stops) for p in prompts]
+    out = [_one(target, draft, p, int(n_predict), float(temp), int(seed), stops, float(p_min)) for p in prompts]
     for r in out:
         r["layers"] = read_layers(draft)
     return out
+
+
+def _is_speculators(draft) -> bool:
+    # speculators' checkpoints run as graphgen.authors.forward.AuthorsDraft; z-lab's as their own class
+    return hasattr(draft, "backbone")
 
 
 def load(target_gguf, draft_dir):
@@ -258,17 +330,30 @@ def load(target_gguf, draft_dir):
 
 
 def read_layers(draft) -> list[int]:
-    """The target layer inputs the draft reads in dflash_generate, in graphgen's numbering (layer
-    il's input, dflash.target_layers): extract_context_feature takes hidden_states[id + 1]."""
+    """The target layer inputs the draft reads in the authors' loop, in graphgen's numbering (layer
+    il's input, dflash.target_layers): dflash_generate's extract_context_feature takes
+    hidden_states[id + 1], speculators_loop hidden_states[id] of aux_hidden_state_layer_ids."""
+    if _is_speculators(draft):
+        return [int(i) for i in draft.target_layers]
     return [int(i) + 1 for i in draft.target_layer_ids]
+
+
+def replay(target, draft, features, anchor: int, pos0: int, n_draft: int) -> list[int]:
+    """The n_draft tokens the authors' loop drafts after `anchor` at pos0 from the context features
+    [pos0, ...] of positions 0..pos0-1, from scratch (draft_block, or speculators_loop.draft_block)."""
+    if _is_speculators(draft):
+        from . import speculators_loop
+        return speculators_loop.draft_block(draft, features, anchor, pos0, n_draft)[0]
+    return draft_block(target, draft, features, anchor, pos0, n_draft + 1)[0]
 
 
 def draft_block(target, draft, features, anchor: int, pos0: int, size: int):
     """The authors' draft forward for one block as dflash_generate runs it, from scratch: context
     features [pos0, n_layers * n_embd or n_layers, n_embd] of positions 0..pos0-1, the block
     [anchor, mask x (size - 1)] at pos0.. -> (drafted tokens [size - 1], their logits float32
-    [size - 1, n_vocab]). dflash_generate feeds the same rows in pieces through the draft's cache;
-    its attention over them is the same."""
+    [size - 1, n_vocab]); a DFlash2 draft's tokens are its selector's greedy walk, as
+    dflash_generate's `propose`, the logits its unary ones. dflash_generate feeds the same rows in
+    pieces through the draft's cache; its attention over them is the same."""
     import numpy as np
     import torch
     from dflash.model import _draft_value, _output_head, _raw_input_embeddings
@@ -282,6 +367,9 @@ def draft_block(target, draft, features, anchor: int, pos0: int, size: int):
         hidden = draft(target_hidden=feats, noise_embedding=noise,
                        position_ids=torch.arange(int(pos0) + int(size))[None], use_cache=False)[:, 1:, :]
         logits = draft.compute_logits(hidden, _output_head(target))[0].float()
+        if hasattr(draft, "propose"):
+            path, _, _ = draft.propose(hidden, block[:, 0], _output_head(target), 0.0)
+            return [int(t) for t in path[0]], logits.numpy()
     return [int(t) for t in logits.argmax(dim=-1)], logits.numpy()
 
 

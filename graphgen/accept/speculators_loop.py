@@ -1,0 +1,190 @@
+"""The speculators equivalent of z-lab's `dflash_generate`, for speculators' DSpark (and DFlash) drafts.
+
+speculators ships the draft classes and their training, no generation loop (its inference lives in
+vLLM). `generate` runs the loop dflash_generate runs, with the draft's own speculators modules:
+
+- the target is transformers' model of the GGUF (features.transformers_model, float32), prefilled
+  on the prompt with its KV cache; its greedy token after the prompt is the first anchor;
+- each round the draft sees the target features of the positions committed since its last round
+  (the inputs of the layers `aux_hidden_state_layer_ids` names: transformers' hidden_states[id])
+  and a block [anchor, mask, ...] at the anchor's position, through AuthorsDraft.backbone: fc,
+  hidden_norm, rotary, each layer with its DynamicCache, norm, then lm_head over the draft
+  vocabulary and d2t to the target's ids (AuthorsDraft.logits); the block's rows are dropped from
+  the cache after, the context rows kept, as dflash_generate crops its draft cache;
+- DSpark's Markov head is chained greedily slot by slot (slot k's bias from the token drafted at
+  slot k - 1, the first drafting slot's from the anchor) and its confidence head scored per slot,
+  by graphgen.authors.forward.TorchEngine._dspark_heads, what llama.cpp's graph computes;
+- with `sample_from_anchor` every row of the block drafts (the anchor's row the token after it):
+  block_size tokens a block, else block_size - 1 from the mask rows;
+- the confidence: llama.cpp's dspark drafter reads it only with --spec-draft-p-min above 0, and
+  then ends the draft before the first slot scored below p_min; graphgen accept runs b11739 with
+  p_min 0 (the default of graphgen's drafters), so `p_min` 0 here keeps every drafted token, and
+  the scores are recorded per round;
+- verification is dflash_generate's greedy rule: the target over [anchor, drafted...] in one
+  batch, the longest prefix of drafted tokens equal to its argmax at the row before, then its own
+  token; the round appends at most what n_predict leaves, a stop token ends the sequence;
+- blocks shrink to what n_predict leaves, as dflash_generate's do (the last rounds draft fewer).
+
+The rounds come back as authors_loop reads dflash_generate's: the generated tokens, the tokens
+each round appended (dflash_generate's acceptance_lengths), and per round (anchor, drafted tokens,
+the target's argmax per verified row, agreed drafted tokens), so authors_loop records both loops'
+rounds alike.
+
+The shipped DSpark's config names its verifier by a hub name, unreachable offline: `load_draft`
+hands speculators' loader a folder holding the target's own embeddings, taken from the GGUF as
+transformers dequantized them, instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+
+def _error(msg: str):
+    from .authors_loop import AuthorsLoopError
+    return AuthorsLoopError(msg)
+
+
+def load_draft(target, draft_dir):
+    """The speculators checkpoint `draft_dir` as graphgen.authors.forward.AuthorsDraft (float32), its
+    verifier's embeddings (and head, when the draft has no vocabulary of its own) the target's:
+    `target` is transformers' model of the GGUF."""
+    from ..authors import AuthorsError
+    from ..authors.forward import AuthorsDraft
+    from safetensors.torch import save_file
+    src = Path(draft_dir)
+    cfg = json.loads((src / "config.json").read_text())
+    ver = (cfg.get("speculators_config") or {}).get("verifier")
+    if not isinstance(ver, dict):
+        raise _error(f"draft {src}/config.json: missing key 'speculators_config.verifier' (speculators reads "
+                     "the target's embeddings through it)")
+    with tempfile.TemporaryDirectory(prefix="graphgen-speculators-") as tmp:
+        tdir, ddir = Path(tmp) / "target", Path(tmp) / "draft"
+        tdir.mkdir()
+        ddir.mkdir()
+        target.config.save_pretrained(str(tdir))
+        emb = target.get_input_embeddings().weight.detach().float().clone().contiguous()
+        save_file({"model.embed_tokens.weight": emb}, str(tdir / "model.safetensors"))
+        # the same checkpoint, its verifier named by the folder written above
+        ver["name_or_path"] = str(tdir)
+        (ddir / "config.json").write_text(json.dumps(cfg, indent=1))
+        for f in src.iterdir():
+            if f.name != "config.json" and f.is_file():
+                os.symlink(f.resolve(), ddir / f.name)
+        try:
+            with contextlib.redirect_stderr(open(os.devnull, "w")):
+                draft = AuthorsDraft(ddir, tdir)
+        except AuthorsError as e:
+            raise _error(str(e).replace(str(ddir), str(src))) from None
+    draft.hf_dir = src
+    return draft
+
+
+def draft_tokens(draft, hidden, anchor: int):
+    """The block's drafted tokens, their logits over the target's vocabulary and their confidences
+    (NaN where the draft has no confidence head), from the draft's final hidden rows [1, rows, n_embd]
+    of a block starting with `anchor`."""
+    import numpy as np
+    from ..authors.forward import TorchEngine
+    full, raw = draft.logits(hidden)
+    vals: dict = {}
+    if draft.variant == "dspark":
+        TorchEngine(draft, None)._dspark_heads(vals, hidden, full, raw, [int(anchor)])
+    logits = vals.get("[drafted logits]", full[0].float().numpy())
+    conf = vals["[confidences]"][:, 0] if "[confidences]" in vals else np.full(len(logits), np.nan, np.float32)
+    first = 0 if draft.sample_from_anchor else 1
+    logits, conf = logits[first:], conf[first:]
+    return [int(t) for t in logits.argmax(axis=-1)], logits, conf
+
+
+def _rows(draft, n_draft: int) -> int:
+    return n_draft if draft.sample_from_anchor else n_draft + 1
+
+
+def draft_block(draft, features, anchor: int, pos0: int, n_draft: int):
+    """The draft's block from scratch: context features [pos0, n_layers * n_embd] of positions
+    0..pos0-1, a block drafting n_draft tokens after `anchor` at pos0 -> (drafted tokens [n_draft],
+    their logits [n_draft, n_vocab], confidences [n_draft]). `generate` feeds the same rows in
+    pieces through the draft's cache; its attention over them is the same."""
+    import numpy as np
+    import torch
+    if n_draft < 1:
+        raise _error(f"draft_block: n_draft {n_draft}; a block drafts at least one token")
+    feats = torch.as_tensor(np.ascontiguousarray(features, dtype=np.float32)).reshape(1, int(pos0), -1)
+    rows = _rows(draft, n_draft)
+    block = [int(anchor)] + [int(draft.mask_token_id)] * (rows - 1)
+    positions = list(range(int(pos0) + rows))
+    with torch.inference_mode():
+        hidden = draft.backbone(draft.new_cache(), feats.to(draft.dtype), draft.embed_tokens(block),
+                                torch.tensor([positions]), positions)
+        return draft_tokens(draft, hidden, anchor)
+
+
+def _features(hidden_states, layers):
+    import torch
+    return torch.cat([hidden_states[il] for il in layers], dim=-1)
+
+
+def generate(target, draft, prompt: list[int], n_predict: int, stop_token_ids=None, p_min: float = 0.0):
+    """One prompt through the loop (batch 1, greedy): (tokens: prompt + generated, per round the
+    tokens it appended, per round (anchor, drafted, the target's argmax per verified row, agreed),
+    per round the drafted tokens' confidences, seconds)."""
+    import torch
+    from transformers import DynamicCache
+    stops = set(int(t) for t in stop_token_ids or ())
+    n_in = len(prompt)
+    max_length = n_in + int(n_predict)
+    n_max = draft.block_size if draft.sample_from_anchor else draft.block_size - 1
+    layers = list(draft.target_layers)
+    lengths, observed, confidences = [], [], []
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        tcache = DynamicCache(config=target.config)
+        out = target(torch.tensor([prompt]), position_ids=torch.arange(n_in)[None], past_key_values=tcache,
+                     use_cache=True, output_hidden_states=True)
+        tokens = list(prompt) + [int(out.logits[0, -1].argmax())]
+        pending = _features(out.hidden_states, layers)          # [1, n_in, L * n_embd]
+        pending_pos = list(range(n_in))
+        dcache, cached = draft.new_cache(), []                  # the draft cache's positions
+        start = n_in
+        stopped = tokens[start] in stops
+        while start + 1 < max_length and not stopped:
+            anchor = tokens[start]
+            n_draft = min(n_max, max_length - start - 1)
+            rows = _rows(draft, n_draft)
+            block = [anchor] + [int(draft.mask_token_id)] * (rows - 1)
+            positions = pending_pos + list(range(start, start + rows))
+            hidden = draft.backbone(dcache, pending.to(draft.dtype), draft.embed_tokens(block),
+                                    torch.tensor([positions]), cached + positions)
+            cached += pending_pos
+            dcache.crop(len(cached))  # the block's rows go, the context's stay
+            drafted, _, conf = draft_tokens(draft, hidden, anchor)
+            if p_min > 0:
+                cut = next((i for i, c in enumerate(conf) if c < p_min), len(drafted))
+                drafted, conf = drafted[:cut], conf[:cut]
+            verify = [anchor] + drafted
+            out = target(torch.tensor([verify]), position_ids=torch.arange(start, start + len(verify))[None],
+                         past_key_values=tcache, use_cache=True, output_hidden_states=True)
+            best = [int(t) for t in out.logits[0].argmax(dim=-1)]
+            agreed = 0
+            while agreed < len(drafted) and drafted[agreed] == best[agreed]:
+                agreed += 1
+            new = drafted[:agreed] + [best[agreed]]
+            produced = min(agreed + 1, max_length - start - 1)
+            hit = next((i for i, t in enumerate(new[:produced]) if t in stops), None)
+            if hit is not None:
+                produced, stopped = hit + 1, True
+            tokens += new[:produced]
+            pending = _features(out.hidden_states, layers)[:, :produced]
+            pending_pos = list(range(start, start + produced))
+            start += produced
+            tcache.crop(start)
+            lengths.append(produced)
+            observed.append((anchor, drafted, best, agreed))
+            confidences.append([float(c) for c in conf])
+    return tokens[:min(start + 1, max_length)], lengths, observed, confidences, time.perf_counter() - t0
