@@ -5,9 +5,10 @@
 in graphgen's Session. Each engine gets a target of its own (b11739 allows one draft context per
 target child), the same settings and the prompts in the same batches of n_seq, so with greedy
 sampling the two must draft, accept and generate the same tokens round for round;
-`first_divergence` finds where they do not. "authors" runs z-lab's own loop instead
-(graphgen.accept.authors_loop: the target in transformers, the draft from its checkpoint), whose
-rounds give only drafted and accepted counts. `acceptance_svg` plots the acceptance per draft
+`first_divergence` finds where they do not. "authors" runs the authors' own loop instead
+(graphgen.accept.authors_loop: the target in transformers, the draft from its checkpoint; z-lab's
+dflash_generate for DFlash and DFlash2, graphgen.accept.speculators_loop for speculators' DSpark),
+whose rounds are recorded as graphgen's but not compared token by token. `acceptance_svg` plots the acceptance per draft
 position, one line per engine.
 
 Rounds are numbered per prompt from 0; draft positions from 1, as the plot's x axis has them.
@@ -246,7 +247,9 @@ def _stop_tokens(target: Path) -> list[int]:
     return sorted({int(i) for i in ids if i is not None})
 
 
-def _run_authors(target, draft, prompts_text, n_predict, temp, seed, layers, authors_draft, task=None) -> EngineRun:
+def _run_authors(target, draft, prompts_text, n_predict, temp, seed, layers, authors_draft, task=None,
+                 threads: int = 1) -> EngineRun:
+    import torch
     from ..reference.session import ReferenceTarget
     from .authors_loop import authors_accept
 
@@ -257,8 +260,14 @@ def _run_authors(target, draft, prompts_text, n_predict, temp, seed, layers, aut
         prompts = [tg.tokenize(t) for t in prompts_text]
         if task is not None:
             task.update(f"{AUTHORS}: {len(prompts)} prompts in transformers")
-        res = authors_accept(target, folder, prompts, n_predict, temp=temp, seed=seed,
-                             stop_token_ids=_stop_tokens(target))
+        # torch's threads as many as the other engines' (-t): more than the free cores spin idle
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            res = authors_accept(target, folder, prompts, n_predict, temp=temp, seed=seed,
+                                 stop_token_ids=_stop_tokens(target))
+        finally:
+            torch.set_num_threads(before)
         out = EngineRun(AUTHORS, 0, list(prompts_text), [], prompt_tokens=prompts,
                         layers=res[0]["layers"] if res else [])
         for p, r in zip(prompts, res):
@@ -311,7 +320,8 @@ def run_engines(target, draft, prompts_text=None, n_predict: int = 64, engines=E
     with progress.task(f"accept {draft.name} on {target.name}") as task:
         for e in engines:
             if e == AUTHORS:
-                out[e] = _run_authors(target, draft, prompts_text, n_predict, temp, seed, layers, authors_draft, task)
+                out[e] = _run_authors(target, draft, prompts_text, n_predict, temp, seed, layers, authors_draft, task,
+                                      threads)
                 continue
             out[e] = _run_engine(e, target, draft, prompts_text, n_predict, temp, seed, n_seq, threads, layers,
                                  block, task)

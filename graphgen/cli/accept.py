@@ -1,7 +1,8 @@
 """`graphgen accept -m TARGET -md DRAFT`: one draft's acceptance in each engine's speculative loop.
 
 The target runs in b11739 for the draft in b11739 beside it (llama.cpp) and in graphgen; the
-authors' own loop (--engines ...,authors) runs it in transformers. Prints a table per engine (mean
+authors' own loop (--engines ...,authors) runs it in transformers, with z-lab's dflash_generate for
+a z-lab DFlash or DFlash2 checkpoint and graphgen.accept.speculators_loop for a speculators DSpark. Prints a table per engine (mean
 accepted length, acceptance per draft position, tokens/s) and whether b11739's and graphgen's
 drafting agreed round for round; exit 1 when they did not, naming the first prompt, round and draft
 position where they part. With llama.cpp and authors among the engines (greedy), it also says which
@@ -69,9 +70,15 @@ def _cmd_accept(args) -> int:
         div = first_divergence(runs["llama.cpp"], runs["graphgen"])
     attr = None
     if "llama.cpp" in runs and AUTHORS in runs and args.temp == 0:
+        import torch
         from ..accept.attribute import attribute
         from ..accept.compare import authors_checkpoint
-        attr = attribute(target, runs, authors_checkpoint(draft, args.authors_draft), n_threads=args.threads)
+        before = torch.get_num_threads()
+        torch.set_num_threads(args.threads)  # as the loops ran
+        try:
+            attr = attribute(target, runs, authors_checkpoint(draft, args.authors_draft), n_threads=args.threads)
+        finally:
+            torch.set_num_threads(before)
     if args.svg:
         from ..staging import staged_file
         with staged_file(args.svg) as tmp:
@@ -165,7 +172,9 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="the target's sampling seed, with --temp above 0 (default 0)")
     p.add_argument("--engines", default="llama.cpp,graphgen", metavar="E,E",
                    help="the engines, comma-separated: llama.cpp, graphgen, and authors (the authors' own loop, "
-                        "the target in transformers; needs the graphgen[torch] extra and the draft's checkpoint) "
+                        "the target in transformers: z-lab's dflash_generate for DFlash and DFlash2, the "
+                        "speculators equivalent for DSpark; needs the graphgen[torch] extra and the draft's "
+                        "checkpoint) "
                         "(default llama.cpp,graphgen)")
     p.add_argument("--authors-draft", metavar="DIR", default=None,
                    help="the authors' checkpoint of the draft (config.json + model.safetensors), for --engines "
