@@ -68,8 +68,13 @@ def load_draft(target, draft_dir):
         tdir.mkdir()
         ddir.mkdir()
         target.config.save_pretrained(str(tdir))
-        emb = target.get_input_embeddings().weight.detach().float().clone().contiguous()
-        save_file({"model.embed_tokens.weight": emb}, str(tdir / "model.safetensors"))
+        # what speculators reads of its verifier: the embeddings, the head (tied here) and the final norm
+        tensors = {"model.embed_tokens.weight": target.get_input_embeddings().weight}
+        norm = getattr(getattr(target, "model", None), "norm", None)
+        if norm is not None:
+            tensors["model.norm.weight"] = norm.weight
+        save_file({k: v.detach().float().clone().contiguous() for k, v in tensors.items()},
+                  str(tdir / "model.safetensors"))
         # the same checkpoint, its verifier named by the folder written above
         ver["name_or_path"] = str(tdir)
         (ddir / "config.json").write_text(json.dumps(cfg, indent=1))
