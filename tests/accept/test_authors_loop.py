@@ -98,3 +98,48 @@ def test_bad_input_is_refused_naming_it(target, tmp_path):
         authors_accept(target, gguf, PROMPTS, N_PREDICT)
     with pytest.raises(AuthorsLoopError, match="n_predict"):
         authors_accept(target, DRAFT_DIR, PROMPTS, 0)
+
+
+# -- z-lab's DFlash2: dflash_generate drafts through its candidate selector ----------------------
+
+DFLASH2_DIR = ROOT / "drafts" / "smollm2-dflash2"
+
+
+@pytest.fixture(scope="module")
+def dflash2(target, threads):
+    from graphgen.accept import authors_loop as AL
+    tmodel, draft, _ = AL.load(target, DFLASH2_DIR)
+    return tmodel, draft, authors_accept(target, DFLASH2_DIR, PROMPTS, N_PREDICT)
+
+
+def test_dflash2_is_loaded_as_its_class_and_generates_what_the_target_alone_does(dflash2, target):
+    import dflash.model as zm
+    _, draft, runs = dflash2
+    assert type(draft) is zm.DFlash2DraftModel  # dflash_generate picks the selector path by the class
+    for prompt, run in zip(PROMPTS, runs):
+        assert run["tokens"] == _greedy_alone(target, prompt, N_PREDICT)
+        generated = 1
+        for (drafted, accepted), added in zip(run["rounds"], run["authors_lengths"]):
+            assert drafted == min(BLOCK - 1, N_PREDICT - generated)
+            assert added == min(accepted + 1, N_PREDICT - generated)
+            generated += added
+        assert generated == N_PREDICT
+
+
+def test_dflash2_drafts_are_the_selectors_walk_and_the_replay_gives_them(dflash2, target):
+    """Every round's draft is what draft_block gives from the text's features (the selector's greedy
+    walk over the top-k of each row, from the anchor): at some positions not the rows' argmax."""
+    from graphgen.accept import authors_loop as AL
+    from graphgen.accept.features import transformers_run
+    tmodel, draft, runs = dflash2
+    walked_off_argmax = 0
+    for run in runs:
+        feats = transformers_run(target, run["layers"], run["tokens"])[0]
+        for b in run["blocks"]:
+            pos0 = b["pos0"]
+            tokens, logits = AL.draft_block(tmodel, draft, feats[:pos0], b["id_last"], pos0, b["n_drafted"] + 1)
+            assert tokens == b["draft"] == AL.replay(tmodel, draft, feats[:pos0], b["id_last"], pos0, b["n_drafted"])
+            top = logits.argsort(axis=-1)[:, ::-1][:, :draft.candidate_selector.top_k]
+            assert all(t in top[i] for i, t in enumerate(tokens))  # the walk picks among each row's top-k
+            walked_off_argmax += int(tokens != [int(x) for x in logits.argmax(axis=-1)])
+    assert walked_off_argmax > 0
