@@ -152,3 +152,29 @@ def test_the_authors_engine_is_attributed_and_a_planted_fault_named(monkeypatch,
     assert "verification" not in at["blamed"] and "identical" not in doc
     lead = doc["engines"]["llama.cpp"]["rounds"][0][at["parting"]["round"]]["draft"][at["parting"]["position"] - 1]
     assert f"llama.cpp drafted {lead}" in at["explanation"]
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("name", ["smollm2-dspark", "smollm2-dflash2"])
+def test_the_authors_loop_of_each_class_runs_and_only_the_targets_numerics_are_blamed(name, tmp_path):
+    """--engines llama.cpp,authors with speculators' DSpark (the speculators loop) and z-lab's DFlash2
+    (dflash_generate through its selector): nothing planted, so the authors' draft on b11739's
+    features drafts b11739's verified tokens in every round, no stage but the target's features is
+    blamed, and the command exits 0."""
+    pytest.importorskip("dflash.model")
+    pytest.importorskip("speculators.models.dspark.core")
+    args = ["accept", "-m", "smollm2", "-md", name, "-n", "16", "--engines", "llama.cpp,authors", "--json"]
+    for p in PROMPTS[:2]:
+        args += ["-p", p]
+    p = subprocess.run(CLI + args, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-2000:]
+    doc = json.loads(p.stdout)
+    at, authors = doc["attribution"], doc["engines"]["authors"]
+    assert set(at["blamed"]) <= {"target features"} and at["features_in_band"], at
+    draft = next(s for s in at["stages"] if s["name"] == "draft forward")
+    assert draft["failed"] == 0 and draft["checked"] == doc["engines"]["llama.cpp"]["blocks"]
+    assert doc["authors_within_band"] is True
+    # a whole block a round where -n leaves room: DSpark drafts from the anchor's row too
+    block = 8 if name == "smollm2-dspark" else 7
+    assert authors["n_max"] == doc["engines"]["llama.cpp"]["n_max"] == block
+    assert all(len(t) == 16 for t in authors["tokens"])
