@@ -355,7 +355,7 @@ class DraftShape:
     selector_rank: int = 8
     selector_top_k: int = 8
     # DSpark: the Markov head's rank and the draft vocabulary (the corpus's most frequent tokens)
-    markov_rank: int = 16
+    markov_rank: int = 8
     draft_vocab: int = 3072
 
     @property

@@ -1,7 +1,7 @@
-"""The shipped trained drafts (drafts/) draft for their target: a trained DFlash head on SmolLM2
-accepts well above chance on prompts its training never saw, in graphgen beside b11739's target,
-and the same head with one layer's weights shuffled does not. Neither needs torch: the GGUFs run in
-graphgen and the target in b11739."""
+"""The shipped trained drafts (drafts/) draft for their target: each (z-lab DFlash, z-lab DFlash2,
+speculators DSpark) accepts well above chance on prompts its training never saw, in graphgen beside
+b11739's target, and the same draft with one layer's weights shuffled does not. None needs torch:
+the GGUFs run in graphgen and the target in b11739."""
 
 from __future__ import annotations
 
@@ -17,20 +17,21 @@ import pytest
 pytestmark = pytest.mark.reference
 
 ROOT = Path(__file__).resolve().parents[2]
-DRAFT = ROOT / "drafts" / "smollm2-dflash" / "draft.gguf"
+DRAFTS = ["smollm2-dflash", "smollm2-dflash2", "smollm2-dspark"]
 CLI = [sys.executable, "-m", "graphgen.cli"]
-# none of them is a training prompt (graphgen/accept/train.py's HELD_OUT_PROMPTS)
-PROMPTS = ["The capital of France is",
-           "My favourite season of the year is autumn, because",
-           "A good breakfast should include",
-           "The three primary colors are"]
 N_PREDICT = 32
-# measured over 32 tokens of these prompts (greedy, so the same every run): the trained head accepted
-# 24 tokens in 101 blocks (0.24 per block; card.md has 0.23 over 64 tokens, graphgen and b11739 alike),
-# its shuffled copy 0 in 124. The bounds leave half the trained figure as margin for other thread counts'
-# numerics and sit well above what a head that learned nothing gets.
-TRAINED_MIN = 0.12
-SHUFFLED_MAX = 0.05
+# the issue's yardstick: the mean length of a block's accepted run, the target's own token included,
+# so a draft that never hits has 1.0
+TRAINED_MIN_LENGTH = 1.3
+# a shuffled layer leaves a draft that hits by chance only: far under what a trained one gets
+SHUFFLED_MAX_LENGTH = 1.1
+SHIPPED_MAX_BYTES = 40_000_000
+
+
+def _prompts():
+    # none of them is a training prompt: train.py writes its prompts from templates apart from these
+    from graphgen.accept.train import HELD_OUT_PROMPTS
+    return HELD_OUT_PROMPTS
 
 
 @pytest.fixture(scope="module")
@@ -40,18 +41,27 @@ def target():
 
 
 def _accepted(target, draft) -> dict:
+    prompts = _prompts()
     cmd = CLI + ["draft", "-m", str(target), "-md", str(draft), "-n", str(N_PREDICT), "--temp", "0", "--json",
-                 "--no-baseline", "-np", str(len(PROMPTS)), "-t", "2"]
-    for p in PROMPTS:
+                 "--no-baseline", "-np", str(len(prompts)), "-t", "2"]
+    for p in prompts:
         cmd += ["-p", p]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
-    return json.loads(r.stdout)
+    out = json.loads(r.stdout)
+    assert out["blocks"] > 0 and out["drafted_tokens"] > 0, out  # nothing drafted measures nothing
+    return out
+
+
+def _length(run: dict) -> float:
+    # the summary counts accepted drafted tokens a block; the block's run also holds the target's own token
+    return 1.0 + run["mean_accepted_length"]
 
 
 def _shuffled_layer(src: Path, dst: Path, layer: int = 0, seed: int = 0) -> Path:
-    """A copy of `src` whose layer `layer` has every matrix's elements permuted (seeded), in place
-    through gguf-py's writable mapping: same shapes and types, the layer's learning gone."""
+    """A copy of `src` whose layer `layer` has every matrix's elements permuted (seeded; a quantized
+    matrix's blocks, scale and values together), in place through gguf-py's writable mapping: same
+    shapes and types, the layer's learning gone."""
     import gguf
     shutil.copy(src, dst)
     r = gguf.GGUFReader(str(dst), "r+")
@@ -59,26 +69,35 @@ def _shuffled_layer(src: Path, dst: Path, layer: int = 0, seed: int = 0) -> Path
     hit = 0
     for t in r.tensors:
         if t.name.startswith(f"blk.{layer}.") and len(t.shape) == 2:
+            _, type_size = gguf.GGML_QUANT_SIZES[t.tensor_type]
             flat = t.data.reshape(-1)
-            flat[:] = flat[rng.permutation(flat.size)]
+            units = flat.view(np.uint8).reshape(-1, type_size) if t.tensor_type not in (
+                gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16) else flat
+            units[:] = units[rng.permutation(len(units))]
             hit += 1
     r.data.flush()
     assert hit, f"{src}: no matrices in layer {layer}"
     return dst
 
 
-def test_the_shipped_draft_is_small_and_pairs_with_its_target(target):
-    assert DRAFT.is_file()
-    total = sum(p.stat().st_size for p in DRAFT.parent.iterdir())
-    assert total <= 12_000_000
+def test_the_shipped_drafts_are_small_and_pair_with_their_target(target):
     from graphgen.pair import check_pair
-    assert check_pair(target, DRAFT) == []
+    total = 0
+    for name in DRAFTS:
+        folder = ROOT / "drafts" / name
+        for f in ("config.json", "model.safetensors", "draft.gguf", "card.md", "train.json"):
+            assert (folder / f).is_file(), f"{folder}: no {f}"
+        total += sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
+        assert check_pair(target, folder / "draft.gguf") == [], name
+    assert total <= SHIPPED_MAX_BYTES, total
 
 
-def test_trained_draft_accepts_and_a_shuffled_layer_does_not(target, tmp_path):
-    trained = _accepted(target, DRAFT)
-    assert trained["mean_accepted_length"] > TRAINED_MIN, trained
-    shuffled = _accepted(target, _shuffled_layer(DRAFT, tmp_path / "shuffled.gguf"))
-    assert shuffled["mean_accepted_length"] < SHUFFLED_MAX, shuffled
+@pytest.mark.parametrize("name", DRAFTS)
+def test_trained_draft_accepts_and_a_shuffled_layer_does_not(target, tmp_path, name):
+    draft = ROOT / "drafts" / name / "draft.gguf"
+    trained = _accepted(target, draft)
+    assert _length(trained) > TRAINED_MIN_LENGTH, (name, trained)
+    shuffled = _accepted(target, _shuffled_layer(draft, tmp_path / "shuffled.gguf"))
+    assert _length(shuffled) < SHUFFLED_MAX_LENGTH, (name, shuffled)
     # drafting never changes a greedy target's tokens, however good the draft
     assert trained["tokens"] == shuffled["tokens"]
