@@ -842,6 +842,42 @@ MUTATIONS = [
     Mutation("train_vocabulary_ties_to_the_higher_id", "graphgen/accept/train.py:draft_vocabulary",
              "np.lexsort((np.arange(n_vocab), -counts))", "np.lexsort((-np.arange(n_vocab), -counts))",
              ("tests/accept/test_train.py::test_the_draft_vocabulary_is_the_most_frequent_tokens_sorted",)),
+    # --- the authors' loop for DFlash2 and speculators' DSpark (authors_loop.py, speculators_loop.py) ---
+    Mutation("speculators_loop_block_rows_stay_cached", "graphgen/accept/speculators_loop.py:generate",
+             "dcache.crop(len(cached))", "None",
+             ("tests/accept/test_speculators_loop.py::"
+              "test_every_round_is_the_drafts_markov_chain_on_the_targets_features",)),
+    Mutation("speculators_loop_features_one_layer_late", "graphgen/accept/speculators_loop.py:_features",
+             "hidden_states[il] for il in layers", "hidden_states[il + 1] for il in layers",
+             ("tests/accept/test_speculators_loop.py::"
+              "test_every_round_is_the_drafts_markov_chain_on_the_targets_features",)),
+    Mutation("speculators_loop_anchor_row_not_drafted", "graphgen/accept/speculators_loop.py:draft_tokens",
+             "first = 0 if draft.sample_from_anchor else 1", "first = 1",
+             ("tests/accept/test_speculators_loop.py::test_round_counts_follow_the_loop",)),
+    Mutation("speculators_loop_markov_chain_from_the_mask", "graphgen/accept/speculators_loop.py:draft_tokens",
+             "raw, [int(anchor)])", "raw, [int(draft.mask_token_id)])",
+             ("tests/accept/test_speculators_loop.py::"
+              "test_every_round_is_the_drafts_markov_chain_on_the_targets_features",)),
+    Mutation("speculators_loop_verifies_one_row_late", "graphgen/accept/speculators_loop.py:generate",
+             "drafted[agreed] == best[agreed]", "drafted[agreed] == best[agreed + 1]",
+             ("tests/accept/test_speculators_loop.py::test_greedy_generates_what_the_target_alone_does",)),
+    Mutation("speculators_loop_p_min_keeps_the_low_slot", "graphgen/accept/speculators_loop.py:generate",
+             "next((i for i, c in enumerate(conf) if c < p_min), len(drafted))",
+             "next((i + 1 for i, c in enumerate(conf) if c < p_min), len(drafted))",
+             ("tests/accept/test_speculators_loop.py::"
+              "test_p_min_ends_a_draft_before_the_first_slot_scored_below_it",)),
+    Mutation("speculators_loop_layers_counted_as_zlab_ids", "graphgen/accept/authors_loop.py:read_layers",
+             "return [int(i) for i in draft.target_layers]", "return [int(i) + 1 for i in draft.target_layers]",
+             ("tests/accept/test_attribution_speculators.py::"
+              "test_without_a_fault_the_draft_forward_sampling_and_verification_agree",)),
+    Mutation("authors_loop_dflash2_loaded_as_dflash", "graphgen/accept/authors_loop.py:_load",
+             "authors_class(authors, variant).from_pretrained", 'authors_class(authors, "dflash").from_pretrained',
+             ("tests/accept/test_authors_loop.py::"
+              "test_dflash2_is_loaded_as_its_class_and_generates_what_the_target_alone_does",)),
+    Mutation("authors_loop_dflash2_replay_without_the_selector", "graphgen/accept/authors_loop.py:draft_block",
+             'if hasattr(draft, "propose"):', "if False:",
+             ("tests/accept/test_authors_loop.py::"
+              "test_dflash2_drafts_are_the_selectors_walk_and_the_replay_gives_them",)),
 ]
 
 
