@@ -338,13 +338,16 @@ def read_layers(draft) -> list[int]:
     return [int(i) + 1 for i in draft.target_layer_ids]
 
 
-def replay(target, draft, features, anchor: int, pos0: int, n_draft: int) -> list[int]:
+def replay(target, draft, features, anchor: int, pos0: int, n_draft: int, logits: bool = False):
     """The n_draft tokens the authors' loop drafts after `anchor` at pos0 from the context features
-    [pos0, ...] of positions 0..pos0-1, from scratch (draft_block, or speculators_loop.draft_block)."""
+    [pos0, ...] of positions 0..pos0-1, from scratch (draft_block, or speculators_loop.draft_block);
+    with `logits`, (tokens, their rows' logits [n_draft, n_vocab]: DSpark's with the Markov bias)."""
     if _is_speculators(draft):
         from . import speculators_loop
-        return speculators_loop.draft_block(draft, features, anchor, pos0, n_draft)[0]
-    return draft_block(target, draft, features, anchor, pos0, n_draft + 1)[0]
+        tokens, lg, _ = speculators_loop.draft_block(draft, features, anchor, pos0, n_draft)
+    else:
+        tokens, lg = draft_block(target, draft, features, anchor, pos0, n_draft + 1)
+    return (tokens, lg) if logits else tokens
 
 
 def draft_block(target, draft, features, anchor: int, pos0: int, size: int):

@@ -21,8 +21,8 @@ pytest.importorskip("transformers")
 dm = pytest.importorskip("dflash.model")
 
 from graphgen.accept import authors_loop as AL  # noqa: E402
-from graphgen.accept.attribute import (DRAFT, FEATURE_NMSE_BAND, FEATURES, SAMPLING, VERIFICATION,  # noqa: E402
-                                       attribute)
+from graphgen.accept.attribute import (DRAFT, DRAFT_TIE, FEATURE_NMSE_BAND, FEATURES, SAMPLING,  # noqa: E402
+                                       TIE_BAND, VERIFICATION, attribute)
 from graphgen.accept.compare import run_engines  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -77,8 +77,10 @@ def test_without_a_fault_only_the_targets_numerics_are_blamed(clean, llama):
         assert not at.stage(name).blamed, (name, at.stage(name))
     # every llama.cpp round's verified draft replayed from b11739's features
     assert at.stage(DRAFT).checked == len(llama.blocks) and at.stage(DRAFT).failed == 0
-    if at.parting is not None:  # the float target's greedy token may differ from the Q4_1 one's
-        assert at.explained_by == FEATURES, at.explanation
+    if at.parting is not None:
+        # the float target's greedy token may differ from the Q4_1 one's; or llama.cpp's q8_0 draft
+        # takes a token the authors' draft scores within TIE_BAND of its best
+        assert at.explained_by in (FEATURES, DRAFT_TIE), at.explanation
     text = "\n".join(at.lines())
     assert all(f"{name:<16} ok" in text for name in (DRAFT, SAMPLING, VERIFICATION)), text
     assert "within the quantized target's band" in text
@@ -116,8 +118,8 @@ def test_a_target_layer_off_by_one_is_the_target_features(target, llama, clean, 
     # every draft layer's input read one layer late: far beyond the quantized target's numerics
     assert all(v > 10 * FEATURE_NMSE_BAND for _, _, v in at.nmse), at.nmse
     assert not at.stage(DRAFT).blamed and not at.stage(VERIFICATION).blamed
-    if at.parting is not None:
-        assert at.explained_by == FEATURES, at.explanation
+    if at.parting is not None:  # unless a tie the drafts' weights decide comes first
+        assert at.explained_by in (FEATURES, DRAFT_TIE), at.explanation
     assert clean[1].features_in_band  # without the plant
 
 
@@ -128,7 +130,7 @@ def test_a_wrong_mask_token_is_the_draft_forward(target, llama, clean, monkeypat
     _, at = _attribute(target, llama)
     assert at.stage(DRAFT).blamed and at.stage(DRAFT).failed > 0
     first = at.stage(DRAFT).first
-    assert first["authors"] != first["llama"]
+    assert first["authors"] != first["llama"] and first["gap"] > TIE_BAND
     assert at.explained_by == DRAFT, (at.parting, at.explanation)
     assert (at.parting.prompt, at.parting.round, at.parting.position) == \
         (first["prompt"], first["round"], first["position"])
@@ -165,7 +167,8 @@ def test_a_verification_accepting_one_too_many_is_the_verification(target, llama
     first = at.stage(VERIFICATION).first
     # the authors' loop accepted one more than its own target agrees with
     assert first["engine"] == "authors" and first["accepted"] == first["rule"] + 1
-    assert at.explained_by == VERIFICATION, (at.parting, at.explanation)
-    assert at.parting.kind == "accepted"
+    # where the loops part first: the accepted count, unless a tie the drafts' weights decide comes first
+    assert at.explained_by in (VERIFICATION, DRAFT_TIE), (at.parting, at.explanation)
+    assert at.parting.kind == ("accepted" if at.explained_by == VERIFICATION else "draft")
     assert not at.stage(DRAFT).blamed and at.features_in_band
     assert not clean[1].stage(VERIFICATION).blamed  # without the plant
