@@ -391,6 +391,8 @@ def attribute(target, runs: dict, authors_draft, n_threads: int = 1) -> Attribut
     def first(fails):
         return fails[min(fails)] if fails else None
 
+    tie_d = _ties(ties_d, "llama.cpp drafted a token within")
+    tie_s = _ties(ties_s, "b11739's target token lies within")
     in_band = all(v <= FEATURE_NMSE_BAND for _, _, v in nm)
     stages.append(Stage(FEATURES, by == FEATURES or not in_band, len(nm), sum(v > FEATURE_NMSE_BAND for _, _, v in nm),
                         f"NMSE up to {max(v for _, _, v in nm):.2e}; on llama.cpp's {n_a} rounds, transformers' "
@@ -398,11 +400,11 @@ def attribute(target, runs: dict, authors_draft, n_threads: int = 1) -> Attribut
                         None))
     stages.append(Stage(DRAFT, by == DRAFT or bool(fail_d), n_a, len(fail_d),
                         f"the authors' draft on llama.cpp's features drafts llama.cpp's verified tokens in "
-                        f"{n_a - len(fail_d) - len(ties_d)} of {n_a} rounds{_ties(ties_d, 'drafted')}",
+                        f"{n_a - len(fail_d) - len(ties_d)} of {n_a} rounds{tie_d}",
                         first(fail_d)))
     stages.append(Stage(SAMPLING, by == SAMPLING or bool(fail_s), checked_s, len(fail_s),
                         f"rounds where a target token or an authors' drafted token is not its logits' argmax: "
-                        f"{len(fail_s)} of {checked_s}{_ties(ties_s, 'b11739 took as its target token')}",
+                        f"{len(fail_s)} of {checked_s}{tie_s}",
                         first(fail_s)))
     stages.append(Stage(VERIFICATION, by == VERIFICATION or bool(fail_v), n_a + n_c, len(fail_v),
                         f"rounds whose accepted count the authors' rule does not give: {len(fail_v)} of {n_a + n_c}",
@@ -428,8 +430,8 @@ def mean_band(a: EngineRun, shift: float) -> float:
 def _ties(ties: dict, what: str) -> str:
     if not ties:
         return ""
-    return (f"; in {len(ties)} more, llama.cpp {what} a token within {TIE_BAND} logits of the best (ties the "
-            f"numerics decide, up to {max(t['gap'] for t in ties.values()):.3f} below)")
+    return (f"; in {len(ties)} more, {what} {TIE_BAND} logits of the best (ties the numerics decide, up to "
+            f"{max(t['gap'] for t in ties.values()):.3f} below)")
 
 
 def _nm(nm) -> str:

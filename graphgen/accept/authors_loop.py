@@ -347,7 +347,33 @@ def replay(target, draft, features, anchor: int, pos0: int, n_draft: int, logits
         tokens, lg, _ = speculators_loop.draft_block(draft, features, anchor, pos0, n_draft)
     else:
         tokens, lg = draft_block(target, draft, features, anchor, pos0, n_draft + 1)
+        if logits and hasattr(draft, "propose"):
+            lg = _selector_scores(target, draft, features, anchor, pos0, n_draft, tokens)
     return (tokens, lg) if logits else tokens
+
+
+def _selector_scores(target, draft, features, anchor, pos0, n_draft, path):
+    """DFlash2's rows as its selector ranks them: at each position, the scores of the row's top-k
+    candidates after the walk's previous token (the anchor first), -inf elsewhere; the walk's token
+    is each row's best."""
+    import numpy as np
+    import torch
+    from dflash.model import _draft_value, _output_head, _raw_input_embeddings
+    sel = draft.candidate_selector
+    feats = torch.as_tensor(np.ascontiguousarray(features, dtype=np.float32)).reshape(1, int(pos0), -1)
+    block = torch.full((1, int(n_draft) + 1), int(draft.mask_token_id), dtype=torch.long)
+    block[0, 0] = int(anchor)
+    with torch.inference_mode():
+        noise = _raw_input_embeddings(target, block, float(_draft_value(draft.config, "input_embedding_scale", 1.0)))
+        hidden = draft(target_hidden=feats, noise_embedding=noise,
+                       position_ids=torch.arange(int(pos0) + int(n_draft) + 1)[None], use_cache=False)[:, 1:]
+        unary, cands = torch.topk(draft.compute_logits(hidden, _output_head(target)), sel.top_k, dim=-1)
+        proj = sel.hidden_projection(hidden)
+        out = np.full((int(n_draft), int(draft.config.vocab_size)), -np.inf, dtype=np.float32)
+        for j, prev in enumerate([int(anchor)] + [int(t) for t in path[:-1]]):
+            pair = (sel.predecessor_codebook(torch.tensor([prev])) * proj[:, j]) @ sel.successor_codebook(cands[0, j]).T
+            out[j, cands[0, j].numpy()] = (unary[0, j] + pair[0]).float().numpy()
+    return out
 
 
 def draft_block(target, draft, features, anchor: int, pos0: int, size: int):

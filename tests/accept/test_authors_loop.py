@@ -143,3 +143,19 @@ def test_dflash2_drafts_are_the_selectors_walk_and_the_replay_gives_them(dflash2
             assert all(t in top[i] for i, t in enumerate(tokens))  # the walk picks among each row's top-k
             walked_off_argmax += int(tokens != [int(x) for x in logits.argmax(axis=-1)])
     assert walked_off_argmax > 0
+
+
+def test_dflash2_replay_scores_rank_each_walked_token_first(dflash2, target):
+    """replay(logits=True) gives DFlash2's rows as its selector scores them (after the walk's token
+    before): each walked token is its row's best, as the attribution's tie check reads them."""
+    import numpy as np
+    from graphgen.accept import authors_loop as AL
+    from graphgen.accept.features import transformers_run
+    tmodel, draft, runs = dflash2
+    run = runs[0]
+    feats = transformers_run(target, run["layers"], run["tokens"])[0]
+    for b in run["blocks"][:4]:
+        tokens, scores = AL.replay(tmodel, draft, feats[:b["pos0"]], b["id_last"], b["pos0"], b["n_drafted"],
+                                   logits=True)
+        assert tokens == b["draft"] and [int(x) for x in scores.argmax(axis=-1)] == tokens
+        assert (np.isfinite(scores).sum(axis=-1) == draft.candidate_selector.top_k).all()
