@@ -180,3 +180,20 @@ def test_training_learns_what_the_data_holds(variant, tmp_path):
     best = min(r["val_ce"] for r in rows)
     assert rows[-1]["val_acc1"] > 0.5, rows
     assert best < 2.0, rows
+
+
+def test_training_is_deterministic_in_its_seed(tmp_path):
+    rng = np.random.default_rng(7)
+    c = _corpus([([int(x) for x in rng.integers(0, 200, 20)], 4) for _ in range(12)])
+    shape = _shape("dflash2")
+    embed = np.random.default_rng(1).standard_normal((VOCAB, 64)).astype(np.float32)
+
+    def weights(seed):
+        st = T.TrainSettings(steps=6, seqs_per_step=2, anchors_per_seq=3, warmup=2, val_seqs=2, negatives=16,
+                             seed=seed, threads=1)
+        model, _, _ = T.train(c, embed, shape, st)
+        return {k: v.clone() for k, v in model.state_dict().items()}
+    a, b, other = weights(0), weights(0), weights(1)
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert any(not torch.equal(a[k], other[k]) for k in a)
