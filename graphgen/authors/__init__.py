@@ -9,7 +9,14 @@ graphgen imports it.
 
 from __future__ import annotations
 
+import os
+
 from ..errors import GraphgenError
+
+# graphgen reads checkpoints and targets from local folders only; a speculators config names its
+# verifier by its Hub id, which speculators would otherwise look up (retrying for half a minute
+# offline). Set before transformers and huggingface_hub are imported; HF_HUB_OFFLINE=0 overrides.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 EXTRA_HINT = "pip install 'graphgen[torch]' (and speculators==0.9.0 with --no-deps; tools/setup.sh torch does both)"
 
