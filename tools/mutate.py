@@ -881,6 +881,9 @@ MUTATIONS = [
     Mutation("attribution_any_draft_token_a_tie", "graphgen/accept/attribute.py:attribute",
              "(ties_d if gap_l[p][k][i] <= TIE_BAND else fail_d)", "(ties_d if gap_l[p][k][i] <= 100 * TIE_BAND else fail_d)",
              ("tests/accept/test_attribution_speculators.py::test_a_markov_chain_from_the_mask_token_is_the_draft_forward",)),
+    Mutation("attribution_dflash2_set_edge_ignored", "graphgen/accept/attribute.py:edge_gap",
+             "pool = np.flatnonzero(unary >= unary[pool[-1]] - band)", "pool = np.flatnonzero(unary >= unary[pool[-1]])",
+             ("tests/accept/test_attribution_dflash2.py",)),
 ]
 
 

@@ -250,16 +250,31 @@ def attribute(target, runs: dict, authors_draft, n_threads: int = 1) -> Attribut
 
     # replays: the authors' draft on b11739's and on transformers' features of every llama.cpp
     # round's context, and on transformers' features of every authors' round's
-    # (with how far below the replay's best each token llama.cpp drafted lies, in logits)
-    rep_l, rep_t, rep_c, gap_l = [], [], [], []
+    # (with how far below the replay's best each token llama.cpp drafted lies, in logits, and for
+    # DFlash2 whether only another top-k candidate set than the replay's own makes it a tie)
+    rep_l, rep_t, rep_c, gap_l, edge_l = [], [], [], [], []
     for p, rs in enumerate(a.rounds):
         rep_l.append([])
         gap_l.append([])
+        edge_l.append([])
         for r in rs:
-            toks, lg = AL.replay(tmodel, draft, L[p][0][:r["pos0"]], r["id_last"], r["pos0"], len(r["draft"]),
-                                 logits=True)
+            if hasattr(draft, "propose"):
+                # DFlash2: each token's selector score over every candidate set the numerics could pick
+                toks = AL.replay(tmodel, draft, L[p][0][:r["pos0"]], r["id_last"], r["pos0"], len(r["draft"]))
+                un, sc, top_k = AL.selector_rows(tmodel, draft, L[p][0][:r["pos0"]], r["id_last"], r["pos0"],
+                                                 len(r["draft"]), toks)
+                gaps = [edge_gap(un[i], sc[i], t, top_k) for i, t in enumerate(r["draft"])]
+                # a tie only another candidate set gives: the token outside the replay's own top-k, or
+                # beyond the band of that set's best
+                edge = [g <= TIE_BAND < edge_gap(un[i], sc[i], t, top_k, 0.0) for i, (g, t) in enumerate(zip(gaps, r["draft"]))]
+            else:
+                toks, lg = AL.replay(tmodel, draft, L[p][0][:r["pos0"]], r["id_last"], r["pos0"], len(r["draft"]),
+                                     logits=True)
+                gaps = [float(lg[i].max() - lg[i][t]) for i, t in enumerate(r["draft"])]
+                edge = [False] * len(gaps)
             rep_l[-1].append(toks)
-            gap_l[-1].append([float(lg[i].max() - lg[i][t]) for i, t in enumerate(r["draft"])])
+            gap_l[-1].append(gaps)
+            edge_l[-1].append(edge)
         rep_t.append([AL.replay(tmodel, draft, T[p][0][:r["pos0"]], r["id_last"], r["pos0"], len(r["draft"]))
                       for r in rs])
     for p, rs in enumerate(c.rounds):
@@ -279,7 +294,8 @@ def attribute(target, runs: dict, authors_draft, n_threads: int = 1) -> Attribut
             i = _lcp(dl[:n], r["draft"][:n])
             if i < n:
                 (ties_d if gap_l[p][k][i] <= TIE_BAND else fail_d)[(p, k)] = \
-                    where(p, k, i + 1, authors=dl[i], llama=r["draft"][i], gap=gap_l[p][k][i])
+                    where(p, k, i + 1, authors=dl[i], llama=r["draft"][i], gap=gap_l[p][k][i],
+                          edge=edge_l[p][k][i])
             # what llama.cpp's target would accept of the authors' draft on transformers' features
             text = seq_a[p][r["pos0"] + 1:]
             cap = r["n_accepted"] if r["bonus"] == -1 else len(dt)
@@ -356,8 +372,10 @@ def attribute(target, runs: dict, authors_draft, n_threads: int = 1) -> Attribut
                        f"features explain it (NMSE {_nm(nm)})")
             elif tie:
                 by = DRAFT_TIE
+                set_ = (" in a candidate set b11739's top-k may take (the unary logits at its edge lie within the "
+                        "band)") if edge_l[p][k][j] else ""
                 why = (f"llama.cpp drafted token {ra['draft'][j]} at position {j + 1}, {gap_l[p][k][j]:.3f} logits "
-                       f"below the authors' draft's best ({dl[j]}) on the same features: a tie within "
+                       f"below the authors' draft's best ({dl[j]}) on the same features{set_}: a tie within "
                        f"{TIE_BAND} that the drafts' weights (the GGUF's q8_0, the checkpoint's) decide")
             else:
                 by = SAMPLING
@@ -413,6 +431,42 @@ def attribute(target, runs: dict, authors_draft, n_threads: int = 1) -> Attribut
     return Attribution(part, by, why, stages, nm, changed, n_a, cf_t, cf_ll, mean_band(a, abs(cf_t - cf_ll)))
 
 
+def edge_gap(unary, scores, token: int, top_k: int, band: float = TIE_BAND) -> float:
+    """How far below the best of its candidate set DFlash2's selector scores `token`, over every
+    top-k set the two drafts' numerics could take (inf if none holds it).
+
+    The selector scores only the top_k tokens by unary logit, and a token's score (its unary logit
+    plus the bilinear term after the previous token) can put the set's last member far ahead of the
+    rest; where the k-th and (k+1)-th unary logits lie within `band`, q8_0 and bf16 weights rank
+    them either way. As for the ties of the argmax, each logit may lie up to band / 2 off: a set S
+    of top_k tokens can be picked when min(unary over S) >= max(unary outside S) - band. For each
+    lowest member m of S, the tokens above m + band must be in S, the rest is filled from those
+    within [m, m + band] that score lowest; the gap is the least over those sets."""
+    unary = np.asarray(unary, dtype=np.float64)
+    scores = np.asarray(scores, dtype=np.float64)
+    token = int(token)
+    # a set's tokens all lie within band of its top_k-th unary logit or above it
+    pool = np.argsort(-unary, kind="stable")[:top_k]
+    pool = np.flatnonzero(unary >= unary[pool[-1]] - band)
+    if token not in set(pool.tolist()):
+        return float("inf")
+    u, s = unary[pool], scores[pool]
+    t = int(np.flatnonzero(pool == token)[0])
+    others = np.arange(len(pool)) != t
+    best = float("inf")
+    for m in np.unique(u[u <= u[t]])[::-1]:
+        forced = others & (u > m + band)
+        if forced.sum() > top_k - 1:
+            break
+        free = np.flatnonzero(others & ~forced & (u >= m))
+        need = top_k - 1 - int(forced.sum())
+        if len(free) < need:
+            continue
+        rest = np.concatenate([s[forced], np.sort(s[free])[:need]])
+        best = min(best, max(0.0, float(rest.max() - s[t])) if len(rest) else 0.0)
+    return best
+
+
 def mean_band(a: EngineRun, shift: float) -> float:
     """How far the authors' mean accepted length may lie from llama.cpp's (docs/acceptance.md): the
     features' own shift on llama.cpp's rounds (`shift`: the counterfactual means' difference), plus two standard errors of
@@ -430,8 +484,10 @@ def mean_band(a: EngineRun, shift: float) -> float:
 def _ties(ties: dict, what: str) -> str:
     if not ties:
         return ""
+    edge = sum(bool(t.get("edge")) for t in ties.values())
+    at_edge = f"; {edge} of them DFlash2 candidate sets that the unary logits' top-k edge decides" if edge else ""
     return (f"; in {len(ties)} more, {what} {TIE_BAND} logits of the best (ties the numerics decide, up to "
-            f"{max(t['gap'] for t in ties.values()):.3f} below)")
+            f"{max(t['gap'] for t in ties.values()):.3f} below{at_edge})")
 
 
 def _nm(nm) -> str:

@@ -352,14 +352,12 @@ def replay(target, draft, features, anchor: int, pos0: int, n_draft: int, logits
     return (tokens, lg) if logits else tokens
 
 
-def _selector_scores(target, draft, features, anchor, pos0, n_draft, path):
-    """DFlash2's rows as its selector ranks them: at each position, the scores of the row's top-k
-    candidates after the walk's previous token (the anchor first), -inf elsewhere; the walk's token
-    is each row's best."""
+def _selector_forward(target, draft, features, anchor, pos0, n_draft):
+    """The draft's block rows as its selector reads them: (unary logits [1, n_draft, n_vocab], the
+    hidden projection [1, n_draft, rank])."""
     import numpy as np
     import torch
     from dflash.model import _draft_value, _output_head, _raw_input_embeddings
-    sel = draft.candidate_selector
     feats = torch.as_tensor(np.ascontiguousarray(features, dtype=np.float32)).reshape(1, int(pos0), -1)
     block = torch.full((1, int(n_draft) + 1), int(draft.mask_token_id), dtype=torch.long)
     block[0, 0] = int(anchor)
@@ -367,13 +365,38 @@ def _selector_scores(target, draft, features, anchor, pos0, n_draft, path):
         noise = _raw_input_embeddings(target, block, float(_draft_value(draft.config, "input_embedding_scale", 1.0)))
         hidden = draft(target_hidden=feats, noise_embedding=noise,
                        position_ids=torch.arange(int(pos0) + int(n_draft) + 1)[None], use_cache=False)[:, 1:]
-        unary, cands = torch.topk(draft.compute_logits(hidden, _output_head(target)), sel.top_k, dim=-1)
-        proj = sel.hidden_projection(hidden)
+        return draft.compute_logits(hidden, _output_head(target)), draft.candidate_selector.hidden_projection(hidden)
+
+
+def _selector_scores(target, draft, features, anchor, pos0, n_draft, path):
+    """DFlash2's rows as its selector ranks them: at each position, the scores of the row's top-k
+    candidates after the walk's previous token (the anchor first), -inf elsewhere; the walk's token
+    is each row's best."""
+    import numpy as np
+    import torch
+    sel = draft.candidate_selector
+    logits, proj = _selector_forward(target, draft, features, anchor, pos0, n_draft)
+    with torch.inference_mode():
+        unary, cands = torch.topk(logits, sel.top_k, dim=-1)
         out = np.full((int(n_draft), int(draft.config.vocab_size)), -np.inf, dtype=np.float32)
         for j, prev in enumerate([int(anchor)] + [int(t) for t in path[:-1]]):
             pair = (sel.predecessor_codebook(torch.tensor([prev])) * proj[:, j]) @ sel.successor_codebook(cands[0, j]).T
             out[j, cands[0, j].numpy()] = (unary[0, j] + pair[0]).float().numpy()
     return out
+
+
+def selector_rows(target, draft, features, anchor: int, pos0: int, n_draft: int, path):
+    """DFlash2's rows for every token, candidate or not: (unary logits [n_draft, n_vocab], the score
+    the selector gives each token after the walk's previous token in `path` (the anchor first)
+    [n_draft, n_vocab], top_k). A token's score does not depend on which others are candidates, so
+    these score any top-k set the unary logits could pick."""
+    import torch
+    sel = draft.candidate_selector
+    logits, proj = _selector_forward(target, draft, features, anchor, pos0, n_draft)
+    with torch.inference_mode():
+        prev = torch.tensor([int(anchor)] + [int(t) for t in path[:n_draft - 1]], dtype=torch.long)
+        pair = (sel.predecessor_codebook(prev) * proj[0]) @ sel.successor_codebook.weight.T
+        return logits[0].float().numpy(), (logits[0] + pair).float().numpy(), int(sel.top_k)
 
 
 def draft_block(target, draft, features, anchor: int, pos0: int, size: int):
