@@ -884,6 +884,14 @@ MUTATIONS = [
     Mutation("attribution_dflash2_set_edge_ignored", "graphgen/accept/attribute.py:edge_gap",
              "pool = np.flatnonzero(unary >= unary[pool[-1]] - band)", "pool = np.flatnonzero(unary >= unary[pool[-1]])",
              ("tests/accept/test_attribution_dflash2.py",)),
+    # --- the docs' blocks, the trained drafts' test, mmap and the arbiter's unit ---
+    # (end of the docs / mmap / arbiter mutations)
+    # --- recorded runs, shipped draft names, output paths and small command fixes ---
+    # (end of the recorded-run / naming mutations)
+    # --- the real-target loop's flags, validation and the greedy check ---
+    # (end of the real-target flag mutations)
+    # --- mean acceptance length and the loop's reports ---
+    # (end of the acceptance-report mutations)
 ]
 
 
