@@ -86,12 +86,18 @@ class LoopResult:
         blocks = len(self.rounds)
         drafted = sum(len(r.draft) for r in self.rounds)
         accepted = sum(r.n_accepted for r in self.rounds)
+        n_drafts = sum(1 for r in self.rounds if r.draft)
         t_draft = sum({r.round: r.t_draft for r in self.rounds}.values())
         t_proc = sum(r.t_process for r in self.rounds)
         return {
             "spec_type": self.spec_type, "variant": self.variant, "n_max": self.n_max,
             "rounds": n_rounds, "blocks": blocks, "drafted_tokens": drafted, "accepted_tokens": accepted,
             "mean_accepted_length": accepted / blocks if blocks else 0.0,
+            # the field's figure (vLLM, z-lab, llama.cpp): 1 + accepted / drafts, the target's own
+            # token counted, so a draft that never hits scores 1.0; a round that drafted nothing
+            # (n_min, p_min) is no draft
+            "mean_acceptance_length": 1.0 + accepted / n_drafts if n_drafts else 1.0,
+            "drafts": n_drafts,
             # one drafting batch serves every sequence: the tokens over the drafting wall time
             "drafted_tokens_per_s": drafted / t_draft if t_draft > 0 else 0.0,
             "acceptance_rate": accepted / drafted if drafted else 0.0,
