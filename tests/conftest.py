@@ -26,9 +26,9 @@ def isolated():
 @pytest.fixture(scope="session")
 def reference_worker(tmp_path_factory):
     """llama.cpp b11739 serving many scenarios in one process (`runner --serve`)."""
-    from workers import Worker
+    from workers import HANG, Worker
     w = Worker([sys.executable, "-m", "graphgen.reference.runner", "--serve"],
-               tmp_path_factory.mktemp("workers") / "reference.err", timeout=600)
+               tmp_path_factory.mktemp("workers") / "reference.err", timeout=HANG)
     yield w
     w.close()
 

@@ -545,7 +545,7 @@ def test_sched_debug_log_pairs_with_dump(tmp_path, models_dir):
     # the child `graphgen dump --engine llama.cpp` runs, with the scheduler's debug log on stderr
     p = subprocess.run([sys.executable, "-m", "graphgen.reference.runner", str(model), str(case / "scenario.json"),
                         str(tmp_path / "ref")], capture_output=True, text=True,
-                       env=dict(os.environ, GGML_SCHED_DEBUG="2"), timeout=300)
+                       env=dict(os.environ, GGML_SCHED_DEBUG="2"))
     assert p.returncode == 0, p.stderr[-2000:]
     log = tmp_path / "sched.log"
     log.write_text(p.stderr)

@@ -134,7 +134,7 @@ def upstream_text(upstream_printer, tmp_path_factory):
     (d / "child.py").write_text(CHILD)
     p = subprocess.run([sys.executable, str(d / "child.py"), str(upstream_printer), str(model),
                         str(CASE / "scenario.json"), str(d / "ref"), str(d / "cb.txt")],
-                       capture_output=True, text=True, timeout=600)
+                       capture_output=True, text=True)
     assert p.returncode == 0, p.stderr[-3000:]
     run_scenario(model, load_scenario(CASE / "scenario.json"), d / "ours")
     return (d / "cb.txt").read_text(), d / "ref", d / "ours"

@@ -76,7 +76,7 @@ def reference(model: Path, doc: dict, work: Path) -> Verdict:
     sc = work / "scenario.json"
     sc.write_text(json.dumps(doc))
     try:
-        run_reference(model, sc, work / "ref", max_data=0, timeout=120)
+        run_reference(model, sc, work / "ref", max_data=0, timeout=3600)  # a hang guard, generous under load
     except ReferenceFailed as e:
         m = _STEP.search(str(e).splitlines()[0])
         return Verdict(False, int(m.group(1)) if m else None, str(e))

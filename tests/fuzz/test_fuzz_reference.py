@@ -57,7 +57,7 @@ def test_fuzzed_ggufs_agree_with_llama_cpp(tmp_path):
 
     cases = [c for c in make_cases("gguf", N_GEN, SEED, tmp_path / "bases") if not _seed_only(c)]
     # the fuzz runner first: a case that crashes graphgen fails there, not in this process
-    report = run_cases("gguf", cases, tmp_path / "run")
+    report = run_cases("gguf", cases, tmp_path / "run", timeout=3600)  # a hang guard, generous under load
     assert not report.failures, report.summary()
     accepted = [k for k, o in sorted(report.results.items()) if o == "accepted"]
     rest = [k for k in sorted(report.results) if k not in accepted]

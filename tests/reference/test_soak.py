@@ -12,8 +12,8 @@ from pathlib import Path
 SOAK = [sys.executable, str(Path(__file__).resolve().parents[2] / "tools" / "soak.py")]
 
 
-def _soak(*args, timeout=600):
-    p = subprocess.run(SOAK + list(args) + ["--json"], capture_output=True, text=True, timeout=timeout)
+def _soak(*args):
+    p = subprocess.run(SOAK + list(args) + ["--json"], capture_output=True, text=True)
     assert p.returncode in (0, 1), f"the soak died (exit {p.returncode}): {p.stderr[-3000:]}"
     return p.returncode, json.loads(p.stdout)
 

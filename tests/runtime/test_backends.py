@@ -50,7 +50,7 @@ def gpu_build(kind):
             pytest.fail(msg)
         pytest.skip(msg)
     p = subprocess.run([sys.executable, "-m", "graphgen.cli", "--ggml", d, "devices"], capture_output=True,
-                       text=True, timeout=120)
+                       text=True)
     devs = p.stdout.split("devices:")[-1].splitlines()
     if p.returncode != 0 or not any(ln.strip().lower().startswith(_PREFIX[kind]) for ln in devs):
         msg = f"the {kind} build in {d} sees no {kind} device (no such hardware here): {p.stdout}{p.stderr}"
@@ -72,7 +72,7 @@ def gpu_xdiff(kind, case, tmp_path):
     model = build_model(case_dir, tmp_path)
     p = subprocess.run([sys.executable, "-m", "graphgen.cli", "--ggml", d, "xdiff", str(model), "--scenario",
                         str(case_dir / "scenario.json"), "--backends", f"cpu,{kind}", "--out", str(tmp_path / "x")],
-                       capture_output=True, text=True, timeout=600)
+                       capture_output=True, text=True)
     assert p.returncode == 0, p.stdout + p.stderr
     assert f"xdiff cpu vs {kind}: PASS" in p.stdout and "structure identical" in p.stdout, p.stdout
     assert "DIFFERS" not in p.stdout
@@ -131,7 +131,7 @@ def rpc_server():
         port = sk.getsockname()[1]
     proc = subprocess.Popen([sys.executable, "-m", "graphgen.cli", "rpc-server", "--host", "127.0.0.1",
                              "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.time() + 30
+    deadline = time.time() + 3600  # stops waiting on a server that never listens; generous for a loaded machine
     while time.time() < deadline:
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.5).close()

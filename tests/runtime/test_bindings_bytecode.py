@@ -24,7 +24,7 @@ print(json.dumps({"kib": rss() - before, "cached": b.__cached__, "package": str(
 
 
 def probe(env) -> dict:
-    p = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, env=env, timeout=300)
+    p = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, env=env)
     assert p.returncode == 0, p.stderr
     return json.loads(p.stdout.strip().splitlines()[-1])
 

@@ -26,7 +26,7 @@ def _as_nobody(args, env_extra):
     py = shutil.which("python3", path="/usr/bin:/bin")
     env = {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "PYTHONPATH": f"{SITE}:{ROOT}", **env_extra}
     return subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", py, "-m", "graphgen.cli",
-                           *args], capture_output=True, text=True, env=env, timeout=600)
+                           *args], capture_output=True, text=True, env=env)
 
 
 @pytest.fixture
@@ -43,7 +43,7 @@ def shared():
     cache_dir = tmp_path / "cache"
     env = dict(os.environ, GRAPHGEN_CACHE=str(cache_dir))
     p = subprocess.run([sys.executable, "-m", "graphgen.cli", "info", str(model)], capture_output=True, text=True,
-                       env=env, timeout=600)
+                       env=env)
     assert p.returncode == 0, p.stderr
     yield tmp_path, model, cache_dir
     shutil.rmtree(tmp_path, ignore_errors=True)

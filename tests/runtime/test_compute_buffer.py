@@ -19,8 +19,7 @@ VARIANTS = tuple(DRAFTS)
 
 @pytest.fixture(scope="module")
 def perturbed(tmp_path_factory):
-    iso = Isolated(tmp_path_factory.mktemp("perturbed") / "graphgen.err", timeout=300,
-                   env={"MALLOC_PERTURB_": "165"})
+    iso = Isolated(tmp_path_factory.mktemp("perturbed") / "graphgen.err", env={"MALLOC_PERTURB_": "165"})
     yield iso
     iso.close()
 

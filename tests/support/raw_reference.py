@@ -29,7 +29,7 @@ def run_raw(model, steps: list, work: Path, n_seq: int = 1) -> tuple[bool, str]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
                **{ENV_ERROR_LOG: str(log)})
     proc = subprocess.run([sys.executable, __file__, str(model), str(doc), str(work / "out")], capture_output=True,
-                          text=True, errors="replace", timeout=300, env=env)
+                          text=True, errors="replace", env=env)
     if proc.returncode == 0:
         return True, ""
     return False, error_text(log, proc.stderr)[1]

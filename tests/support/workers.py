@@ -22,6 +22,9 @@ from pathlib import Path
 from graphgen.reference.protocol import LineWorker, write_reply, write_start
 
 HERE = Path(__file__).resolve().parent
+# seconds a case may take before its worker counts as hung: the worker waits on a pipe that a
+# deadlocked child never writes; generous, so that a loaded machine's slowness is never a hang
+HANG = 3600
 
 
 def Worker(cmd: list[str], err_path: Path, timeout: float, env: dict | None = None) -> LineWorker:
@@ -45,7 +48,7 @@ class Isolated:
     """graphgen's server: functions called in a child process that an abort cannot take the
     test run down with."""
 
-    def __init__(self, err_path: Path, timeout: float = 600, env: dict | None = None):
+    def __init__(self, err_path: Path, timeout: float = HANG, env: dict | None = None):
         self.worker = Worker([sys.executable, str(Path(__file__).resolve()), "--serve"], err_path, timeout, env)
         self._n = 0
 

@@ -57,7 +57,8 @@ class Browser:
         self.send("Emulation.setDeviceMetricsOverride",
                   {"width": WIDTH, "height": HEIGHT, "deviceScaleFactor": 1, "mobile": False}, page=True)
 
-    def send(self, method: str, params: dict | None = None, page: bool = False, timeout: float = 120):
+    # `timeout`: stops waiting on a Chromium that will never answer; generous for a loaded machine
+    def send(self, method: str, params: dict | None = None, page: bool = False, timeout: float = 3600):
         self._id += 1
         msg = {"id": self._id, "method": method, "params": params or {}}
         if page:
@@ -86,7 +87,7 @@ class Browser:
             raise RuntimeError(f"{expr}: {r['exceptionDetails']}")
         return r["result"].get("value")
 
-    def load(self, url: str, timeout: float = 120) -> float:
+    def load(self, url: str, timeout: float = 3600) -> float:
         """Navigate and wait for the viewer's script to finish; returns the seconds it took."""
         t0 = time.monotonic()
         self.send("Page.navigate", {"url": url}, page=True)
