@@ -13,6 +13,9 @@ Each inject or block step is one graph evaluation. Target features of inject ste
 from __future__ import annotations
 
 import json
+import os
+import re
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,6 +27,8 @@ KV_TYPE_IDS = {"f32": 0, "f16": 1, "q8_0": 8, "q4_0": 2, "q4_1": 3, "q5_0": 6, "
 KV_TYPES = tuple(KV_TYPE_IDS)
 KV_QUANTIZED = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
 FLASH_ATTN = ("off", "on", "auto")
+# the names a dump folder's graphs take (NN-<graph>.json and .npz)
+_DUMP_FILE = re.compile(r"\d{2,}-")
 
 
 class ScenarioError(ValueError):
@@ -111,7 +116,7 @@ class Scenario:
                 with np.load(self.features_path, allow_pickle=False) as z:
                     self._features = {k: z[k] for k in z.files}
             except (OSError, ValueError) as e:
-                raise ScenarioError(f"{self.features_file}: cannot read the recorded features ({e})") from None
+                raise ScenarioError(f"{self.features_path}: cannot read the recorded features ({e})") from None
         key = f"step{step.index}"
         x = self._features.get(key)
         if x is None:
@@ -120,6 +125,24 @@ class Scenario:
             raise ScenarioError(f"{self.features_file}: array '{key}' is {x.dtype} {list(x.shape)}; step "
                                 f"{step.index} takes float32 [{step.n_tokens}, {n_embd_inp}]")
         return x
+
+    def keep_in(self, folder) -> None:
+        """Read the recorded features from a copy in `folder` (the dump folder being written), named
+        there by its file name, and name the target by its absolute path: the dumps record this
+        document, so the folder reruns wherever it is moved (the target GGUF is too large to copy)."""
+        if self.target is not None:
+            self.target = os.path.abspath(self.target_path)
+        if self.features_file is None:
+            return
+        src = Path(self.features_path)
+        name = src.name
+        if _DUMP_FILE.match(name) or name.startswith("."):
+            name = "features.npz"  # not to be taken for, or replaced by, a graph's values
+        try:
+            shutil.copyfile(src, Path(folder) / name)
+        except OSError as e:
+            raise ScenarioError(f"{src}: cannot read the recorded features ({e})") from None
+        self.features_file, self.features_base, self._features = name, str(folder), None
 
     def random_state(self, step: Step, n_tokens: int, n_embd: int) -> np.ndarray:
         rng = np.random.default_rng(self.seed + step.index)
@@ -311,9 +334,15 @@ def load_scenario(path) -> Scenario:
     features paths are read from the folder of the scenario (or of the dump, or the dump's parent)
     that names them."""
     sc = parse_scenario(*_read(path))
-    p = Path(path)
-    sc.features_base = str(p if p.is_dir() else p.parent)
+    sc.features_base = scenario_folder(path)
     return sc
+
+
+def scenario_folder(path) -> str:
+    """The folder a scenario's relative target and features paths are read from: the scenario
+    file's, or the dump folder's (and its parent, `Scenario._resolved`) for a recorded one."""
+    p = Path(path)
+    return str(p if p.is_dir() else p.parent)
 
 
 def default_scenario(block_size: int = 4, mask_token: int = 255, n_prompt: int = 6,

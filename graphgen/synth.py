@@ -265,6 +265,13 @@ def _make_model(path, variant="dflash", backbone="base", *, output: _Output, n_e
         n_embd, n_vocab = info.n_embd, info.n_vocab
         if target_layers is None:
             target_layers = default_target_layers(info.n_layer)
+            # the spread over 1 .. n_layer - 3 repeats a layer (or leaves the range) on a target of
+            # five layers or fewer: a draft reading one layer twice is no default, so say so
+            _check(len(set(target_layers)) == len(target_layers) and
+                   all(0 <= il < info.n_layer for il in target_layers),
+                   f"the target {Path(target).name} has {info.n_layer} layers, too few for the authors' default "
+                   f"spread of {len(target_layers)} target layers ({','.join(map(str, target_layers))}): give "
+                   f"distinct layer-input indices in 0..{info.n_layer - 1} (--target-layers)")
         bad = [il for il in target_layers if not 0 <= int(il) < info.n_layer]
         _check(not bad, f"target layer {bad[0] if bad else 0} is outside the target's layer inputs 0..{info.n_layer - 1}")
         lend = (info, tokenizer_fields(target))

@@ -42,6 +42,10 @@ KNOWN = {
 }
 
 
+# the drafts trained for the known targets, shipped beside the package in the project's tree
+SHIPPED_DRAFTS = Path(__file__).resolve().parents[1] / "drafts"
+
+
 class TargetFetchError(GraphgenError):
     """A known target could not be fetched or did not match its digest."""
 
@@ -95,3 +99,29 @@ def resolve(value) -> Path:
     if isinstance(value, str) and value in KNOWN:
         return fetch(value)
     return Path(value)
+
+
+def resolve_draft(value) -> Path:
+    """A draft GGUF given as a file, a folder holding draft.gguf, or the name of a draft shipped in
+    the project's drafts/ folder (smollm2-dflash)."""
+    p = Path(value)
+    if not p.exists() and len(p.parts) == 1 and (SHIPPED_DRAFTS / p).is_dir():
+        p = SHIPPED_DRAFTS / p
+    if p.is_dir():
+        p = p / "draft.gguf"
+    if not p.is_file():
+        raise FileNotFoundError(f"{value}: no such draft model file")
+    return p
+
+
+def draft_label(value) -> str:
+    """How a -md value is shown in summaries and titles: a shipped draft by its name
+    (smollm2-dflash, however given: name, folder or its draft.gguf), a folder by the folder's name,
+    a file by its file name. Every shipped draft's file is draft.gguf, which names none of them."""
+    p = resolve_draft(value).resolve()
+    shipped = SHIPPED_DRAFTS.resolve()
+    if p.name == "draft.gguf" and p.parent.parent == shipped:
+        return p.parent.name
+    if Path(value).is_dir():
+        return Path(value).resolve().name
+    return p.name

@@ -14,9 +14,14 @@ from .llamaflags import count_arg
 def _cmd_bench(args) -> int:
     from ..bench import ScalePoint, context_scenario, machine_description, multi_seq_scenario, run_bench
     from ..progress import task as progress_task
+    from ..targets import draft_label, resolve_draft
     from .llamaflags import backend_of, model_path, scenario_from_args
 
     model_path(args)
+    # a file, a folder holding draft.gguf, or a shipped draft's name; shown by its name
+    args.draft_label = draft_label(args.model)
+    args.model = str(resolve_draft(args.model))
+    _check_outputs(args)
     args.backend = backend_of(args.backend)
     if args.n_kv and args.scenario:
         raise ValueError("--n-kv builds its own prompts; it cannot be combined with --scenario")
@@ -37,6 +42,7 @@ def _cmd_bench(args) -> int:
                 task.update(f"repetitions {done}/{total}")
             res = run_bench(args.model, sc, repeat=args.repeat, backend=args.backend, engines=args.engines,
                             progress=progress)
+        res.model = args.draft_label  # a shipped draft's file, draft.gguf, names none of them
         results.append(ScalePoint(axis, value, res))
         if not args.json:
             print(f"[{label}] " + res.format_text())
@@ -51,21 +57,50 @@ def _cmd_bench(args) -> int:
         from ..bench import scale_svg
         from ..staging import staged_file
         with staged_file(args.svg) as tmp:
-            tmp.write_text(scale_svg(results, f"{Path(args.model).name}: block step time against context "
+            tmp.write_text(scale_svg(results, f"{args.draft_label}: block step time against context "
                                               "length and sequences"))
     return 0
+
+
+def _is_svg(path: Path) -> bool:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read(256).lstrip().startswith(("<svg", "<?xml"))
+    except OSError:
+        return False
+
+
+def _check_outputs(args) -> None:
+    """--svg and --markdown refused before the runs (minutes), not after them: a folder, a place
+    under a file, and an --svg that would replace a file that is no SVG (unless --force)."""
+    from ..staging import refuse_to_replace
+    for flag, path in (("--svg", args.svg), ("--markdown", args.markdown)):
+        if path is None:
+            continue
+        path = Path(path)
+        if path.is_dir():
+            raise ValueError(f"{flag} {path}: is a folder; give a file name")
+        up = path.parent
+        while not up.exists():
+            up = up.parent
+        if not up.is_dir():
+            raise ValueError(f"{flag} {path}: {up} is a file, not a folder")
+        if flag == "--markdown" and up != path.parent:
+            raise ValueError(f"{flag} {path}: no such folder {path.parent} (the tables are appended to a file)")
+    if args.svg is not None:
+        refuse_to_replace(args.svg, _is_svg, "an SVG file", args.force)
 
 
 def markdown_section(args, results) -> str:
     """A BENCHMARKS.md section for one draft: the command, one table per run, then the scale
     tables when the command swept n_seq or n_kv."""
     from ..bench import PHASES, scale_markdown
-    cmd = (f"graphgen bench {Path(args.model).name} --repeat {args.repeat} --n-seq {','.join(map(str, args.n_seq))}"
+    cmd = (f"graphgen bench {args.draft_label} --repeat {args.repeat} --n-seq {','.join(map(str, args.n_seq))}"
            + (f" --n-kv {','.join(map(str, args.n_kv))}" if args.n_kv else "")
            + (f" --threads {args.threads}" if args.threads else "")
            + "".join(f" --{k.replace('_', '-')} {getattr(args, k)}"
                      for k in ("flash_attn", "type_kv", "type_k", "type_v") if getattr(args, k, None)))
-    out = [f"### {Path(args.model).name}" + (f", KV cache {args.type_kv}" if args.type_kv else ""), "", f"`{cmd}`", ""]
+    out = [f"### {args.draft_label}" + (f", KV cache {args.type_kv}" if args.type_kv else ""), "", f"`{cmd}`", ""]
 
     def ms(v):
         return f"{v * 1e3:.3f}" if v is not None else "-"
@@ -162,6 +197,8 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true", help="print the figures as JSON on stdout instead of tables")
     p.add_argument("--markdown", help="append the tables to this Markdown file")
     p.add_argument("--svg", help="write a plot of the block step against n_seq and n_kv (SVG)")
+    p.add_argument("--force", action="store_true", help="replace --svg even when it is not an SVG file "
+                                                        "(default: refused)")
     p.set_defaults(fn=_cmd_bench)
     from .mmapflag import add_mmap_flag
     add_mmap_flag(p)  # --no-mmap

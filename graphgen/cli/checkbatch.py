@@ -12,9 +12,11 @@ def _cmd_check_batch(args) -> int:
     from ..checkbatch import DEFAULT_N_SEQ, ENGINES, THOROUGH_N_SEQ, check_batch, parse_n_seq
     from ..errors import GraphgenError
     from ..progress import task as progress_task
+    from ..targets import draft_label, resolve_draft
     from .llamaflags import model_path, resolve_fa
 
-    model_path(args)
+    given = model_path(args)
+    args.model = str(resolve_draft(given))  # a file, a folder holding draft.gguf, or a shipped draft's name
     if args.n_seq is not None and args.thorough:
         raise GraphgenError("--thorough is --n-seq " + ",".join(map(str, THOROUGH_N_SEQ)) + ": give one of them")
     n_seqs = (parse_n_seq(args.n_seq) if args.n_seq is not None else
@@ -24,10 +26,11 @@ def _cmd_check_batch(args) -> int:
     engines = ENGINES if args.engine == "both" else (args.engine,)
     # llama.cpp caps the micro-batch at the logical batch
     n_ubatch = args.n_ubatch if args.n_batch is None else min(args.n_batch, args.n_ubatch or args.n_batch)
-    with progress_task(f"check-batch {args.model}", every_step=True) as task:
+    with progress_task(f"check-batch {given}", every_step=True) as task:
         report = check_batch(args.model, n_seqs=n_seqs, block=args.block, prompt=args.prompt, flash_attn=fa,
                              type_k=type_k, type_v=type_v, engines=engines, seed=args.seed, progress=task.update,
                              n_ctx=args.n_ctx, n_ubatch=n_ubatch, n_threads=args.threads or 1, fail_on=args.fail_on)
+    report.model = draft_label(given)  # draft.gguf, a shipped draft's file, names none of them
     if args.json:
         json.dump(report.to_dict(), sys.stdout, indent=1)
         print()

@@ -38,9 +38,15 @@ def _cmd_dump(args) -> int:
                             ("--target-seed", args.target_seed)) if v is not None]
     if given:
         raise ValueError(f"{given[0]} applies to a run on a real target: give -m TARGET -md DRAFT")
-    if not Path(model).is_file():
-        raise FileNotFoundError(f"{model}: no such model file")
+    # a file, a folder holding draft.gguf, or a shipped draft's name
+    from ..targets import draft_label, resolve_draft
+    label = draft_label(model)
+    model = args.model = str(resolve_draft(model))
     sc = scenario_from_args(args, model)
+    if args.scenario:
+        # the document was read again: its relative paths are still the scenario's folder's, not the cwd's
+        from ..scenario import scenario_folder
+        sc.features_base = scenario_folder(args.scenario)
     apply_to_scenario(args, sc)
     if args.target is not None:
         # the target GGUF lending a draft without them its embeddings and lm head (ctx_other)
@@ -49,32 +55,33 @@ def _cmd_dump(args) -> int:
         if not lender.is_file():
             raise FileNotFoundError(f"{lender}: no such target model file (--target)")
         sc.target = str(lender.resolve())
-    # the reference reads a scenario file: given the file unchanged, that one; else the one the
-    # flags made
     from ..scenario import load_scenario
-    retyped = not args.scenario or sc.to_dict() != load_scenario(args.scenario).to_dict()
     if args.engine == "llama.cpp" and args.backend != "cpu":
         raise ValueError("the llama.cpp reference runs on the CPU; drop -dev/--backend or use --engine graphgen")
     out = Path(args.out)
     # the dumps land in OUT only when every graph is done: a failed or interrupted run leaves
     # OUT as it was
     with staged_dump_dir(out) as tmp:
+        # OUT keeps a copy of the recorded features the dumps' scenario names, to rerun from anywhere
+        sc.keep_in(tmp)
         if args.engine == "llama.cpp":
             from ..reference.runner import run_reference
             scenario_path = args.scenario
-            if retyped:  # the reference reads a scenario file: give it the one the flags made
+            # the reference reads a scenario file: given the file unchanged, that one; else the one
+            # the flags made, beside the features copy it names
+            if not args.scenario or sc.to_dict() != load_scenario(args.scenario).to_dict():
                 scenario_path = tmp / ".scenario.json"
-                scenario_path.write_text(json.dumps(sc.to_dict(copy=True)))
+                scenario_path.write_text(json.dumps(sc.to_dict()))
             # the dumps name the user's file (or dump), as graphgen's engine does, not this copy
             paths = run_reference(model, scenario_path, tmp, args.max_data, announce_dir=out,
                                   recorded_as=args.scenario)
-            if retyped:
+            if scenario_path != args.scenario:
                 scenario_path.unlink()
         else:
             from ..engine import run_scenario
             n = len([s for s in sc.steps if s.kind != "seq_rm"])
             done = [0]
-            with progress.task(f"dump {Path(args.model).name}") as task:
+            with progress.task(f"dump {label}") as task:
                 def on_step(step):
                     if step.kind != "seq_rm":
                         done[0] += 1
@@ -93,23 +100,22 @@ def _dump_on_target(args) -> int:
     """-m TARGET -md DRAFT: the speculative loop on the real target is recorded as a scenario (with
     the target's features), then replayed by the chosen engine, dumping every draft graph."""
     from ..staging import staged_dump_dir
-    from ..targets import resolve
-    from .generate import record_run
+    from ..targets import draft_label, resolve, resolve_draft
     from .llamaflags import backend_of
     if args.scenario:
         raise ValueError("-md records its own scenario on the target; drop --scenario")
     if args.n_predict is None:
         args.n_predict = 16
-    target, draft = resolve(args.model), Path(args.model_draft)
-    for what, p in (("target", target), ("draft", draft)):
-        if not p.is_file():
-            raise FileNotFoundError(f"{p}: no such {what} model file")
+    target = resolve(args.model)
+    if not target.is_file():
+        raise FileNotFoundError(f"{target}: no such target model file")
+    draft, label = resolve_draft(args.model_draft), draft_label(args.model_draft)
     out = Path(args.out)
     with staged_dump_dir(out) as tmp:
         from .. import progress
-        with progress.task(f"dump {draft.name} on {target.name}") as task:
+        with progress.task(f"dump {label} on {target.name}") as task:
             task.update("drafting on the target")
-            scenario_path = record_run(args, target, draft, tmp)
+            scenario_path = _record(args, target, draft, label, tmp)
             task.update("replaying the draft's graphs")
             from ..scenario import load_scenario
             sc = load_scenario(scenario_path)
@@ -122,9 +128,20 @@ def _dump_on_target(args) -> int:
                 paths = [p for _, _, p in run_scenario(draft, sc, tmp, args.max_data, backend=backend_of(args.backend),
                                                        scenario_path=None)]
     n = len(paths)
-    print(f"{out}: {n} graphs of {draft.name} on the features of {target.name} (the scenario: "
+    print(f"{out}: {n} graphs of {label} on the features of {target.name} (the scenario: "
           f"{out / scenario_path.name}; rerun it: graphgen dump {draft} --scenario {out} --engine ENGINE --out DIR)")
     return 0
+
+
+def _record(args, target, draft, label, folder):
+    """record_run, with the pair check's lines naming the draft as the user gave it."""
+    from ..errors import PairError
+    from .generate import record_run
+    from .model import relabel_pair
+    try:
+        return record_run(args, target, draft, folder)
+    except PairError as e:
+        raise PairError(relabel_pair(e.problems, target, draft, label)) from None
 
 
 # ---- diff -------------------------------------------------------------------------------------
@@ -282,34 +299,50 @@ def _cmd_diff(args) -> int:
 def _diff_on_target(args) -> int:
     """-m TARGET -md DRAFT: record the loop on the target once, replay its draft graphs in b11739 and in
     graphgen, and diff them (the dumps go to --keep DIR, else a temporary folder)."""
+    import contextlib
+    import shutil
     import tempfile
 
     from ..engine import run_scenario
-    from ..reference.runner import run_reference
+    from ..reference.runner import STDERR_LOG, run_reference
     from ..scenario import load_scenario
-    from ..targets import resolve
-    from .generate import record_run
+    from ..staging import staged_dump_dir
+    from ..targets import draft_label, resolve, resolve_draft
     if args.target_model is None or args.model_draft is None:
         raise ValueError("a diff on a target takes both -m TARGET and -md DRAFT")
     if args.ref is not None or args.ours is not None:
         raise ValueError("-m/-md make both dumps; give no REF/OURS")
-    target, draft = resolve(args.target_model), Path(args.model_draft)
-    for what, p in (("target", target), ("draft", draft)):
-        if not p.is_file():
-            raise FileNotFoundError(f"{p}: no such {what} model file")
+    target = resolve(args.target_model)
+    if not target.is_file():
+        raise FileNotFoundError(f"{target}: no such target model file")
+    draft = resolve_draft(args.model_draft)
     for k, v in (("n_parallel", None), ("n_ubatch", None), ("n_ctx", None), ("threads", None),
                  ("flash_attn", None), ("type_k", None), ("type_v", None), ("type_kv", None)):
         setattr(args, k, getattr(args, k, v))
     keep = Path(args.keep) if args.keep else None
-    with tempfile.TemporaryDirectory(prefix="graphgen-diff-") as td:
-        root = keep if keep is not None else Path(td)
-        (root / "ours").mkdir(parents=True, exist_ok=True)
-        scenario_path = record_run(args, target, draft, root / "ours")
+    with contextlib.ExitStack() as stack:
+        # --keep DIR: DIR/ref and DIR/ours are checked before anything runs (a file, or a folder of
+        # other NN-*.json, is refused) and filled only once both engines are done, as dump --out
+        staged = [Path(stack.enter_context(staged_dump_dir(keep / side))) for side in ("ref", "ours")] \
+            if keep is not None else None
+        root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="graphgen-diff-")))
+        (root / "ours").mkdir()
+        scenario_path = _record(args, target, draft, draft_label(args.model_draft), root / "ours")
         sc = load_scenario(scenario_path)
         run_scenario(draft, sc, root / "ours", args.max_data)
-        run_reference(draft, scenario_path, root / "ref", args.max_data, recorded_as=None)
-        args.ref, args.ours = str(root / "ref"), str(root / "ours")
-        return run_diff(args)
+        # llama.cpp's stderr is kept beside kept dumps, and named there; without --keep it would
+        # go with the temporary folder (a failure's error carries it all the same)
+        run_reference(draft, scenario_path, root / "ref", args.max_data, recorded_as=None,
+                      stderr_log=STDERR_LOG if keep is not None else None,
+                      announce_dir=keep / "ref" if keep is not None else None)
+        if keep is None:
+            args.ref, args.ours = str(root / "ref"), str(root / "ours")
+            return run_diff(args)
+        for side, dest in zip(("ref", "ours"), staged):
+            for f in (root / side).iterdir():
+                shutil.move(f, dest / f.name)
+    args.ref, args.ours = str(keep / "ref"), str(keep / "ours")
+    return run_diff(args)
 
 
 def register(sub) -> None:
@@ -318,7 +351,8 @@ def register(sub) -> None:
     add_model(p, "a draft GGUF; with --engine torch a checkpoint folder in its authors' format; with -md the "
                  "target GGUF (or smollm2)")
     add_context_flags(p)
-    add_pair_flags(p, draft_help="the draft, run on the real target -m: the speculative loop is recorded (the "
+    add_pair_flags(p, draft_help="the draft (a GGUF, a folder holding draft.gguf, or a shipped draft's name: "
+                                 "smollm2-dflash), run on the real target -m: the speculative loop is recorded (the "
                                  "target's features, every block) and its draft graphs dumped",
                    prompt_help="with -md: prompt text, tokenized by the target (repeat for the sequences of -np)",
                    file_help="with -md: read the prompt text from FILE")
@@ -346,12 +380,14 @@ def register(sub) -> None:
     add_diff_args(p)
     g = p.add_argument_group("a draft on a real target (instead of REF OURS)")
     g.add_argument("-m", "--model", dest="target_model", metavar="TARGET", help="the target GGUF (or smollm2)")
-    add_pair_flags(g, draft_help="the draft GGUF", prompt_help="prompt text",
+    add_pair_flags(g, draft_help="the draft GGUF (or a folder holding draft.gguf, or a shipped draft's name: "
+                                 "smollm2-dflash)", prompt_help="prompt text",
                    file_help="read the prompt text from FILE")
     g.add_argument("-n", "--n-predict", dest="n_predict", type=count_arg(1), default=16, metavar="N",
                    help="tokens to generate (default 16)")
     g.add_argument("--temp", type=float, default=None, help="the target's temperature (default 0: greedy)")
     g.add_argument("--target-seed", type=int, default=None, help="the target sampler's seed (default 0)")
     g.add_argument("--max-data", type=int, default=262144, help="store values of nodes up to this many elements")
-    g.add_argument("--keep", metavar="DIR", help="keep the two dumps in DIR/ref and DIR/ours (default: discarded)")
+    g.add_argument("--keep", metavar="DIR", help="keep the two dumps in DIR/ref and DIR/ours, with llama.cpp's stderr "
+                                                 "in DIR/ref/llama.cpp.log (default: discarded)")
     p.set_defaults(fn=_cmd_diff)

@@ -245,18 +245,25 @@ def _cmd_info(args) -> int:
     from ..models.loader import BaseHParams
     from ..ops.runtime import activate
     from ..runtime.model import load
-    if args.model is not None and args.model_draft is not None and args.model != args.model_draft:
+    from ..targets import draft_label, resolve_draft
+    if args.model is not None and args.model_draft is not None and \
+            _draft_or_given(args.model).resolve() != _draft_or_given(args.model_draft).resolve():
         raise ValueError(f"two drafts given ({args.model} and -md {args.model_draft}): give one")
-    args.model = args.model if args.model is not None else args.model_draft
+    given = args.model if args.model is not None else args.model_draft
     if args.model_flag is not None:
-        return _info_target(args) if args.model is None else _info_pair(args)
-    if args.model is None:
+        return _info_target(args) if given is None else _info_pair(args, given)
+    if given is None:
         raise ValueError("nothing to show: give a draft (MODEL or -md DRAFT), a target (-m TARGET), or both")
-    if Path(args.model).is_dir():
+    folder = Path(given)
+    # MODEL may be the authors' checkpoint folder (a shipped draft's folder is one too); -md is
+    # llama.cpp's draft GGUF, as is a folder holding only draft.gguf
+    if folder.is_dir() and args.model_draft is None and \
+            ((folder / "config.json").exists() or not (folder / "draft.gguf").is_file()):
+        args.model = given
         return _info_checkpoint(args)
-    if not Path(args.model).exists():
-        raise ValueError(f"{args.model}: no such file or folder")
-    m = load(args.model)
+    if args.model_draft is None and not folder.exists() and _draft_or_given(given) == folder:
+        raise ValueError(f"{given}: no such file or folder")  # as convert and dump say of a checkpoint
+    m = load(resolve_draft(given))
     hp = m.hparams
     rt = activate()
     # the fields every draft has first, then those its heads and backbones declare
@@ -285,8 +292,26 @@ def _cmd_info(args) -> int:
         print(f"  {name:40s} {typ:5s} {shape}")
     if m.borrows:
         print(f"borrows   {', '.join(m.borrows)} from its target (llama.cpp's ctx_other): run it as "
-              f"-m TARGET.gguf -md {m.path.name}")
+              f"-m TARGET.gguf -md {draft_label(given)}")
     return 0
+
+
+def _draft_or_given(value) -> Path:
+    """-md's value as the draft GGUF it names (a file, a folder holding draft.gguf, a shipped draft's
+    name); one that names none as the path it is, for the check that reads it to name."""
+    from ..targets import resolve_draft
+    try:
+        return resolve_draft(value)
+    except FileNotFoundError:
+        return Path(value)
+
+
+def relabel_pair(problems: list[str], target, draft, label: str) -> list[str]:
+    """The pair check's lines naming the draft as the user knows it: a shipped draft's file is
+    draft.gguf, which names none of them."""
+    from ..pair import pair_label
+    said, shown = pair_label(target, draft), pair_label(target, Path(label))
+    return [shown + p[len(said):] if p.startswith(said) else p for p in problems]
 
 
 def _target_fields(t) -> dict:
@@ -317,13 +342,14 @@ def _info_target(args) -> int:
     return 0
 
 
-def _info_pair(args) -> int:
+def _info_pair(args, given) -> int:
     """-m TARGET -md DRAFT: what the pair is, then `pair: OK` or each problem as an error line (exit 2)."""
     from ..errors import GGUFModelError
     from ..pair import check_pair, draft_info, pair_label, target_info
     from ..runtime.model import load
-    from ..targets import resolve
-    target, draft = resolve(args.model_flag), Path(args.model)
+    from ..targets import draft_label, resolve
+    target, draft = resolve(args.model_flag), _draft_or_given(given)
+    label = draft_label(given) if draft.is_file() else str(given)
     problems = check_pair(target, draft)
     t = d = None
     try:
@@ -337,6 +363,7 @@ def _info_pair(args) -> int:
             load(draft, target=target).close()
         except GGUFModelError as e:
             problems.append(f"{pair_label(target, draft)}: the draft: {e}")
+    problems = relabel_pair(problems, target, draft, label)
     if args.json:
         out = {"ok": not problems, "problems": problems, "target": _target_fields(t) if t else None, "draft": None}
         if d is not None:
@@ -402,12 +429,14 @@ def register(sub) -> None:
     p = sub.add_parser("info", help="print variant, backbone, hparams and tensors of a draft; with -m TARGET "
                                     "-md DRAFT, check that the two run together")
     p.add_argument("model", metavar="MODEL", nargs="?", default=None,
-                   help="a draft GGUF file, or a checkpoint folder in its authors' format (or -md)")
+                   help="a draft GGUF file, a shipped draft's name (smollm2-dflash), or a checkpoint folder in its "
+                        "authors' format (or -md)")
     p.add_argument("-m", "--model", dest="model_flag", metavar="TARGET", default=None,
                    help="the target model GGUF, as llama.cpp's -m (or a known target: smollm2); alone, what a "
                         "draft needs of it; with -md, check the pair: exit 0 and 'pair: OK', or exit 2 and one "
                         "error line per problem")
     p.add_argument("-md", "--model-draft", dest="model_draft", metavar="DRAFT", default=None,
-                   help="the draft GGUF, as llama.cpp's -md (instead of MODEL)")
+                   help="the draft GGUF, as llama.cpp's -md (instead of MODEL): a file, a folder holding draft.gguf, "
+                        "or a shipped draft's name (smollm2-dflash)")
     p.add_argument("--json", action="store_true", help="print it as JSON")
     p.set_defaults(fn=_cmd_info)

@@ -235,10 +235,10 @@ def _cmd_trace(args) -> int:
             re.compile(p)
         except re.error as e:
             raise ValueError(f"bad --filter regex {p!r}: {e}") from None
-    model = model_path(args)
+    from ..targets import resolve_draft
+    # a file, a folder holding draft.gguf, or a shipped draft's name
+    model = args.model = str(resolve_draft(model_path(args)))
     args.backend = backend_of(args.backend)
-    if not Path(model).is_file():
-        raise FileNotFoundError(f"{model}: no such model file")
     sc = scenario_from_args(args, model)
     apply_to_scenario(args, sc)
     if args.dump is None:

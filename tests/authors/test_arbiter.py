@@ -1,10 +1,11 @@
 """graphgen check's float64 arbiter: who is blamed when the authors' model and llama.cpp part.
 
 The rules on hand-made distances (a side is blamed only when it is farther from exact than the
-other's rounding explains; bands from depth and cache type; near ties in argmax excused only where
-the authors' f32 misses too), then live checks: a deep draft where the authors' own f32 forward
-is the one that drifts, a sliding-window checkpoint that gets a verdict from its default scenario,
-and output settings b11739 applies to DFlash2 as the authors do.
+other's rounding explains; bands from depth and cache type, the coarser of the two caches setting
+the unit; near ties in argmax excused only where the authors' f32 misses too), which need no
+torch, then live checks (the graphgen[torch] extra): a deep draft where the authors' own f32
+forward is the one that drifts, a sliding-window checkpoint that gets a verdict from its default
+scenario, and output settings b11739 applies to DFlash2 as the authors do.
 """
 
 from __future__ import annotations
@@ -15,11 +16,15 @@ import numpy as np
 import pytest
 
 from authors_util import require_extra
+from graphgen.authors.arbiter import GROWTH, RATIO, UNIT, Arbitration, Judged, floor_band, node_depth
+from graphgen.authors.checkpoint import HFSpec, make_hf
+from graphgen.cli.authors import _cache_of
+from graphgen.scenario import parse_scenario
 
-require_extra()
 
-from graphgen.authors.arbiter import GROWTH, RATIO, UNIT, Arbitration, Judged, floor_band, node_depth  # noqa: E402
-from graphgen.authors.checkpoint import HFSpec, make_hf  # noqa: E402
+@pytest.fixture
+def extra():
+    require_extra()
 
 
 def test_depth_of_a_node():
@@ -34,6 +39,26 @@ def test_floor_grows_with_depth_and_the_cache_unit():
     assert floor_band("f16", 1) == 2.0 ** -11 * 64 * 2
     with pytest.raises(ValueError, match="q8_0 cache"):
         floor_band("q8_0", 1)
+
+
+def _scenario(type_k, type_v):
+    return parse_scenario({"type_k": type_k, "type_v": type_v, "flash_attn": "on",
+                           "steps": [{"inject": {"n_tokens": 2}}]})
+
+
+# the unit follows the coarser rounding of the two caches: f32's only when both hold f32
+@pytest.mark.parametrize("type_k, type_v, unit", [("f32", "f32", "f32"), ("f32", "f16", "f16"),
+                                                  ("f16", "f32", "f16"), ("f16", "f16", "f16")])
+def test_the_coarser_cache_sets_the_unit(type_k, type_v, unit):
+    assert _cache_of(_scenario(type_k, type_v)) == unit
+    # an f16 unit is 2^13 times the f32 one: a mixed cache judged with f32's would blame f16 rounding
+    assert floor_band(_cache_of(_scenario(type_k, type_v)), 1) == {"f32": 2.0 ** -24, "f16": 2.0 ** -11}[unit] * 64 * 2
+
+
+@pytest.mark.parametrize("type_k, type_v", [("q8_0", "f16"), ("f32", "q8_0"), ("q4_0", "q4_0")])
+def test_a_quantized_cache_is_not_arbitrated(type_k, type_v):
+    with pytest.raises(ValueError, match="q[48]_0.*arbitrates f32 and f16 caches"):
+        _cache_of(_scenario(type_k, type_v))
 
 
 def judged(e_a, e_l, depth=1, cache="f32"):
@@ -91,6 +116,7 @@ def _check(hf, capsys, *extra):
     return code, json.loads(capsys.readouterr().out)
 
 
+@pytest.mark.usefixtures("extra")
 def test_sliding_window_checkpoint_gets_a_verdict(tmp_path, capsys):
     """The default scenario's second round needs a crop the authors' sliding cache cannot make:
     check runs the first round in all three engines, says so, and reports the known departure."""
@@ -108,6 +134,7 @@ def test_sliding_window_checkpoint_gets_a_verdict(tmp_path, capsys):
     assert code == 0 and doc["scenario_cut"] and doc["arbiter"]["agree"], doc["verdict"]
 
 
+@pytest.mark.usefixtures("extra")
 def test_dflash2_output_settings_agree(tmp_path, capsys):
     """z-lab's compute_logits scales and soft-caps the logits the selector reads; b11739 does the
     same for DFlash2, and scales the block's embeddings for every head."""
@@ -120,6 +147,7 @@ def test_dflash2_output_settings_agree(tmp_path, capsys):
     assert "result_output" in nodes and "inp_noise_embd" in nodes
 
 
+@pytest.mark.usefixtures("extra")
 def test_deep_draft_where_the_authors_f32_is_farther(tmp_path, capsys):
     """A four-layer DFlash2 with wide activations: both f32 forwards land well away from exact;
     the verdict follows the distances to the arbiter, not a fixed band between the two."""

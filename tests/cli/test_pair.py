@@ -306,3 +306,76 @@ def test_make_model_target_that_is_none(capsys, good, tmp_path):
     out = tmp_path / "d.gguf"
     code, _, err = run(capsys, "make-model", out, "--target", good)
     assert code == 2 and "is a DFlash draft" in err and "general.architecture" in err and not out.exists()
+
+
+# --- shallow targets, and a shipped draft named as the user gave it
+
+def shallow_target(path, n_layer, n_vocab=256, n_embd=64):
+    """A loadable target of n_layer layers: a small BPE vocabulary and an f32 token_embd.weight."""
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_uint32("llama.embedding_length", n_embd)
+    w.add_uint32("llama.block_count", n_layer)
+    w.add_uint32("llama.attention.head_count", 4)
+    w.add_uint32("llama.feed_forward_length", 128)
+    w.add_string("tokenizer.ggml.model", "gpt2")
+    w.add_array("tokenizer.ggml.tokens", [f"t{i}" for i in range(n_vocab)])
+    w.add_array("tokenizer.ggml.token_type", [1] * (n_vocab - 1) + [3])
+    w.add_array("tokenizer.ggml.merges", ["t 0"])
+    w.add_uint32("tokenizer.ggml.bos_token_id", 1)
+    w.add_uint32("tokenizer.ggml.eos_token_id", 2)
+    w.add_tensor("token_embd.weight", np.random.default_rng(0).standard_normal((n_vocab, n_embd)).astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.mark.parametrize("n_layer, spread", [(2, "2,1,0"), (3, "2,1,1"), (4, "2,2,2"), (5, "2,3,3")])
+def test_make_model_for_a_shallow_target_asks_for_its_layers(capsys, tmp_path, n_layer, spread):
+    """The authors' spread over 1 .. n_layer - 3 repeats a layer (or leaves the range) on a target of
+    five layers or fewer: refused naming the layer count and --target-layers, the user's file kept."""
+    t = shallow_target(tmp_path / f"t{n_layer}.gguf", n_layer)
+    out = tmp_path / "d.gguf"
+    out.write_bytes(b"GGUF earlier draft")
+    code, text, err = run(capsys, "make-model", out, "--target", t, "--layers", "1")
+    lines = err.strip().splitlines()
+    assert code == 2 and text == "" and len(lines) == 1, err
+    for w in (f"the target {t.name} has {n_layer} layers", f"({spread})", f"0..{n_layer - 1}", "--target-layers"):
+        assert w in lines[0], lines[0]
+    assert out.read_bytes() == b"GGUF earlier draft"
+    # given, the layers are the user's, a repeated one included
+    for layers in ("1", "0,1") + (("2,2", "1,2,3") if n_layer >= 4 else ()):
+        code, text, err = run(capsys, "make-model", out, "--target", t, "--layers", "1", "--target-layers", layers)
+        assert code == 0 and f"target layers {layers}," in text, err
+        assert field_value(open_reader(out), "dflash.target_layers") == [int(x) for x in layers.split(",")]
+
+
+def test_make_model_for_a_target_of_six_layers_spreads_them(capsys, tmp_path):
+    t = shallow_target(tmp_path / "t6.gguf", 6)
+    code, text, err = run(capsys, "make-model", tmp_path / "d.gguf", "--target", t, "--layers", "1")
+    assert code == 0 and "target layers 2,3,4," in text, err
+
+
+SHIPPED = Path(__file__).resolve().parents[2] / "drafts"
+
+
+@pytest.mark.parametrize("given", ["smollm2-dflash", "folder"])
+def test_the_pair_check_names_a_shipped_draft_as_given(capsys, tmp_path, given):
+    """Its file is draft.gguf, which names none of the shipped drafts: info's and dump's lines name the
+    draft by its name (a shipped one) or its folder's."""
+    t = shallow_target(tmp_path / "t4.gguf", 4)
+    if given == "folder":
+        folder = tmp_path / "mine"
+        folder.mkdir()
+        (folder / "draft.gguf").write_bytes((SHIPPED / "smollm2-dflash" / "draft.gguf").read_bytes())
+        given, name = folder, "mine"
+    else:
+        name = given
+    for args in (["info", "-m", t, "-md", given], ["dump", "-m", t, "-md", given, "-p", "x", "--out", tmp_path / "o"]):
+        code, _, err = run(capsys, *args)
+        lines = err.strip().splitlines()
+        assert code == 2 and len(lines) >= 3, err
+        assert all(ln.startswith(f"graphgen: error: target t4.gguf + draft {name}: ") for ln in lines), err
+        assert "draft.gguf" not in err and any("target layer 15" in ln for ln in lines), err
+    assert not (tmp_path / "o").exists()

@@ -290,3 +290,33 @@ def test_variants_are_the_registered_heads():
     assert set(VARIANTS) == set(HEADS)
     owned = {name for h in HEADS.values() for name in h.synth_options}
     assert owned and all(_options()[name][1] for name in owned)
+
+
+def _target_keys(path, n_layer):
+    """A target as make_model reads it (keys only): width, depth, a small vocabulary."""
+    from gguf import GGUFWriter
+    w = GGUFWriter(str(path), "llama")
+    w.add_uint32("llama.embedding_length", 64)
+    w.add_uint32("llama.block_count", n_layer)
+    w.add_array("tokenizer.ggml.tokens", [f"t{i}" for i in range(256)])
+    w.add_array("tokenizer.ggml.token_type", [1] * 255 + [3])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_a_target_too_shallow_for_the_default_layers_needs_them_given(tmp_path):
+    """The authors' spread of three layers repeats one on a target of five layers or fewer: a draft
+    reading one layer twice is no default, so make_model asks for target_layers; given, they stand."""
+    for n_layer, spread in ((3, "2,1,1"), (4, "2,2,2"), (5, "2,3,3")):
+        t = _target_keys(tmp_path / f"t{n_layer}.gguf", n_layer)
+        with pytest.raises(ValueError, match=rf"t{n_layer}\.gguf has {n_layer} layers.*\({spread}\).*"
+                                             rf"0\.\.{n_layer - 1} \(--target-layers\)"):
+            make_model(tmp_path / "x.gguf", target=t, n_layer=1)
+        assert not (tmp_path / "x.gguf").exists()
+    s = make_model(tmp_path / "x.gguf", target=_target_keys(tmp_path / "t4.gguf", 4), n_layer=1, target_layers=[3, 3])
+    assert s["keys"]["dflash.target_layers"] == [3, 3]
+    s = make_model(tmp_path / "y.gguf", target=_target_keys(tmp_path / "t6.gguf", 6), n_layer=1)
+    assert s["keys"]["dflash.target_layers"] == [2, 3, 4]

@@ -36,12 +36,12 @@ EXPECTED = {"n_ctx": 512, "n_ubatch": 32, "flash_attn": "on", "type_k": "q8_0", 
                 _block(44)]}
 
 
-def run(*args, timeout=300):
-    return subprocess.run(CLI + [str(a) for a in args], capture_output=True, text=True, timeout=timeout)
+def run(*args, cwd=None):
+    return subprocess.run(CLI + [str(a) for a in args], capture_output=True, text=True, cwd=cwd)
 
 
-def ok(*args):
-    p = run(*args)
+def ok(*args, cwd=None):
+    p = run(*args, cwd=cwd)
     assert p.returncode == 0, p.stderr
     return p
 
@@ -67,13 +67,13 @@ def _docs(folder):
     return [json.loads(p.read_text()) for p in sorted(folder.glob("[0-9][0-9]-*.json"))]
 
 
-def assert_bit_identical(a, b):
+def assert_bit_identical(a, b, graphs=("inject",) * 4 + ("block",) + ("inject",) * 2 + ("block",)):
     """graphgen diff says IDENTICAL, and every node's digest and stored values agree byte for byte."""
     p = run("diff", a, b)
     assert p.returncode == 0, p.stdout[-2000:]
-    assert "8 graphs compared, 0 diverged" in p.stdout
+    assert f"{len(graphs)} graphs compared, 0 diverged" in p.stdout
     da, db = _docs(a), _docs(b)
-    assert [d["graph"] for d in da] == [d["graph"] for d in db] == ["inject"] * 4 + ["block"] + ["inject"] * 2 + ["block"]
+    assert [d["graph"] for d in da] == [d["graph"] for d in db] == list(graphs)
     for x, y in zip(da, db):
         assert [(n["name"], n["op"], n["digest"]) for n in x["nodes"]] == \
                [(n["name"], n["op"], n["digest"]) for n in y["nodes"]]
@@ -219,3 +219,118 @@ def test_rerun_in_llama_cpp(model, tmp_path):
     # and graphgen's engine, rerunning llama.cpp's dump, computes the same graphs
     ok("dump", "-m", model, "--scenario-from", tmp_path / "A", "--out", tmp_path / "G")
     assert_bit_identical(tmp_path / "A", tmp_path / "G")
+
+
+# ---- a recorded run: injects read the target's features from an .npz the scenario names ---------
+
+RECORDED = {"n_ctx": 64, "n_ubatch": 16, "features": "data/feats.npz", "steps": [
+    {"inject": {"n_tokens": 6, "pos0": 0}}, {"block": {"tokens": [7, MASK, MASK, MASK], "pos0": 6}},
+    {"seq_rm": {"seq": -1, "p0": 6, "p1": -1}},
+    {"inject": {"n_tokens": 4, "pos0": 6}}, {"block": {"tokens": [8, MASK, MASK, MASK], "pos0": 10}}]}
+RECORDED_GRAPHS = ("inject", "block", "inject", "block")
+
+
+def write_features(model, path, seed=11):
+    import gguf
+    fc = next(np.asarray(t.data) for t in gguf.GGUFReader(str(model)).tensors if t.name == "fc.weight")
+    rng = np.random.default_rng(seed)
+    feats = {f"step{i}": rng.standard_normal((s["inject"]["n_tokens"], fc.shape[-1]), dtype=np.float32)
+             for i, s in enumerate(RECORDED["steps"]) if "inject" in s}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(path, **feats)
+    return feats, fc.reshape(-1, fc.shape[-1])
+
+
+@pytest.fixture(scope="module")
+def recorded(model, tmp_path_factory):
+    """The recorded scenario in rec/ (its features in rec/data/), dumped by graphgen from rec/
+    itself (the one folder a relative features path was always found from) into orig/."""
+    tmp = tmp_path_factory.mktemp("recorded")
+    feats, fc = write_features(model, tmp / "rec" / "data" / "feats.npz")
+    (tmp / "rec" / "s.json").write_text(json.dumps(RECORDED))
+    ok("dump", "-m", model, "--scenario", "s.json", "--out", tmp / "orig", cwd=tmp / "rec")
+    # the injects multiplied the recorded rows, not the ones drawn from the seed
+    for name, key in (("00-inject", "step0"), ("02-inject", "step3")):
+        with np.load(tmp / "orig" / f"{name}.npz") as v:
+            np.testing.assert_allclose(v["n0"].reshape(len(feats[key]), -1), feats[key] @ fc.T, rtol=1e-4, atol=1e-4)
+    return tmp
+
+
+def relative(p, cwd):
+    import os
+    return os.path.relpath(p, cwd)
+
+
+@pytest.mark.parametrize("engine", ["graphgen", pytest.param("llama.cpp", marks=pytest.mark.reference)])
+def test_a_recorded_run_replays_from_any_folder(recorded, model, engine, tmp_path):
+    import shutil
+    # the dump folder holds a copy of the features its scenario names: moved, it still replays
+    moved = tmp_path / "moved"
+    shutil.copytree(recorded / "orig", moved)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+
+    def replay(out, *how):
+        ok("dump", "-m", relative(model, elsewhere), *how, "--engine", engine, "--out", out, cwd=elsewhere)
+        assert_bit_identical(recorded / "orig", elsewhere / out, RECORDED_GRAPHS)
+        # the new folder names the copy it holds beside its graphs
+        assert all(d["scenario"]["doc"]["features"] == "feats.npz" for d in _docs(elsewhere / out))
+        assert (elsewhere / out / "feats.npz").read_bytes() == (recorded / "rec" / "data" / "feats.npz").read_bytes()
+
+    replay("file", "--scenario", relative(recorded / "rec" / "s.json", elsewhere))
+    replay("from-dir", "--scenario-from", relative(moved, elsewhere))
+    replay("from-file", "--scenario-from", relative(moved / "03-block.json", elsewhere))
+    replay("dir-as-scenario", "--scenario", relative(moved, elsewhere))  # what `dump -m -md` says to rerun
+    # a flag over the recorded scenario: llama.cpp reads the scenario the flags made (the seed
+    # draws no feature here: every inject's are recorded)
+    replay("seeded", "--scenario-from", relative(moved, elsewhere), "--seed", 5)
+    # a folder written by a replay replays in turn, moved too
+    shutil.move(elsewhere / "from-dir", tmp_path / "again")
+    replay("chained", "--scenario-from", relative(tmp_path / "again", elsewhere))
+
+
+def test_features_named_like_a_graph_are_kept_apart(model, tmp_path):
+    """A copy named 00-inject.npz would be taken for (and overwritten by) the first graph's values."""
+    write_features(model, tmp_path / "rec" / "00-inject.npz")
+    (tmp_path / "rec" / "s.json").write_text(json.dumps(dict(RECORDED, features="00-inject.npz")))
+    ok("dump", "-m", model, "--scenario", tmp_path / "rec" / "s.json", "--out", tmp_path / "a")
+    assert {d["scenario"]["doc"]["features"] for d in _docs(tmp_path / "a")} == {"features.npz"}
+    assert (tmp_path / "a" / "features.npz").read_bytes() == (tmp_path / "rec" / "00-inject.npz").read_bytes()
+    ok("dump", "-m", model, "--scenario-from", tmp_path / "a", "--out", tmp_path / "b")
+    assert_bit_identical(tmp_path / "a", tmp_path / "b", RECORDED_GRAPHS)
+
+
+def test_missing_recorded_features_are_named_where_they_were_looked_for(model, tmp_path):
+    (tmp_path / "rec").mkdir()
+    sf = tmp_path / "rec" / "s.json"
+    sf.write_text(json.dumps(dict(RECORDED, features="gone.npz")))
+    one_line_error(run("dump", model, "--scenario", sf, "--out", tmp_path / "o", cwd=tmp_path),
+                   tmp_path / "rec" / "gone.npz", "cannot read the recorded features")
+    assert not (tmp_path / "o").exists() and not (tmp_path / "o.incomplete").exists()
+
+
+@pytest.fixture(scope="module")
+def borrowing(tmp_path_factory):
+    """A draft without embeddings or lm head, and its target (SmolLM2) as rec/target.gguf."""
+    from graphgen.synth import make_model
+    from graphgen.targets import resolve
+    tmp = tmp_path_factory.mktemp("borrowing")
+    make_model(tmp / "d.gguf", "dflash", target=resolve("smollm2"), n_layer=1, block_size=4, seed=3)
+    (tmp / "rec").mkdir()
+    (tmp / "rec" / "target.gguf").symlink_to(resolve("smollm2"))
+    (tmp / "rec" / "s.json").write_text(json.dumps({"n_ctx": 64, "n_ubatch": 16, "target": "target.gguf", "steps": [
+        {"inject": {"n_tokens": 6, "pos0": 0}}, {"block": {"tokens": [7, 9, 9, 9], "pos0": 6}}]}))
+    return tmp
+
+
+@pytest.mark.parametrize("engine", ["graphgen", pytest.param("llama.cpp", marks=pytest.mark.reference)])
+def test_a_relative_target_is_found_and_recorded_by_its_path(borrowing, engine, tmp_path):
+    """The target lending the draft its tables is too large to copy: the dumps name it by its
+    absolute path, so a moved dump folder still finds it."""
+    import shutil
+    ok("dump", "-m", borrowing / "d.gguf", "--scenario", relative(borrowing / "rec" / "s.json", tmp_path),
+       "--engine", engine, "--out", "a", cwd=tmp_path)
+    assert {d["scenario"]["doc"]["target"] for d in _docs(tmp_path / "a")} == {str(borrowing / "rec" / "target.gguf")}
+    shutil.move(tmp_path / "a", tmp_path / "moved")
+    ok("dump", "-m", borrowing / "d.gguf", "--scenario-from", "moved", "--engine", engine, "--out", "b", cwd=tmp_path)
+    assert_bit_identical(tmp_path / "moved", tmp_path / "b", ("inject", "block"))

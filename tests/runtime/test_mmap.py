@@ -190,6 +190,35 @@ def test_file_changed_between_metadata_and_weights(tiny, tmp_path):
             Session(m)
 
 
+@pytest.mark.parametrize("shift_s", [-5, 5], ids=["earlier", "later"])
+@pytest.mark.parametrize("use_mmap", [False, True], ids=["no-mmap", "mmap"])
+def test_same_size_rewrite_between_metadata_and_weights_is_refused(tiny, tmp_path, use_mmap, shift_s):
+    """New weights written in place at the same size between reading the metadata and opening the
+    session: only the mtime says so, and the weights are not loaded from the changed file."""
+    p = tmp_path / "draft.gguf"
+    shutil.copy(tiny, p)
+    m = M.load(p, use_mmap=use_mmap)   # metadata only
+    off, n = offsets(p)["output.weight"]
+    st = p.stat()
+    with open(p, "r+b") as f:
+        f.seek(off)
+        old = f.read(n)
+        f.seek(off)
+        f.write(bytes(b ^ 0x55 for b in old))
+    os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns + shift_s * 10**9))
+    assert p.stat().st_size == st.st_size and p.stat().st_ino == st.st_ino
+    with pytest.raises(GGUFModelError, match=rf"{p}: the file changed on disk since its metadata was read; "
+                                             "load it again"):
+        Session(m)
+    # loaded again, it holds the new weights
+    again = M.load(p, use_mmap=use_mmap)
+    with Session(again):
+        assert_bytes_are_the_files(again, p)
+        got = (ctypes.c_char * n)()
+        G.ggml_backend_tensor_get(again.tensors["output.weight"], got, 0, n)
+        assert bytes(got) != old
+
+
 def test_no_mmap_ignores_later_changes(tiny, tmp_path):
     p = tmp_path / "draft.gguf"
     shutil.copy(tiny, p)
