@@ -236,6 +236,34 @@ def refuse_to_replace(path, ours, what: str, force: bool = False) -> None:
         raise ValueError(f"{path}: exists and is not {what}; pass --force to replace it")
 
 
+def is_svg(path) -> bool:
+    """Whether a file starts as an SVG does (what graphgen's --svg outputs write)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read(256).lstrip().startswith(("<svg", "<?xml"))
+    except OSError:
+        return False
+
+
+def check_output(flag: str, path, ours=None, what: str = "", force: bool = False, new_folder: bool = True) -> None:
+    """An output file refused before the run (minutes), not after it: a folder, a place under a
+    file, a missing folder (unless `new_folder`: staging makes it), and, with `ours`, a file the
+    command would replace that it did not write (unless --force)."""
+    from pathlib import Path
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{flag} {path}: is a folder; give a file name")
+    up = path.parent
+    while not up.exists():
+        up = up.parent
+    if not up.is_dir():
+        raise ValueError(f"{flag} {path}: {up} is a file, not a folder")
+    if not new_folder and up != path.parent:
+        raise ValueError(f"{flag} {path}: no such folder {path.parent}")
+    if ours is not None:
+        refuse_to_replace(path, ours, what, force)
+
+
 _ABANDON = ".abandon"
 INCOMPLETE = "INCOMPLETE"
 

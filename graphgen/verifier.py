@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -26,6 +27,14 @@ from .runtime.mt19937 import MT19937, uniform_real
 
 F32 = np.float32
 TOP_K, TOP_P, MIN_P = 40, 0.95, 0.05
+TRACE_K = 8        # candidates kept per sampled token, for the margin where two runs part
+# How far the target's batch shapes move the difference of two tokens' logits: a verify decodes the
+# drafted rows of every sequence in one batch where the target alone decodes one row per sequence.
+# Measured on SmolLM2 Q4_1 (b11739, CPU, f16 K/V, -fa auto) over the six held-out prompts and two
+# more at -n 64, the shifts of the best token's lead over the next three candidates, at every
+# position the two runs shared: none at -np 1 (bit-identical logits), up to 0.30 at -np 2 (median
+# 0, 99th percentile 0.09). A parting within this band is a near tie those numerics decide.
+TIE_BAND = 0.5
 
 
 class TargetSampler:
@@ -78,6 +87,14 @@ class TargetVerifier:
         self.t_target = 0.0
         self.prompts: dict[int, list[int]] = {}
         self._eog_cache: dict[int, bool] = {}
+        # seq -> one (ids, logits) of the best TRACE_K candidates per sampled token, in the order the
+        # tokens were generated: where a drafted run parts from the target alone, the margin there
+        self.trace: dict[int, list] = {}
+        self.t_prefill = 0.0
+
+    def _sample(self, seq: int, ids, top) -> int:
+        self.trace.setdefault(seq, []).append((ids[:TRACE_K].copy(), top[:TRACE_K].copy()))
+        return self.samplers[seq].sample(ids, top)
 
     # the loop's interface (speculate.run_speculative)
     def attach(self, seq: int, prompt: list[int], features) -> None:
@@ -106,11 +123,13 @@ class TargetVerifier:
     def prefill(self, seqs) -> dict:
         """{seq: (features of the prompt's rows, the target's first token)} after decoding every prompt."""
         rows = [(seq, tok, pos) for seq in seqs for pos, tok in enumerate(self.prompts[seq])]
+        t0 = self.t_target
         ids, top, feats = self._decode(rows)
+        self.t_prefill += self.t_target - t0
         out, at = {}, 0
         for seq in seqs:
             n = len(self.prompts[seq])
-            out[seq] = (feats[at:at + n], self.samplers[seq].sample(ids[at + n - 1], top[at + n - 1]))
+            out[seq] = (feats[at:at + n], self._sample(seq, ids[at + n - 1], top[at + n - 1]))
             at += n
         return out
 
@@ -124,11 +143,10 @@ class TargetVerifier:
         out, at = {}, 0
         for seq, (id_last, pos0, draft) in drafts.items():
             n_rows = len(draft) + 1
-            smp = self.samplers[seq]
             n_acc, nxt, eog = 0, None, False
             # common_sampler_sample_and_accept_n: sample at each row, go on while it is the drafted token
             for i in range(n_rows):
-                tok = smp.sample(ids[at + i], top[at + i])
+                tok = self._sample(seq, ids[at + i], top[at + i])
                 eog = self.is_eog(tok)
                 if i < len(draft) and tok == draft[i] and not eog:
                     n_acc += 1
@@ -142,11 +160,16 @@ class TargetVerifier:
         return out
 
 
-def generate_alone(target, prompts: dict, n_predict: int, *, temp: float = 0.0, seed: int = 0) -> tuple[dict, float]:
+def generate_alone(target, prompts: dict, n_predict: int, *, temp: float = 0.0, seed: int = 0,
+                   timing: dict | None = None, trace: dict | None = None) -> tuple[dict, float]:
     """The target generating on its own, every sequence one token per decode: ({seq: prompt +
-    generated tokens}, seconds). Stops a sequence at n_predict tokens or an end-of-generation token."""
-    samplers = {seq: TargetSampler(temp, seed) for seq in prompts}
-    ver = TargetVerifier(target)
+    generated tokens}, seconds). Stops a sequence at n_predict tokens or an end-of-generation token.
+    `timing`, when given, gets the seconds of the prompt's decode ("prompt") and of the rest
+    ("generation"), as llama.cpp reports prompt processing and generation apart; `trace`, each
+    sampled token's best candidates per sequence (TargetVerifier.trace)."""
+    ver = TargetVerifier(target, temp=temp, seed=seed)
+    for seq, p in prompts.items():
+        ver.attach(seq, p, None)
     toks = {seq: list(p) for seq, p in prompts.items()}
     t0 = time.perf_counter()
     rows = [(seq, t, pos) for seq, p in prompts.items() for pos, t in enumerate(p)]
@@ -154,7 +177,8 @@ def generate_alone(target, prompts: dict, n_predict: int, *, temp: float = 0.0, 
     last, at = {}, 0
     for seq, p in prompts.items():
         at += len(p)
-        last[seq] = samplers[seq].sample(ids[at - 1], top[at - 1])
+        last[seq] = ver._sample(seq, ids[at - 1], top[at - 1])
+    t_prompt = time.perf_counter() - t0
     active = list(prompts)
     n_gen = dict.fromkeys(prompts, 0)
     while active:
@@ -166,5 +190,80 @@ def generate_alone(target, prompts: dict, n_predict: int, *, temp: float = 0.0, 
             break
         ids, top, _ = ver._decode([(seq, last[seq], len(toks[seq]) - 1) for seq in active])
         for i, seq in enumerate(active):
-            last[seq] = samplers[seq].sample(ids[i], top[i])
-    return toks, time.perf_counter() - t0
+            last[seq] = ver._sample(seq, ids[i], top[i])
+    total = time.perf_counter() - t0
+    if timing is not None:
+        timing.update(prompt=t_prompt, generation=total - t_prompt)
+    if trace is not None:
+        trace.update(ver.trace)
+    return toks, total
+
+
+@dataclass
+class Parting:
+    """Where a drafted sequence's greedy text first differs from the target alone's."""
+    seq: int
+    index: int                 # among the generated tokens (0: the first token after the prompt)
+    drafted: int               # the drafted run's token there
+    alone: int                 # the target alone's
+    margin_alone: float | None     # alone: logit(its token) - logit(the drafted run's); None: not among its best
+    margin_drafted: float | None   # the drafted run: logit(its token) - logit(the alone token's)
+    floor_alone: float = 0.0       # with a margin of None: at least this (its best minus its TRACE_K-th)
+    floor_drafted: float = 0.0
+
+    @property
+    def near_tie(self) -> bool:
+        """The two runs' logits for the two tokens differ by no more than TIE_BAND: the target alone
+        leads with its token by margin_alone and the drafted run with its own by margin_drafted, so
+        their batch numerics moved the difference by the sum."""
+        if self.margin_alone is None or self.margin_drafted is None:
+            return False
+        return self.margin_alone + self.margin_drafted <= TIE_BAND
+
+    def describe(self, pieces=None) -> str:
+        def tok(t):
+            return f"{t} {pieces(t)!r}" if pieces else str(t)
+
+        def margin(m, floor):
+            return f"{m:.3f}" if m is not None else f"more than {floor:.3f}"
+        what = (f"a near tie the target's batch numerics decide (together within {TIE_BAND:g} logits)"
+                if self.near_tie else f"not a near tie (the band is {TIE_BAND:g} logits)")
+        return (f"sequence {self.seq}, generated token {self.index}: drafting gave {tok(self.drafted)}, the target "
+                f"alone {tok(self.alone)}; logit margins: the target alone prefers its token by "
+                f"{margin(self.margin_alone, self.floor_alone)}, the drafted run its own by "
+                f"{margin(self.margin_drafted, self.floor_drafted)}: {what}")
+
+    def to_dict(self) -> dict:
+        return {"seq": self.seq, "index": self.index, "drafted": self.drafted, "alone": self.alone,
+                "margin_alone": self.margin_alone, "margin_drafted": self.margin_drafted,
+                "near_tie": self.near_tie}
+
+
+def _margin(cand, mine: int, other: int) -> tuple[float | None, float]:
+    """logit(mine) - logit(other) among one row's best candidates; (None, floor) when `other` is
+    not among them (the margin is then more than the floor)."""
+    ids, logits = cand
+    ids = [int(i) for i in ids]
+    if mine not in ids:
+        raise GraphgenError(f"token {mine} was sampled but is not among its row's best candidates")
+    lm = float(logits[ids.index(mine)])
+    if other in ids:
+        return lm - float(logits[ids.index(other)]), 0.0
+    return None, lm - float(logits[-1])
+
+
+def first_partings(drafted: dict, alone: dict, n_prompt: dict, trace_drafted: dict, trace_alone: dict) -> list:
+    """Per sequence whose generated tokens differ: the first Parting (greedy runs)."""
+    out = []
+    for seq in sorted(alone):
+        a, d = alone[seq][n_prompt[seq]:], drafted[seq][n_prompt[seq]:]
+        k = next((i for i, (x, y) in enumerate(zip(a, d)) if x != y), None)
+        if k is None:
+            if len(a) != len(d):
+                raise GraphgenError(f"sequence {seq}: drafting generated {len(d)} tokens where the target alone "
+                                    f"generated {len(a)}, the same ones as far as both go")
+            continue
+        ma, fa = _margin(trace_alone[seq][k], a[k], d[k])
+        md, fd = _margin(trace_drafted[seq][k], d[k], a[k])
+        out.append(Parting(seq, k, d[k], a[k], ma, md, fa, fd))
+    return out

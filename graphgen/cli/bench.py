@@ -62,33 +62,15 @@ def _cmd_bench(args) -> int:
     return 0
 
 
-def _is_svg(path: Path) -> bool:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return f.read(256).lstrip().startswith(("<svg", "<?xml"))
-    except OSError:
-        return False
-
-
 def _check_outputs(args) -> None:
     """--svg and --markdown refused before the runs (minutes), not after them: a folder, a place
-    under a file, and an --svg that would replace a file that is no SVG (unless --force)."""
-    from ..staging import refuse_to_replace
-    for flag, path in (("--svg", args.svg), ("--markdown", args.markdown)):
-        if path is None:
-            continue
-        path = Path(path)
-        if path.is_dir():
-            raise ValueError(f"{flag} {path}: is a folder; give a file name")
-        up = path.parent
-        while not up.exists():
-            up = up.parent
-        if not up.is_dir():
-            raise ValueError(f"{flag} {path}: {up} is a file, not a folder")
-        if flag == "--markdown" and up != path.parent:
-            raise ValueError(f"{flag} {path}: no such folder {path.parent} (the tables are appended to a file)")
+    under a file, a --markdown folder that is missing (the tables are appended to a file), and an
+    --svg that would replace a file that is no SVG (unless --force)."""
+    from ..staging import check_output, is_svg
     if args.svg is not None:
-        refuse_to_replace(args.svg, _is_svg, "an SVG file", args.force)
+        check_output("--svg", args.svg, is_svg, "an SVG file", args.force)
+    if args.markdown is not None:
+        check_output("--markdown", args.markdown, new_folder=False)
 
 
 def markdown_section(args, results) -> str:

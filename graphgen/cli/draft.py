@@ -35,7 +35,7 @@ def _tokens_arg(text: str, what: str) -> list[int]:
 def _features(args, n_rows: int, width: int, seq: int = 0):
     import numpy as np
     if args.features is None:
-        return np.random.default_rng(args.features_seed + seq).standard_normal((n_rows, width), dtype=np.float32)
+        return np.random.default_rng((args.features_seed or 0) + seq).standard_normal((n_rows, width), dtype=np.float32)
     path = Path(args.features)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such features file")
@@ -51,26 +51,39 @@ def _features(args, n_rows: int, width: int, seq: int = 0):
     return feats.astype(np.float32, copy=False)
 
 
+def check_block_fits(drafter, args, n_ubatch: int) -> None:
+    """A draft block is one non-causal batch, which llama_decode cannot split: a micro-batch smaller
+    than the block would fail every round. Refused before the first one, naming both sizes."""
+    from ..runtime.drafters import DraftRequest
+    n = drafter.block_tokens(DraftRequest(id_last=0, pos0=1))
+    if n > n_ubatch:
+        capped = (f" (-b {args.n_batch} caps it)" if args.n_batch is not None and args.n_batch < (args.n_ubatch or 64)
+                  else "")
+        raise GraphgenError(f"a draft block of {n} tokens (n_max {drafter.n_max}) does not fit the micro-batch of "
+                            f"{n_ubatch}{capped}: give -ub and -b of at least {n}, or a smaller --spec-draft-n-max")
+
+
 def _cmd_draft(args) -> int:
-    if args.model_draft is not None:
-        from .generate import run_target
-        return run_target(args)
     from ..runtime.drafters import LLAMA_DEFAULT_SEED, DraftParams
     from ..speculate import SimulatedVerifier, open_drafter, run_speculative
 
+    # --verbose: the drivers' info log (upstream's LOG_INF lines), with a target or without
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
     lg = logging.getLogger("graphgen.drafters")
     lg.addHandler(handler)
     lg.setLevel(logging.INFO if args.verbose else logging.WARNING)
     try:
+        if args.model_draft is not None:
+            from .generate import run_target
+            return run_target(args)
         return _run(args, DraftParams, SimulatedVerifier, open_drafter, run_speculative, LLAMA_DEFAULT_SEED)
     finally:
         lg.removeHandler(handler)
 
 
 def _run(args, DraftParams, SimulatedVerifier, open_drafter, run_speculative, default_seed) -> int:
-    from .llamaflags import backend_of, model_path, resolve_fa
+    from .llamaflags import backend_of, check_spec_flags, model_path, resolve_fa
     model_path(args)
     args.backend = backend_of(args.backend)
     if not Path(args.model).is_file():
@@ -82,25 +95,28 @@ def _run(args, DraftParams, SimulatedVerifier, open_drafter, run_speculative, de
         raise GraphgenError("no prompt: give --prompt-tokens (a draft alone), or -m TARGET -md DRAFT with -p TEXT")
     if args.no_baseline:
         raise GraphgenError("--no-baseline applies to a run with a target (-m TARGET -md DRAFT)")
+    for flag, v in (("-ctkd", args.type_k_draft), ("-ctvd", args.type_v_draft), ("-devd", args.device_draft)):
+        if v is not None:
+            raise GraphgenError(f"{flag} applies to a run with a target (-m TARGET -md DRAFT); with a draft alone, "
+                                "-ctk, -ctv and -dev set its cache types and device")
     prompt = _tokens_arg(args.prompt_tokens, "--prompt-tokens")
+    check_spec_flags(args)
     n_seq = args.n_parallel or 1
-    flash_attn = bool(resolve_fa(args.flash_attn))
+    flash_attn = bool(resolve_fa(args.flash_attn or "auto"))
     n_ubatch = args.n_ubatch or 64
     if args.n_batch is not None:
         n_ubatch = min(n_ubatch, args.n_batch)  # llama.cpp caps the micro-batch at the batch
     target = _tokens_arg(args.target_tokens, "--target-tokens") if args.target_tokens else None
-    if args.n_predict < 1:
-        raise GraphgenError(f"--n-predict must be at least 1, got {args.n_predict}")
-    if args.spec_draft_p_min < 0 or args.spec_draft_p_min > 1:
-        raise GraphgenError(f"--spec-draft-p-min must be in [0, 1], got {args.spec_draft_p_min}")
     params = DraftParams(n_max=args.spec_draft_n_max, n_min=args.spec_draft_n_min, p_min=args.spec_draft_p_min,
                          probabilistic=args.spec_draft_sampling == "probabilistic")
-    if args.spec_draft_n_max is not None and args.spec_draft_n_max < 0:
-        raise GraphgenError(f"--spec-draft-n-max must be >= 0, got {args.spec_draft_n_max}")
-    if args.seed is not None and not 0 <= args.seed <= 0xFFFFFFFF:
-        raise GraphgenError(f"--seed must be in [0, 2^32-1], got {args.seed}")
+    if args.n_ctx == 0:
+        raise GraphgenError("-c 0 takes the target's trained context, and a simulated run has no target: give -c N")
+    if args.n_predict == -1 and not target:
+        raise GraphgenError("-n -1 generates until the text ends, which a simulated verifier never does: give "
+                            "-n N, or --target-tokens (the run then ends with them)")
+    n_predict = args.n_predict if args.n_predict > 0 else len(target)
     # every sequence keeps its own rows in the one cache
-    n_ctx = args.n_ctx or n_seq * max(256, len(prompt) + args.n_predict + 2 * max(args.spec_draft_n_max or 0, 64) + 16)
+    n_ctx = args.n_ctx or n_seq * max(256, len(prompt) + n_predict + 2 * max(args.spec_draft_n_max or 0, 64) + 16)
     from .. import progress
     with progress.task(f"draft {Path(args.model).name}") as task:
         task.update("loading the draft's weights")
@@ -110,15 +126,16 @@ def _run(args, DraftParams, SimulatedVerifier, open_drafter, run_speculative, de
                                backend=args.backend, engine=args.engine)
     engine_detail = _engine_detail(args.engine, drafter.session)
     try:
+        check_block_fits(drafter, args, n_ubatch)
         hp = drafter.session.hparams
-        need = len(prompt) + args.n_predict + drafter.n_max - 1
+        need = len(prompt) + n_predict + drafter.n_max - 1
         # one prompt for every sequence (-np), each with features of its own unless a file gives them
         seqs = [(prompt, _features(args, need, hp.n_embd_inp_enc, s)) for s in range(n_seq)]
-        accept = _int_list(args.accept)
+        accept = _int_list("-1" if args.accept is None else args.accept)
         if not accept or any(a < -1 for a in accept):
             raise GraphgenError(f"--accept takes counts >= 0, or -1 for the whole draft; got {args.accept!r}")
         verifier = SimulatedVerifier(accept=accept, target_tokens=target, n_vocab=hp.n_vocab,
-                                     mask_token=drafter.mask_token_id, seed=args.verifier_seed)
+                                     mask_token=drafter.mask_token_id, seed=args.verifier_seed or 0)
         from .. import progress as prog
         show = prog.lines_wanted()
         if show:
@@ -137,7 +154,7 @@ def _run(args, DraftParams, SimulatedVerifier, open_drafter, run_speculative, de
                   f"({1e3 * (r.t_draft + r.t_process):.1f} ms){extra}", file=sys.stderr)
 
         seed = default_seed if args.seed is None else args.seed
-        res = run_speculative(drafter, seqs, n_predict=args.n_predict, verifier=verifier,
+        res = run_speculative(drafter, seqs, n_predict=n_predict, verifier=verifier,
                               temp=1.0 if args.temp is None else args.temp, seed=seed, progress=progress)
     finally:
         drafter.session.close()
@@ -148,9 +165,9 @@ def _run(args, DraftParams, SimulatedVerifier, open_drafter, run_speculative, de
     stop = res.stop_reasons.get(0)
     generated = len(res.tokens[0]) - res.n_prompt[0]
     if stop == "target_tokens":
-        why = f"--target-tokens ran out after {generated} of --n-predict {args.n_predict} tokens"
+        why = f"--target-tokens ran out after {generated} of --n-predict {n_predict} tokens"
     else:
-        why = f"--n-predict {args.n_predict} reached"
+        why = f"--n-predict {n_predict} reached"
     if args.json:
         s["tokens"] = res.tokens[0]
         if n_seq > 1:
@@ -164,7 +181,8 @@ def _run(args, DraftParams, SimulatedVerifier, open_drafter, run_speculative, de
     print(f"drafted tokens   {s['drafted_tokens']} ({s['drafted_tokens_per_s']:.1f} tokens/s of drafting wall time)")
     print(f"accepted tokens  {s['accepted_tokens']} ({100 * s['acceptance_rate']:.1f}% of drafted, by the "
           "simulated verifier)")
-    print(f"mean accepted    {s['mean_accepted_length']:.2f} tokens per block")
+    print(f"mean acceptance  {s['mean_acceptance_length']:.2f} tokens per round (1 + accepted / drafts, over "
+          f"{s['drafts']} drafts)")
     print(f"generated        {s['generated_tokens']} tokens")
     print(f"time per round   {s['ms_per_round']:.2f} ms (draft {s['ms_draft_per_round']:.2f} ms, "
           f"inject {s['ms_process_per_round']:.2f} ms); prefill {s['ms_prefill']:.2f} ms, total {s['ms_total']:.1f} ms")
@@ -201,7 +219,7 @@ def register(subparsers) -> None:
                     "its layer inputs; per round the draft drafts a block, the target verifies it in one batch and "
                     "the accepted text streams to stdout. With -m DRAFT alone: a simulated verifier accepts a given "
                     "prefix of each draft, on random or given target features.")
-    from .llamaflags import add_context_flags, add_device, add_model, add_pair_flags
+    from .llamaflags import add_context_flags, add_device, add_model, add_pair_flags, add_spec_flags
     add_model(p, "the target GGUF with -md (a known name: smollm2), else the draft GGUF")
     add_pair_flags(p, draft_help="the draft GGUF (a folder holding draft.gguf, or a shipped draft's name such as "
                    "smollm2-dspark); -m is then the target, which verifies every draft",
@@ -216,30 +234,28 @@ def register(subparsers) -> None:
     p.add_argument("--prompt-tokens", help="without a target: prompt token ids, comma-separated, or @FILE")
     p.add_argument("--features", help="a .npy of [n_positions, len(target_layers) * n_embd] target features, "
                                       "one row per position (default: random, --features-seed)")
-    p.add_argument("--features-seed", type=int, default=0,
+    p.add_argument("--features-seed", type=int, default=None,
                    help="seed of the random features; sequence s of -np uses seed + s (default 0)")
     p.add_argument("-n", "--n-predict", "--predict", dest="n_predict", type=int, default=32, metavar="N",
                    help="tokens to generate, as llama.cpp's -n (default 32)")
-    p.add_argument("--accept", default="-1",
+    p.add_argument("--accept", default=None,
                    help="draft tokens the verifier accepts per round, comma-separated values cycle; -1 accepts "
                         "the whole draft (default)")
     p.add_argument("--target-tokens", help="instead of --accept: the target's continuation (ids or @FILE); the "
                                            "verifier accepts the longest matching draft prefix")
-    p.add_argument("--verifier-seed", type=int, default=0,
+    p.add_argument("--verifier-seed", type=int, default=None,
                    help="seed of the simulated target's own tokens (default 0)")
-    p.add_argument("--spec-draft-n-max", type=int, default=None,
-                   help="longest draft, clamped to what the trained block yields (default: that)")
-    p.add_argument("--spec-draft-n-min", type=int, default=0, help="shorter drafts are dropped (default 0)")
-    p.add_argument("--spec-draft-p-min", type=float, default=0.0,
-                   help="truncate the draft below this probability (DSpark: confidence) (default 0)")
+    add_spec_flags(p)
     p.add_argument("--spec-draft-sampling", choices=("greedy", "probabilistic"), default="greedy",
                    help="probabilistic: DFlash2 samples its lattice walk at --temp and keeps q (default greedy)")
     p.add_argument("--temp", type=float, default=None,
                    help="the target's temperature: with a target, its sampling (0: greedy; default 0.8, as llama.cpp); "
                         "without, DFlash2's probabilistic drafting (default 1.0)")
     p.add_argument("--seed", type=int, default=None,
-                   help="the target's seed (default: random, as LLAMA_DEFAULT_SEED)")
-    add_context_flags(p, scenario=False, threads_default="1")
+                   help="the target's seed; -1 draws one, as llama.cpp's LLAMA_DEFAULT_SEED (default -1)")
+    add_context_flags(p, scenario=False, threads_default="1", fa_default="auto",
+                      ctx_help="default: with a target 4096, as llama.cpp, 0 taking the target's trained context; "
+                               "without, what the run needs")
     add_kv_type_flags(p, default="f16", fa_hint="-fa on")
     add_device(p)
     g = p.add_argument_group("with a target (-md), as llama.cpp's speculative flags: -ctk/-ctv are then the target's "
@@ -254,8 +270,12 @@ def register(subparsers) -> None:
     p.add_argument("--engine", choices=("graphgen", "llama.cpp"), default="graphgen",
                    help="where the drivers' batches run: graphgen's graphs, or llama.cpp b11739 (CPU, in a child "
                         "process) for the same drivers on the reference's graphs (default graphgen)")
-    p.add_argument("--json", action="store_true", help="print the summary (and tokens) as JSON")
-    p.add_argument("--verbose", action="store_true", help="the drivers' info log (upstream's LOG_INF lines)")
+    p.add_argument("--json", action="store_true",
+                   help="print the summary, the tokens and (with a target) every round and the target alone's "
+                        "tokens as JSON")
+    p.add_argument("--verbose", action="store_true",
+                   help="every round on stderr (position, drafted tokens, the target's tokens, accepted count) and "
+                        "the drivers' info log (upstream's LOG_INF lines)")
     p.set_defaults(fn=_cmd_draft)
     from .mmapflag import add_mmap_flag
     add_mmap_flag(p)  # --no-mmap

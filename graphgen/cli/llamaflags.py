@@ -51,6 +51,82 @@ def add_pair_flags(p, *, draft_help: str, prompt_help: str, file_help: str) -> N
     p.add_argument("-f", "--file", metavar="FILE", help=file_help)
 
 
+def read_prompt_file(path) -> str:
+    """A -f prompt file's text. A file that is not UTF-8 text (a model, an archive) is refused,
+    naming the first offending byte, rather than read as prompts of replacement characters."""
+    from pathlib import Path
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such prompt file")
+    raw = path.read_bytes()
+    nul = raw.find(b"\0")
+    if nul >= 0:
+        raise GraphgenError(f"{path}: not a text file (a NUL byte at offset {nul}); -f takes the prompt's text")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise GraphgenError(f"{path}: not UTF-8 text (byte {e.start}: 0x{raw[e.start]:02x}); -f takes the "
+                            "prompt's text") from None
+
+
+class _Removed(argparse.Action):
+    """A flag llama.cpp has removed: refused with llama.cpp's own pointer to its replacement."""
+
+    def __init__(self, option_strings, dest, use: str = "", **kw):
+        self.use = use
+        super().__init__(option_strings, dest, **kw)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(f"{option_string}: the argument has been removed. use {self.use}")
+
+
+def add_spec_flags(p) -> None:
+    """llama.cpp's draft flags with its names and defaults: --spec-draft-n-max / -n-min / -p-min
+    (also --draft-p-min, which llama.cpp keeps), and the removed --draft-max / --draft-min family,
+    refused naming their replacements as llama.cpp does."""
+    p.add_argument("--spec-draft-n-max", type=int, default=None, metavar="N",
+                   help="longest draft, clamped to what the trained block yields (default: that)")
+    p.add_argument("--spec-draft-n-min", type=int, default=0, metavar="N",
+                   help="shorter drafts are dropped (default 0)")
+    p.add_argument("--spec-draft-p-min", "--draft-p-min", dest="spec_draft_p_min", type=float, default=0.0,
+                   metavar="P", help="truncate the draft below this probability (DSpark: confidence), in [0, 1] "
+                                     "(default 0)")
+    p.add_argument("--draft", "--draft-n", "--draft-max", action=_Removed, use="--spec-draft-n-max",
+                   help=argparse.SUPPRESS)
+    p.add_argument("--draft-min", "--draft-n-min", action=_Removed, use="--spec-draft-n-min", help=argparse.SUPPRESS)
+
+
+def check_spec_flags(args) -> None:
+    """The loop's flags over llama.cpp's ranges, one check for every command that drafts: -n N
+    (N >= 1, or -1: until the text ends), --spec-draft-n-max >= 0 (0 drafts nothing, which is the
+    target alone: refused), --spec-draft-n-min >= 0 and at most n-max, --spec-draft-p-min in [0, 1],
+    --seed in [0, 2^32-1] or -1 (llama.cpp's LLAMA_DEFAULT_SEED: a random seed, left as that value)."""
+    if args.n_predict != -1 and args.n_predict < 1:
+        raise GraphgenError(f"-n must be at least 1, or -1 (until the text ends), got {args.n_predict}")
+    n_max = getattr(args, "spec_draft_n_max", None)
+    n_min = getattr(args, "spec_draft_n_min", 0)
+    p_min = getattr(args, "spec_draft_p_min", 0.0)
+    if n_max is not None and n_max < 0:
+        raise GraphgenError(f"--spec-draft-n-max must be >= 0, got {n_max}")
+    if n_max == 0:
+        raise GraphgenError("--spec-draft-n-max 0 drafts nothing: every round would be the target alone; give at "
+                            "least 1 (default: what the draft's trained block yields)")
+    if n_min < 0:
+        raise GraphgenError(f"--spec-draft-n-min must be >= 0, got {n_min}")
+    if n_max is not None and n_min > n_max:
+        raise GraphgenError(f"--spec-draft-n-min {n_min} is above --spec-draft-n-max {n_max}: every draft would be "
+                            "dropped")
+    if not 0.0 <= p_min <= 1.0:  # NaN fails too
+        raise GraphgenError(f"--spec-draft-p-min must be in [0, 1], got {p_min}")
+    seed = getattr(args, "seed", None)
+    if seed is not None:
+        from ..runtime.drafters import LLAMA_DEFAULT_SEED
+        if seed == -1:
+            args.seed = seed = LLAMA_DEFAULT_SEED  # llama.cpp reads -1 as 0xFFFFFFFF: draw a seed
+        if not 0 <= seed <= 0xFFFFFFFF:
+            raise GraphgenError(f"--seed must be in [0, 2^32-1], or -1 for a random one; got {seed}")
+
+
 def model_path(args) -> str:
     given = [m for m in (args.model, getattr(args, "model_flag", None)) if m is not None]
     if not given:
@@ -94,16 +170,22 @@ def backend_of(dev: str) -> str:
 
 
 def add_context_flags(p, *, scenario: bool = True, threads_default: str = "the scenario's, else 1",
-                      parallel: bool = True, default_prompt: int = DEFAULT_PROMPT) -> None:
+                      parallel: bool = True, default_prompt: int = DEFAULT_PROMPT, fa_default: str = "off",
+                      ctx_help: str | None = None) -> None:
     """-fa, -c, -b, -ub, -t and (with `parallel`) -np; with `scenario`, also --scenario, --prompt,
     --block, --steps and --seed for a run without a scenario file. Unset flags are None: the
-    scenario file's value (or the built scenario's default) stands."""
+    scenario file's value (or the built scenario's default) stands. `fa_default` is what an unset
+    -fa means without a scenario; `ctx_help`, with a -c of 0 allowed, says what -c defaults to."""
     src = "the scenario's" if scenario else None
     p.add_argument("-fa", "--flash-attn", dest="flash_attn", choices=FA_CHOICES, default=None,
                    help="flash attention; auto turns it on where the device has the kernels, as llama.cpp "
-                        f"(default: {src + ', else off' if src else 'off'})")
-    p.add_argument("-c", "--ctx-size", "--n-ctx", dest="n_ctx", type=count_arg(1), default=None, metavar="N",
-                   help=f"KV cache size (default: {src + ', else what the run needs, at least 256' if src else 'what the run needs'})")
+                        f"(default: {src + ', else ' + fa_default if src else fa_default})")
+    if ctx_help is not None:
+        p.add_argument("-c", "--ctx-size", "--n-ctx", dest="n_ctx", type=count_arg(0), default=None, metavar="N",
+                       help=f"KV cache size ({ctx_help})")
+    else:
+        p.add_argument("-c", "--ctx-size", "--n-ctx", dest="n_ctx", type=count_arg(1), default=None, metavar="N",
+                       help=f"KV cache size (default: {src + ', else what the run needs, at least 256' if src else 'what the run needs'})")
     p.add_argument("-b", "--batch-size", dest="n_batch", type=count_arg(1), default=None, metavar="N",
                    help="logical batch; the micro-batch is capped at it, as llama.cpp caps -ub at -b "
                         "(default: the micro-batch)")
@@ -221,9 +303,14 @@ def scenario_from_args(args, model: str):
     if args.flash_attn is not None:
         doc["flash_attn"] = args.flash_attn
     try:
-        return parse_scenario(doc, where=where)
+        sc = parse_scenario(doc, where=where)
     except ValueError as e:
         raise GraphgenError(_flag_names(str(e))) from None
+    if args.scenario:
+        # a recorded run's relative features and target paths are the scenario's folder's, not the cwd's
+        from ..scenario import scenario_folder
+        sc.features_base = scenario_folder(args.scenario)
+    return sc
 
 
 _FIELD_FLAG = {"n_ctx": "-c", "n_ubatch": "-ub", "n_batch": "-b", "n_seq": "-np", "n_threads": "-t",

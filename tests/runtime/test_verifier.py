@@ -163,3 +163,57 @@ def test_the_sampler_chain_follows_its_rules():
     assert min(counts) == 1 and max(counts) >= 10
     # temperature 0 is greedy: the first of the best
     assert TargetSampler(0.0, 1).sample(np.array([5, 3, 9]), np.array([2.0, 2.0, 1.0], dtype=np.float32)) == 5
+
+
+# -- where a drafted run parts from the target alone ---------------------------------------------
+
+def _cand(pairs):
+    """One row's best candidates, best first: [(token, logit), ...] -> (ids, logits)."""
+    return (np.array([t for t, _ in pairs], dtype=np.int32), np.array([v for _, v in pairs], dtype=np.float32))
+
+
+def test_first_partings_name_the_first_differing_token_and_both_margins():
+    from graphgen.verifier import TIE_BAND, first_partings
+    n_prompt = {0: 2, 1: 2}
+    alone = {0: [1, 2, 10, 11, 12], 1: [1, 2, 20, 21, 22]}
+    drafted = {0: [1, 2, 10, 11, 12], 1: [1, 2, 20, 23, 24]}
+    same = [_cand([(10, 5.0), (9, 1.0)]), _cand([(11, 5.0), (9, 1.0)]), _cand([(12, 5.0), (9, 1.0)])]
+    trace_alone = {0: same, 1: [_cand([(20, 4.0), (7, 1.0)]), _cand([(21, 3.00), (23, 2.75), (5, 1.0)]),
+                                _cand([(22, 1.0)])]}
+    trace_drafted = {0: same, 1: [_cand([(20, 4.0), (7, 1.0)]), _cand([(23, 3.10), (21, 3.00), (5, 1.0)]),
+                                  _cand([(24, 1.0)])]}
+    (pt,) = first_partings(drafted, alone, n_prompt, trace_drafted, trace_alone)
+    assert (pt.seq, pt.index, pt.drafted, pt.alone) == (1, 1, 23, 21)
+    assert pt.margin_alone == pytest.approx(0.25) and pt.margin_drafted == pytest.approx(0.10)
+    # the logits' difference moved by the sum of the margins, 0.35: within the band it is a near tie
+    assert pt.near_tie == (0.35 <= TIE_BAND)
+    assert "sequence 1, generated token 1" in pt.describe() and "23" in pt.describe()
+
+
+def test_a_parting_beyond_the_band_or_off_the_candidates_is_no_near_tie(monkeypatch):
+    import graphgen.verifier as V
+    n_prompt = {0: 1}
+    alone, drafted = {0: [1, 5, 6]}, {0: [1, 5, 7]}
+    trace_alone = {0: [_cand([(5, 9.0)]), _cand([(6, 2.0), (7, 1.95)])]}
+    trace_drafted = {0: [_cand([(5, 9.0)]), _cand([(7, 2.0), (6, 1.9)])]}
+    (pt,) = V.first_partings(drafted, alone, n_prompt, trace_drafted, trace_alone)
+    assert pt.margin_alone + pt.margin_drafted == pytest.approx(0.15)
+    # each margin alone is within 0.1, their sum (how far the numerics moved) is not
+    monkeypatch.setattr(V, "TIE_BAND", 0.1)
+    assert not pt.near_tie
+    monkeypatch.setattr(V, "TIE_BAND", 0.2)
+    assert pt.near_tie
+    # the target alone's token is not even among the drafted run's best: far from a tie
+    trace_drafted = {0: [_cand([(5, 9.0)]), _cand([(7, 9.0), (8, 8.0)])]}
+    (pt,) = V.first_partings(drafted, alone, n_prompt, trace_drafted, trace_alone)
+    assert pt.margin_drafted is None and pt.floor_drafted == pytest.approx(1.0) and not pt.near_tie
+    assert "more than 1.000" in pt.describe()
+
+
+def test_runs_that_agree_have_no_parting_and_unequal_lengths_are_named():
+    from graphgen.errors import GraphgenError
+    from graphgen.verifier import first_partings
+    tr = {0: [_cand([(5, 1.0)]), _cand([(6, 1.0)])]}
+    assert first_partings({0: [1, 5, 6]}, {0: [1, 5, 6]}, {0: 1}, tr, tr) == []
+    with pytest.raises(GraphgenError, match="sequence 0: drafting generated 1 tokens where the target alone generated 2"):
+        first_partings({0: [1, 5]}, {0: [1, 5, 6]}, {0: 1}, tr, tr)
