@@ -92,7 +92,6 @@ class LoopResult:
         return {
             "spec_type": self.spec_type, "variant": self.variant, "n_max": self.n_max,
             "rounds": n_rounds, "blocks": blocks, "drafted_tokens": drafted, "accepted_tokens": accepted,
-            "mean_accepted_length": accepted / blocks if blocks else 0.0,
             # the field's figure (vLLM, z-lab, llama.cpp): 1 + accepted / drafts, the target's own
             # token counted, so a draft that never hits scores 1.0; a round that drafted nothing
             # (n_min, p_min) is no draft

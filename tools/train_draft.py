@@ -243,15 +243,16 @@ def _card(out: Path, summary: dict, command: str, measured: dict | None) -> str:
     if measured:
         lines += ["## Acceptance", "",
                   f"`graphgen draft -m smollm2 -md draft.gguf -n {measured['n_predict']} --temp 0` on the held-out "
-                  "prompts, one sequence each, batched (acceptance length: the accepted drafted tokens of a "
-                  "block and the target's own token, so a draft that never hits has 1.0):", ""]
+                  "prompts, one sequence each, batched (mean acceptance length, as vLLM, z-lab's "
+                  "`dflash_generate` and llama.cpp count it: 1 + accepted / drafts, a draft's accepted tokens "
+                  "and the target's own, so a draft that never hits has 1.0):", ""]
         lines += [f"- {json.dumps(p)}" for p in measured["prompts"]]
-        lines += ["", "| engine | acceptance length | accepted per block | blocks | drafted | accepted | per position |",
-                  "|---|---|---|---|---|---|---|"]
+        lines += ["", "| engine | mean acceptance length | drafts | drafted | accepted | per position |",
+                  "|---|---|---|---|---|---|"]
         for engine, r in measured["engines"].items():
             per = ", ".join(f"{x:.2f}" for x in r["acceptance_per_position"] or [])
-            lines.append(f"| {engine} | {1 + r['mean_accepted_length']:.3f} | {r['mean_accepted_length']:.3f} | "
-                         f"{r['blocks']} | {r['drafted_tokens']} | {r['accepted_tokens']} | {per} |")
+            lines.append(f"| {engine} | {r['mean_acceptance_length']:.3f} | {r['drafts']} | {r['drafted_tokens']} | "
+                         f"{r['accepted_tokens']} | {per} |")
         lines += ["", measured["same"], ""]
     lines += ["## Remaking it", "", "```sh", command, "```", "",
               "The data is cached under `build/train_draft/`; bit-identical weights need the same torch build.",
@@ -263,8 +264,8 @@ def _measured(draft: Path, target: str, threads: int) -> dict:
     runs = measure(draft, target, T.HELD_OUT_PROMPTS, 64, threads)
     engines = {}
     for engine, r in runs.items():
-        engines[engine] = {k: r.get(k) for k in ("mean_accepted_length", "drafted_tokens", "accepted_tokens", "blocks",
-                                                 "acceptance_per_position")}
+        engines[engine] = {k: r.get(k) for k in ("mean_acceptance_length", "drafts", "drafted_tokens",
+                                                 "accepted_tokens", "blocks", "acceptance_per_position")}
     same = ("Both engines accepted the same tokens." if runs["graphgen"].get("tokens") == runs["llama.cpp"].get("tokens")
             and engines["graphgen"] == engines["llama.cpp"] else "The engines DIFFER.")
     return {"n_predict": 64, "prompts": T.HELD_OUT_PROMPTS, "engines": engines, "same": same}

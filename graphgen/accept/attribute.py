@@ -87,7 +87,7 @@ class Attribution:
     # and on b11739's: the features' own effect on acceptance, the texts held the same
     counterfactual_mean: float = 0.0
     counterfactual_llama: float = 0.0
-    mean_band: float = 0.0           # how far the authors' mean accepted length may be from llama.cpp's
+    mean_band: float = 0.0           # how far the authors' mean acceptance length may be from llama.cpp's
 
     @property
     def blamed(self) -> list[str]:
@@ -468,11 +468,12 @@ def edge_gap(unary, scores, token: int, top_k: int, band: float = TIE_BAND) -> f
 
 
 def mean_band(a: EngineRun, shift: float) -> float:
-    """How far the authors' mean accepted length may lie from llama.cpp's (docs/acceptance.md): the
+    """How far the authors' mean acceptance length may lie from llama.cpp's (docs/acceptance.md): the
     features' own shift on llama.cpp's rounds (`shift`: the counterfactual means' difference), plus two standard errors of
     a difference of two means of its rounds' accepted counts, as if every round ran on other text:
     the float target's greedy token differs from the quantized one's at a few percent of positions,
-    and from there the two loops continue different texts."""
+    and from there the two loops continue different texts. The band bounds a difference of two
+    means, which the + 1 of the field's figure (1 + accepted / drafts) leaves unchanged."""
     n = [r["n_accepted"] for r in a.blocks]
     if len(n) < 2:
         return float("inf")

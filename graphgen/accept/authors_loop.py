@@ -37,8 +37,9 @@ tokens equal to the target's argmax at the row before); at temp > 0 the count re
 
     generated tokens = 1 + sum(n_accepted) + rounds - (1 if the last round's own token was dropped)
 
-(1 the token of the prefill), the same identity as graphgen's loop, and mean accepted length =
-sum(n_accepted) / rounds, graphgen's `mean_accepted_length` (accepted / blocks).
+(1 the token of the prefill), the same identity as graphgen's loop, and mean acceptance length =
+1 + sum(n_accepted) / rounds, as dflash_generate reports it and graphgen's
+`EngineRun.mean_acceptance_length` counts it (every round drafts).
 
 Drafted per round: verify_size - 1 tokens, where dflash_generate shrinks the last blocks to what
 n_predict leaves (min(block_size, room + 1)); graphgen drafts a full block every round.
@@ -425,8 +426,8 @@ def draft_block(target, draft, features, anchor: int, pos0: int, size: int):
     return [int(t) for t in logits.argmax(dim=-1)], logits.numpy()
 
 
-def mean_accepted_length(results) -> float:
-    """Agreed drafted tokens per round over every prompt's rounds: graphgen's `mean_accepted_length`
-    (accepted / blocks), without the target's own token."""
+def mean_acceptance_length(results) -> float:
+    """1 + agreed drafted tokens per round over every prompt's rounds: the field's figure, the
+    target's own token counted (a draft that never hits scores 1.0)."""
     rounds = [r for res in results for r in res["rounds"]]
-    return sum(a for _, a in rounds) / len(rounds) if rounds else 0.0
+    return 1.0 + sum(a for _, a in rounds) / len(rounds) if rounds else 1.0

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..errors import GraphgenError
+from ..targets import draft_label, resolve_draft  # noqa: F401  (re-exported)
 
 ENGINES = ("llama.cpp", "graphgen")
 # the authors' own loop (graphgen.accept.authors_loop): the target in transformers, the draft from its
@@ -53,6 +54,9 @@ class EngineRun:
     seconds: float = 0.0                           # the loops' wall time, target included
     prompt_tokens: list = field(default_factory=list)  # per prompt: its tokens, as the target split it
     layers: list = field(default_factory=list)     # the target layer inputs the draft reads (il's input)
+    # of `seconds`, the prefills: the prompts decoded by the target (and their features injected
+    # into the draft), up to the first generated token
+    prefill_seconds: float = 0.0
 
     @property
     def blocks(self) -> list:
@@ -63,9 +67,16 @@ class EngineRun:
         return sum(len(t) for t in self.tokens)
 
     @property
-    def mean_accepted_length(self) -> float:
-        b = self.blocks
-        return sum(r["n_accepted"] for r in b) / len(b) if b else 0.0
+    def drafts(self) -> int:
+        """Rounds that drafted at least one token: a round that drafted nothing is no draft."""
+        return sum(1 for r in self.blocks if r["n_drafted"] > 0)
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """The field's figure (vLLM, z-lab's dflash_generate, llama.cpp): 1 + accepted / drafts,
+        the target's own token counted, so a draft that never hits has 1.0."""
+        n = self.drafts
+        return 1.0 + sum(r["n_accepted"] for r in self.blocks) / n if n else 1.0
 
     @property
     def acceptance_per_position(self) -> list:
@@ -79,20 +90,47 @@ class EngineRun:
 
     @property
     def tokens_per_s(self) -> float:
+        """Generated tokens over the whole loops' time, prefills included."""
         return self.generated_tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def n_prompt_tokens(self) -> int:
+        return sum(len(p) for p in self.prompt_tokens)
+
+    @property
+    def n_eval_tokens(self) -> int:
+        """Generated tokens after each prompt's first, which its prefill samples: the tokens the
+        generation phase made, as llama.cpp counts eval apart from prompt eval."""
+        return sum(max(len(t) - 1, 0) for t in self.tokens)
+
+    @property
+    def prompt_tokens_per_s(self) -> float:
+        """Prompt processing: the prompts' tokens over the prefills' time (llama.cpp's prompt eval)."""
+        return self.n_prompt_tokens / self.prefill_seconds if self.prefill_seconds > 0 else 0.0
+
+    @property
+    def eval_tokens_per_s(self) -> float:
+        """Generation: n_eval_tokens over the loops' time after the prefills (llama.cpp's eval)."""
+        t = self.seconds - self.prefill_seconds
+        return self.n_eval_tokens / t if t > 0 and self.prefill_seconds > 0 else 0.0
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        d.update(blocks=len(self.blocks), drafted_tokens=sum(r["n_drafted"] for r in self.blocks),
+        d.update(blocks=len(self.blocks), drafts=self.drafts,
+                 drafted_tokens=sum(r["n_drafted"] for r in self.blocks),
                  accepted_tokens=sum(r["n_accepted"] for r in self.blocks), generated_tokens=self.generated_tokens,
-                 mean_accepted_length=self.mean_accepted_length,
-                 acceptance_per_position=self.acceptance_per_position, tokens_per_s=self.tokens_per_s)
+                 mean_acceptance_length=self.mean_acceptance_length,
+                 acceptance_per_position=self.acceptance_per_position, tokens_per_s=self.tokens_per_s,
+                 prompt_eval={"tokens": self.n_prompt_tokens, "seconds": self.prefill_seconds,
+                              "tokens_per_s": self.prompt_tokens_per_s},
+                 eval={"tokens": self.n_eval_tokens, "seconds": self.seconds - self.prefill_seconds,
+                       "tokens_per_s": self.eval_tokens_per_s})
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "EngineRun":
         return cls(**{k: d[k] for k in ("engine", "n_max", "prompts", "rounds", "tokens", "text", "seconds")},
-                   **{k: d[k] for k in ("prompt_tokens", "layers") if k in d})
+                   **{k: d[k] for k in ("prompt_tokens", "layers", "prefill_seconds") if k in d})
 
 
 @dataclass
@@ -150,19 +188,6 @@ def _tok(t) -> str:
     return "nothing" if t is None else f"token {t}"
 
 
-def resolve_draft(value) -> Path:
-    """A draft GGUF given as a file, a folder holding draft.gguf, or the name of a draft shipped in
-    the project's drafts/ folder (smollm2-dflash)."""
-    p = Path(value)
-    if not p.exists() and len(p.parts) == 1 and (ROOT / "drafts" / p).is_dir():
-        p = ROOT / "drafts" / p
-    if p.is_dir():
-        p = p / "draft.gguf"
-    if not p.is_file():
-        raise FileNotFoundError(f"{value}: no such draft model file")
-    return p
-
-
 def open_drafter(engine: str, tg, draft: Path, target: Path, **settings):
     """The draft session of `engine` beside the open target `tg`, and its driver (the draft's own
     head, its whole block drafted): (session, drafter)."""
@@ -181,25 +206,82 @@ def open_drafter(engine: str, tg, draft: Path, target: Path, **settings):
         raise
 
 
+@dataclass
+class ContextFlags:
+    """llama.cpp's context flags as accept takes them for the llama.cpp and graphgen engines, with
+    llama.cpp's speculative meanings: -fa both contexts, -ctk/-ctv the target's caches and
+    -ctkd/-ctvd the draft's, -b the target's batch (capping the draft's micro-batch, as llama.cpp
+    caps -ub at -b), -ub the draft's micro-batch, -c each context's cells (None: what the run needs)."""
+    flash_attn: str = "auto"
+    n_ctx: int | None = None
+    n_batch: int | None = None
+    n_ubatch: int | None = None
+    type_k: str = "f16"
+    type_v: str = "f16"
+    type_k_draft: str = "f16"
+    type_v_draft: str = "f16"
+
+    def given(self) -> list[str]:
+        """The flags set away from accept's defaults, as llama.cpp spells them."""
+        d = ContextFlags()
+        names = {"flash_attn": "-fa", "n_ctx": "-c", "n_batch": "-b", "n_ubatch": "-ub", "type_k": "-ctk",
+                 "type_v": "-ctv", "type_k_draft": "-ctkd", "type_v_draft": "-ctvd"}
+        return [f"{flag} {getattr(self, k)}" for k, flag in names.items() if getattr(self, k) != getattr(d, k)]
+
+    @property
+    def micro_batch(self) -> int:
+        return min(self.n_ubatch or 64, self.n_batch) if self.n_batch is not None else self.n_ubatch or 64
+
+
 def _run_engine(engine, target, draft, prompts_text, n_predict, temp, seed, n_seq, threads, layers, block,
-                task=None) -> EngineRun:
+                task=None, flags: ContextFlags | None = None) -> EngineRun:
     from ..reference.session import ReferenceTarget
+    from ..runtime.drafters import DraftRequest
     from ..speculate import run_speculative
     from ..verifier import TargetVerifier
 
+    flags = flags or ContextFlags()
     # a byte-level BPE gives at most a token per byte (and a BOS): a context bound before tokenizing
     longest = max(len(t.encode()) for t in prompts_text) + 2
     # every sequence of a batch holds its prompt, n_predict tokens and one block past them
-    n_ctx = max(256, -(-n_seq * (longest + n_predict + block + 1) // 256) * 256)
+    if flags.n_ctx is not None:
+        n_ctx = flags.n_ctx                      # 0: the target's trained context
+    elif n_predict == -1:
+        n_ctx = 4096                             # llama.cpp's default context: -n -1 fills it
+    else:
+        n_ctx = max(256, -(-n_seq * (longest + n_predict + block + 1) // 256) * 256)
+    n_ubatch = flags.micro_batch
     runs = []
-    with ReferenceTarget(target, layers, n_ctx=n_ctx, n_batch=256, n_seq=n_seq, n_threads=threads) as tg:
-        session, drafter = open_drafter(engine, tg, draft, target, n_ctx=n_ctx, n_ubatch=64, flash_attn=True,
-                                        n_seq=n_seq, n_threads=threads, type_k="f16", type_v="f16")
+    with ReferenceTarget(target, layers, n_ctx=n_ctx, n_batch=flags.n_batch or 256, n_seq=n_seq, n_threads=threads,
+                         flash_attn=flags.flash_attn, type_k=flags.type_k, type_v=flags.type_v) as tg:
+        session, drafter = open_drafter(engine, tg, draft, target, n_ctx=n_ctx, n_ubatch=n_ubatch,
+                                        flash_attn=flags.flash_attn != "off", n_seq=n_seq, n_threads=threads,
+                                        type_k=flags.type_k_draft, type_v=flags.type_v_draft)
         try:
             prompts = [tg.tokenize(t) for t in prompts_text]
             for i, p in enumerate(prompts):
                 if not p:
                     raise GraphgenError(f"prompt {i}: the text gives no tokens")
+            # refused before any round: what llama_decode would fail on part way
+            rows = drafter.block_tokens(DraftRequest(id_last=0, pos0=1))
+            if rows > n_ubatch:
+                capped = " (-b caps it)" if flags.n_batch is not None and flags.n_batch < (flags.n_ubatch or 64) else ""
+                raise GraphgenError(f"a draft block of {rows} tokens does not fit the draft's micro-batch of "
+                                    f"{n_ubatch}{capped}: a block is one non-causal batch; give -ub and -b of at "
+                                    f"least {rows}")
+            longest_tokens = max(len(p) for p in prompts)
+            if n_predict == -1:
+                # until the text ends or each sequence's share of the context is full
+                n_predict = tg.n_ctx // n_seq - longest_tokens - block - 1
+                if n_predict < 1:
+                    raise GraphgenError(f"the longest prompt has {longest_tokens} tokens: with a draft block of "
+                                        f"{block} and -np {n_seq} the context of {tg.n_ctx} (-c) leaves nothing "
+                                        "to generate")
+            need = n_seq * (longest_tokens + n_predict + block + 1)
+            if need > tg.n_ctx:
+                raise GraphgenError(f"the longest prompt has {longest_tokens} tokens: with -n {n_predict}, a draft "
+                                    f"block of {block} and -np {n_seq}, the context needs {need} cells; -c is "
+                                    f"{tg.n_ctx}")
             for c in range(0, len(prompts), n_seq):
                 chunk = prompts[c:c + n_seq]
                 if task is not None:
@@ -225,6 +307,7 @@ def _run_engine(engine, target, draft, prompts_text, n_predict, temp, seed, n_se
             out.tokens.append(list(res.tokens[s][res.n_prompt[s]:]))
             out.text.append(texts[s])
         out.seconds += res.t_total
+        out.prefill_seconds += res.t_prefill
     return out
 
 
@@ -281,7 +364,8 @@ def _run_authors(target, draft, prompts_text, n_predict, temp, seed, layers, aut
 
 
 def run_engines(target, draft, prompts_text=None, n_predict: int = 64, engines=ENGINES, temp: float = 0.0,
-                seed: int = 0, n_seq: int = 1, threads: int = 1, authors_draft=None) -> dict:
+                seed: int = 0, n_seq: int = 1, threads: int = 1, authors_draft=None,
+                flags: ContextFlags | None = None, label: str | None = None) -> dict:
     """Every prompt (default DEFAULT_PROMPTS) through the speculative loop once per engine:
     {engine: EngineRun}. The pair is checked first (graphgen.pair.check_pair, PairError).
     Engine "authors" runs the authors' loop on the checkpoint beside the GGUF (or `authors_draft`),
@@ -301,8 +385,10 @@ def run_engines(target, draft, prompts_text=None, n_predict: int = 64, engines=E
     prompts_text = list(DEFAULT_PROMPTS if prompts_text is None else prompts_text)
     if not prompts_text:
         raise GraphgenError("no prompts")
-    if n_predict < 1:
-        raise GraphgenError(f"n_predict must be at least 1, got {n_predict}")
+    if n_predict < 1 and n_predict != -1:
+        raise GraphgenError(f"n_predict must be at least 1, or -1 (until the text ends), got {n_predict}")
+    if n_predict == -1 and AUTHORS in engines:
+        raise GraphgenError("n_predict -1 is for the llama.cpp and graphgen engines: the authors' loop takes a count")
     if n_seq < 1:
         raise GraphgenError(f"n_seq must be at least 1, got {n_seq}")
     for e in engines:
@@ -317,14 +403,14 @@ def run_engines(target, draft, prompts_text=None, n_predict: int = 64, engines=E
     meta.close()
     n_seq = min(n_seq, len(prompts_text))
     out = {}
-    with progress.task(f"accept {draft.name} on {target.name}") as task:
+    with progress.task(f"accept {label or draft.name} on {target.name}") as task:
         for e in engines:
             if e == AUTHORS:
                 out[e] = _run_authors(target, draft, prompts_text, n_predict, temp, seed, layers, authors_draft, task,
                                       threads)
                 continue
             out[e] = _run_engine(e, target, draft, prompts_text, n_predict, temp, seed, n_seq, threads, layers,
-                                 block, task)
+                                 block, task, flags)
     return out
 
 
@@ -366,8 +452,9 @@ def acceptance_svg(runs: dict, title: str = "") -> str:
                      + " ".join(f"{x:.1f},{y:.1f}" for x, y in pts) + '"/>')
         parts += [f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2.5" fill="{colour}"/>' for x, y in pts]
         ly = T + 14 + 14 * j
-        parts.append(f'<line x1="{W - R - 225}" x2="{W - R - 205}" y1="{ly}" y2="{ly}" stroke="{colour}" '
-                     f'stroke-width="2"{dash}/><text x="{W - R - 200}" y="{ly + 4}">{html_escape(e)} '
-                     f'(mean accepted {run.mean_accepted_length:.2f})</text>')
+        # the legend's longest line, "llama.cpp (mean acceptance length 1.31)", is about 231 px at 11 px
+        parts.append(f'<line x1="{W - R - 265}" x2="{W - R - 245}" y1="{ly}" y2="{ly}" stroke="{colour}" '
+                     f'stroke-width="2"{dash}/><text x="{W - R - 240}" y="{ly + 4}">{html_escape(e)} '
+                     f'(mean acceptance length {run.mean_acceptance_length:.2f})</text>')
     parts.append("</svg>")
     return "\n".join(parts) + "\n"

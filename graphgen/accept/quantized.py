@@ -11,8 +11,8 @@ the same dequantized values, so what differs is how b11739 multiplies, not the w
   prompt followed by the reference copy's generated tokens (the same tokens for every copy), and
   their NMSE against the reference copy's (f32) per layer.
 
-The mean acceptance length `tau` counts the target's own token: accepted drafted tokens per block
-plus one, so a draft that never hits is 1.0 (`EngineRun.mean_accepted_length` is without it).
+The mean acceptance length `tau` is the field's (`EngineRun.mean_acceptance_length`): 1 + accepted
+drafted tokens per draft, the target's own token counted, so a draft that never hits is 1.0.
 Everything but the timings is deterministic: greedy loops, one sequence per feature run.
 """
 
@@ -174,8 +174,8 @@ class CopyRun:
 
     @property
     def tau(self) -> float:
-        """Mean acceptance length, the target's own token counted: accepted per block + 1."""
-        return self.first.mean_accepted_length + 1.0
+        """Mean acceptance length, the target's own token counted: 1 + accepted / drafts."""
+        return self.first.mean_acceptance_length
 
     def to_dict(self) -> dict:
         return {"label": self.label, "path": str(self.path), "tau": self.tau, "nmse": self.nmse,
@@ -276,7 +276,7 @@ def table(results) -> str:
             rates = c.first.acceptance_per_position + [None] * (n_max - c.first.n_max)
             nm = dict(zip(r.layers, c.nmse))
             cells = ([r.draft.parent.name, c.label + (" (ref)" if c.label == r.reference else ""), f"{c.tau:.3f}",
-                      f"{c.first.mean_accepted_length:.3f}", str(sum(b["n_accepted"] for b in c.first.blocks)),
+                      f"{sum(b['n_accepted'] for b in c.first.blocks) / max(len(c.first.blocks), 1):.3f}", str(sum(b["n_accepted"] for b in c.first.blocks)),
                       str(len(c.first.blocks))]
                      + ["" if v is None else f"{v:.3f}" for v in rates]
                      + [f"{c.runs[e].tokens_per_s:.1f}" if e in c.runs else "" for e in engines]

@@ -337,7 +337,11 @@ def _diff_on_target(args) -> int:
                       announce_dir=keep / "ref" if keep is not None else None)
         if keep is None:
             args.ref, args.ours = str(root / "ref"), str(root / "ours")
-            return run_diff(args)
+            code = run_diff(args)
+            if code != 0:
+                # the report names files of the temporary folder, which goes with this command
+                print(f"the dumps named above were in {root}, removed now: --keep DIR keeps them", file=sys.stderr)
+            return code
         for side, dest in zip(("ref", "ours"), staged):
             for f in (root / side).iterdir():
                 shutil.move(f, dest / f.name)

@@ -58,7 +58,11 @@ def test_without_a_fault_the_draft_forward_sampling_and_verification_agree(targe
     assert at.stage(DRAFT).checked == len(llama.blocks) and at.stage(DRAFT).failed == 0
     if at.parting is not None:  # the targets' numerics, or a tie the drafts' weights decide
         assert at.explained_by in (FEATURES, DRAFT_TIE), at.explanation
-    assert abs(authors.mean_accepted_length - llama.mean_accepted_length) <= at.mean_band
+    # the field's figure, 1 + accepted / drafts, from each run's blocks (every block drafted)
+    for run in (llama, authors):
+        assert run.drafts == len(run.blocks) and all(b["n_drafted"] > 0 for b in run.blocks)
+        assert run.mean_acceptance_length == pytest.approx(1 + sum(b["n_accepted"] for b in run.blocks) / len(run.blocks))
+    assert abs(authors.mean_acceptance_length - llama.mean_acceptance_length) <= at.mean_band
     # the confidence head scored every drafted token
     assert all(len(b["confidence"]) == b["n_drafted"] for b in authors.blocks)
 

@@ -95,7 +95,11 @@ def test_round_counts_follow_the_loop(runs):
             assert seq[b["pos0"] + 1:b["pos0"] + 1 + b["n_accepted"]] == b["draft"][:b["n_accepted"]]
             if b["bonus"] != -1:
                 assert seq[b["pos0"] + 1 + b["n_accepted"]] == b["bonus"] == b["target"][b["n_accepted"]]
-    assert AL.mean_accepted_length(runs) > 0
+    # the field's mean acceptance length, from the rounds: 1 + accepted / rounds, each round a draft
+    rounds = [r for run in runs for r in run["rounds"]]
+    assert all(drafted > 0 for drafted, _ in rounds)
+    accepted = sum(a for _, a in rounds)
+    assert accepted > 0 and AL.mean_acceptance_length(runs) == pytest.approx(1 + accepted / len(rounds))
 
 
 def _markov_chain(draft, hidden, anchor, n):

@@ -20,8 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 DRAFTS = ["smollm2-dflash", "smollm2-dflash2", "smollm2-dspark"]
 CLI = [sys.executable, "-m", "graphgen.cli"]
 N_PREDICT = 32
-# the yardstick: the mean length of a block's accepted run, the target's own token included,
-# so a draft that never hits has 1.0
+# the yardstick: the field's mean acceptance length, a draft's accepted run with the target's
+# own token (1 + accepted / drafts), so a draft that never hits has 1.0
 TRAINED_MIN_LENGTH = 1.3
 # a shuffled layer leaves a draft that hits by chance only: far under what a trained one gets
 SHUFFLED_MAX_LENGTH = 1.1
@@ -54,8 +54,12 @@ def _accepted(target, draft) -> dict:
 
 
 def _length(run: dict) -> float:
-    # the summary counts accepted drafted tokens a block; the block's run also holds the target's own token
-    return 1.0 + run["mean_accepted_length"]
+    # the field's mean acceptance length, 1 + accepted / drafts (the target's own token counted, so a
+    # draft that never hits has 1.0), recomputed from the rounds and checked against the summary's
+    drafts = [r for r in run["rounds_detail"] if r["draft"]]
+    length = 1.0 + sum(r["n_accepted"] for r in drafts) / len(drafts)
+    assert run["drafts"] == len(drafts) and run["mean_acceptance_length"] == pytest.approx(length), run
+    return length
 
 
 def _shuffled_layer(src: Path, dst: Path, layer: int = 0, seed: int = 0) -> Path:

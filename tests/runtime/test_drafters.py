@@ -4,6 +4,7 @@ spec-type rules and `graphgen draft`."""
 
 import json
 import logging
+import re
 import shutil
 import subprocess
 
@@ -589,10 +590,40 @@ def test_run_speculative_api(tiny):
             pos += 1 + r.n_accepted
         sm = res.summary()
         assert sm["blocks"] == len(res.rounds) and sm["drafted_tokens"] == 3 * len(res.rounds)
-        assert sm["mean_accepted_length"] == sm["accepted_tokens"] / sm["blocks"]
+        # the field's mean acceptance length, from the rounds: 1 + accepted / drafts (every round drafted)
+        drafts = [r for r in res.rounds if r.draft]
+        assert sm["drafts"] == len(drafts) == len(res.rounds)
+        assert sm["mean_acceptance_length"] == pytest.approx(1 + sum(r.n_accepted for r in res.rounds) / len(drafts))
+        assert "mean_accepted_length" not in sm
         assert sm["generated_tokens"] == len(toks) - 8 >= 12
         # only the committed positions stay in the draft's KV cache
         assert d.seq_pos_max(0) == res.rounds[-1].pos0 + res.rounds[-1].n_accepted
+
+
+def test_a_round_that_drafted_nothing_is_no_draft(tiny):
+    """The field's mean acceptance length is 1 + accepted / drafts: a round whose draft came back
+    empty (llama.cpp's n_min / p_min cut) is counted as a round but not as a draft."""
+    with Session(tiny["dflash"], n_ctx=128) as s:
+        d = create_drafter(s, None, DraftParams(n_max=3))
+        feats = prompt_features(s, 40, seed=9)
+        real, calls = d.draft, {"n": 0}
+
+        def one_empty(reqs):
+            out = real(reqs)
+            if calls["n"] == 1:
+                out = {q: [] for q in out}
+            calls["n"] += 1
+            return out
+        d.draft = one_empty
+        ver = SimulatedVerifier(accept=[-1], n_vocab=s.hparams.n_vocab, mask_token=d.mask_token_id)
+        res = run_speculative(d, [(list(range(1, 9)), feats)], n_predict=12, verifier=ver)
+    assert [len(r.draft) for r in res.rounds][:3] == [3, 0, 3]
+    drafts = [r for r in res.rounds if r.draft]
+    sm = res.summary()
+    assert sm["blocks"] == len(res.rounds) and sm["drafts"] == len(drafts) == len(res.rounds) - 1
+    assert sm["mean_acceptance_length"] == pytest.approx(1 + sum(r.n_accepted for r in drafts) / len(drafts))
+    # over the rounds instead it would be lower: the drafts accepted something
+    assert sm["accepted_tokens"] > 0 and sm["mean_acceptance_length"] > 1 + sm["accepted_tokens"] / len(res.rounds)
 
 
 def test_run_speculative_target_tokens(tiny):
@@ -623,8 +654,15 @@ def test_draft_cli(tiny, tmp_path, capsys):
     out, err = capsys.readouterr()
     assert rc == 0
     assert "[round 1] seq 0 pos 5:" in err and "accepted 1" in err and "[round 2]" in err
-    for key in ("blocks", "drafted tokens", "accepted tokens", "mean accepted", "time per round"):
+    for key in ("blocks", "drafted tokens", "accepted tokens", "mean acceptance", "time per round"):
         assert key in out
+    assert "mean accepted" not in out
+    # the printed figure is the field's, from the printed counts: 1 + accepted / drafts (each block drafted)
+    blocks = int(re.search(r"^blocks +(\d+)$", out, re.M).group(1))
+    accepted = int(re.search(r"^accepted tokens +(\d+) ", out, re.M).group(1))
+    m = re.search(r"^mean acceptance +([\d.]+) tokens per round \(1 \+ accepted / drafts, over (\d+) drafts\)$",
+                  out, re.M)
+    assert m and int(m.group(2)) == blocks and float(m.group(1)) == pytest.approx(1 + accepted / blocks, abs=0.005)
     rc = cli_main(["draft", str(tiny["dspark"]), "--features", str(f), "--prompt-tokens", "1,2,3", "--n-predict", "4",
                    "--json", "--quiet"])
     out, err = capsys.readouterr()
