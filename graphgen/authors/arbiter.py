@@ -20,6 +20,14 @@ llama.cpp departs at a node when e_llama exceeds that node's band:
   shows how far any float32 implementation lands from exact; llama.cpp may land RATIO times
   farther (another summation order, its f16 conversions) before it is blamed.
 
+A draft that borrows its target's output head (b11739's ctx_other) multiplies by the target's
+tensor as the target stores it; `check -m TARGET.gguf` lends a quantized or f16 one. ggml rounds a
+matmul's input to the weight's dot-product type first (8-bit blocks for a quantized weight, f16 or
+bf16 for those), while the authors' model multiplies float32 by the same dequantized values. On
+the nodes that head computes (`result_output`, DSpark's `[drafted logits]`) the band then admits
+that rounding too: RATIO times e_head, the relative L2 by which rounding the arbiter's own head
+input (`result_norm`) so moves it (`head_rounding`).
+
 The arbiter's values are kept in float32 once computed (a relative rounding of 6e-8, below every
 floor), and transformers builds its rotary tables in float32 whatever the model's type. A node
 where the authors' float32 forward is farther from exact than llama.cpp's rounding explains is
@@ -40,6 +48,40 @@ from .compare import AuthorsDiff, _entry_for, argmax_agree, compare_values
 UNIT = {"f32": 2.0 ** -24, "f16": 2.0 ** -11}
 GROWTH = 64.0
 RATIO = 4.0
+
+
+# the nodes a borrowed output head computes, and the node that is its input
+HEAD_NODES = ("result_output", "[drafted logits]")
+HEAD_INPUT = "result_norm"
+# ggml's CPU dot-product type of a quantized weight: 8-bit blocks of 32 (q8_0, q8_1) for these,
+# of 256 (q8_K) for the k- and i-quants
+BLOCK32 = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q8_1", "iq4_nl", "mxfp4")
+
+
+def head_rounding(x: np.ndarray, head_type: str | None) -> float:
+    """Relative L2 by which ggml's rounding of a matmul's input, for a weight of `head_type`,
+    moves the rows `x` (their last axis the one multiplied): 0 for f32, f16 / bf16 rounding for
+    those, else 8 bits per block (scale: the block's largest magnitude / 127)."""
+    t = (head_type or "f32").lower()
+    x = np.asarray(x, dtype=np.float64)
+    x = x.reshape(-1, x.shape[-1])
+    if t == "f32":
+        return 0.0
+    if t == "f16":
+        r = x.astype(np.float16).astype(np.float64)
+    elif t == "bf16":
+        bits = x.astype(np.float32).view(np.uint32).astype(np.uint64)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000   # to nearest, ties to even
+        r = bits.astype(np.uint32).view(np.float32).astype(np.float64)
+    else:
+        block = 32 if t in BLOCK32 else 256
+        if x.shape[1] % block:   # no such weight in ggml: a row is one block
+            block = x.shape[1]
+        xb = x.reshape(-1, block)
+        step = np.abs(xb).max(axis=1, keepdims=True) / 127.0
+        r = (np.round(xb / np.where(step == 0, 1.0, step)) * step).reshape(x.shape)
+    den = float(np.sqrt(np.sum(x * x)))
+    return float(np.sqrt(np.sum((r - x) ** 2))) / den if den else 0.0
 
 
 def node_depth(name: str, n_layer: int) -> int:
@@ -66,9 +108,12 @@ class Judged:
     e_authors: float | None
     e_llama: float | None
     e_graphgen: float | None
+    e_head: float | None = None   # a borrowed head's rounding of its input (HEAD_NODES only)
 
     @property
     def band(self) -> float:
+        if self.e_head:
+            return max(self.floor, RATIO * (self.e_authors or 0.0), RATIO * self.e_head)
         return max(self.floor, RATIO * (self.e_authors or 0.0))
 
     @property
@@ -84,7 +129,8 @@ class Judged:
 
     def to_dict(self) -> dict:
         return {"graph": self.graph, "name": self.name, "depth": self.depth, "floor": self.floor,
-                "band": self.band, "authors_f32": self.e_authors, "llama.cpp": self.e_llama,
+                "band": self.band, "head_rounding": self.e_head, "authors_f32": self.e_authors,
+                "llama.cpp": self.e_llama,
                 "graphgen": self.e_graphgen, "llama.cpp_departs": self.llama_departs,
                 "authors_f32_drifts": self.authors_drift}
 
@@ -98,6 +144,7 @@ class Arbitration:
     argmax: list[tuple[str, int, int, int]] = field(default_factory=list)
     paths: list[tuple[str, int, int, int]] = field(default_factory=list)
     unmatched: list[str] = field(default_factory=list)   # arbiter nodes no side had
+    head_type: str | None = None   # the type of a borrowed output head, when not f32
 
     @property
     def compared(self) -> list[Judged]:
@@ -144,6 +191,12 @@ class Arbitration:
         for g, n, eq, excused in self.paths:
             out.append(f"    selector path in {g}: llama.cpp {eq}/{n} steps as the arbiter"
                        + (f" ({excused} near ties the authors' f32 misses too)" if excused else ""))
+        heads = [n for n in self.nodes if n.e_head]
+        if heads:
+            w = max(heads, key=lambda n: n.e_head)
+            names = ", ".join(sorted({n.name for n in heads}))
+            out.append(f"    the borrowed output head is {self.head_type}: llama.cpp rounds its input for it (moving "
+                       f"{HEAD_INPUT} by up to {w.e_head:.2e}), which the band of {names} allows {RATIO:g} times")
         drifts = self.drifts
         if drifts:
             w = max(drifts, key=lambda n: n.e_authors)
@@ -156,7 +209,7 @@ class Arbitration:
 
     def to_dict(self) -> dict:
         return {"agree": self.agree, "cache": self.cache, "unit": UNIT[self.cache], "growth": GROWTH,
-                "ratio": RATIO, "nodes": [n.to_dict() for n in self.nodes],
+                "ratio": RATIO, "head_type": self.head_type, "nodes": [n.to_dict() for n in self.nodes],
                 "argmax": [{"graph": g, "rows": n, "equal": e, "near_ties": x} for g, n, e, x in self.argmax],
                 "selector_path": [{"graph": g, "steps": n, "equal": e, "near_ties": x} for g, n, e, x in self.paths],
                 "first_departure": None if self.first_departure is None else self.first_departure.to_dict(),
@@ -170,10 +223,12 @@ def _by_name(diff: AuthorsDiff) -> dict[tuple[str, str], float | None]:
 
 
 def arbitrate(arbiter: list[Dump], authors: list[Dump], vs_llama: AuthorsDiff, vs_graphgen: AuthorsDiff,
-              n_layer: int, cache: str) -> Arbitration:
+              n_layer: int, cache: str, head_type: str | None = None) -> Arbitration:
     """`arbiter` and `authors`: the float64 and float32 torch dumps of one scenario, in the same
-    order; `vs_llama` / `vs_graphgen`: compare_paths(arbiter folder, that side's folder)."""
-    res = Arbitration(cache)
+    order; `vs_llama` / `vs_graphgen`: compare_paths(arbiter folder, that side's folder);
+    `head_type`: the type of the output head the draft borrows from its target (None: its own, or f32)."""
+    head_type = None if (head_type or "f32").lower() == "f32" else head_type.lower()
+    res = Arbitration(cache, head_type=head_type)
     e_l, e_g = _by_name(vs_llama), _by_name(vs_graphgen)
     if len(arbiter) != len(authors):
         res.unmatched.append(f"the float64 run made {len(arbiter)} graphs, the float32 run {len(authors)}")
@@ -183,6 +238,8 @@ def arbitrate(arbiter: list[Dump], authors: list[Dump], vs_llama: AuthorsDiff, v
         argmax_of = "[drafted logits]" if "[drafted logits]" in a_nodes else "result_output"
         # the cache's rounding reaches the block from the first attention output on
         unit = "f32"
+        head_in = next((n for n in arb.nodes if n.name == HEAD_INPUT), None) if head_type else None
+        x_head = arb.values(head_in.index) if head_in is not None else None
         for node in arb.nodes:
             if node.name.startswith("kqv_out-") and arb.graph == "block":
                 unit = cache
@@ -204,8 +261,9 @@ def arbitrate(arbiter: list[Dump], authors: list[Dump], vs_llama: AuthorsDiff, v
                 continue
             e_a, _ = compare_values(x, y)
             depth = node_depth(node.name, n_layer)
+            e_h = head_rounding(x_head, head_type) if node.name in HEAD_NODES and x_head is not None else None
             res.nodes.append(Judged(g, node.name, depth, floor_band(unit, depth), e_a, e_l[(g, node.name)],
-                                    e_g.get((g, node.name))))
+                                    e_g.get((g, node.name)), e_h))
             rows = vs_llama.agree_rows.get(g)
             if node.name == argmax_of and rows is not None:
                 a_ok = argmax_agree(x, y)

@@ -402,8 +402,11 @@ def _check_out(out: Path, force: bool) -> None:
 
 def _require_modules() -> None:
     # what the converter and the staging import; found, not imported (torch alone takes seconds)
+    from . import HIDE_ENV, torch_hidden
     missing = [m for m in ("torch", "transformers", "safetensors", "sentencepiece")
                if importlib.util.find_spec(m) is None]
+    if torch_hidden():
+        missing = [f"torch (hidden by {HIDE_ENV}=1)"]
     if missing:
         raise ConvertError(f"converting needs the graphgen[torch] extra: missing {', '.join(missing)}; {EXTRA_HINT}")
 

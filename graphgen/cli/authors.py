@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shutil
 import tempfile
@@ -135,15 +136,104 @@ def _cache_of(sc) -> str:
                      "caches (compare quantized ones with graphgen diff --nmse)")
 
 
-def run_check(hf_dir, scenario_path=None, target=None, keep=None, f16=False, say=None) -> dict:
+def _pair_problems(target: Path, draft: Path) -> list[str]:
+    """check_pair's problems with the pair, but for the target's layer inputs: check hands the draft
+    its features, and the target only lends its tables (as convert says of such targets)."""
+    from ..pair import check_pair, target_info
+    problems = check_pair(target, draft)
+    try:
+        lends_only = not target_info(target).publishes_layer_inputs
+    except Exception:  # noqa: BLE001 - check_pair has named what is wrong with the file
+        lends_only = False
+    return [p for p in problems if not (lends_only and "publishes no layer inputs" in p)]
+
+
+def _width_problem(ck, target: Path) -> str | None:
+    """A draft made for another target, told from its config before anything is converted: the
+    width of the embeddings it borrows."""
+    from ..pair import target_info
+    t = target_info(target)
+    key = "transformer_layer_config.hidden_size" if ck.authors == "speculators" else "hidden_size"
+    width = (ck.config.get("transformer_layer_config") or {}) if ck.authors == "speculators" else ck.config
+    n_embd = width.get("hidden_size")
+    if isinstance(n_embd, int) and n_embd != t.n_embd:
+        return (f"{ck.path / 'config.json'}: key '{key}' = {n_embd}, the target {target.name} is {t.n_embd} wide "
+                f"('{t.arch}.embedding_length'): the draft is not made for this target")
+    return None
+
+
+# speculators' classes cannot resolve a verifier named by its Hub id offline, and say so in a
+# warning; with -m the target's GGUF stands in for the verifier
+SPECULATORS_LOG = "speculators.models.utils"
+
+
+@contextlib.contextmanager
+def _quiet_logger(name: str):
+    import logging
+    log = logging.getLogger(name)
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
+def _beside_gguf(ck, target_gguf: Path, target_dir, work: Path, say):
+    """check -m: the draft converted alone (its vocabulary from the target's folder when there is
+    one, else rebuilt from the GGUF), the pair checked, then the authors' model loaded with the
+    GGUF's tables. Returns (the conversion, the authors' model in float32, in float64)."""
+    from ..authors import AuthorsError
+    from ..authors.convert import convert
+    from ..authors.forward import AuthorsDraft
+    from ..authors.gguf_target import staged_checkpoint, tables_folder, vocab_folder
+    from ..errors import PairError
+    hf = ck.path
+    side = work / "from-target"  # what the authors' side reads of the GGUF: removed once read
+    try:
+        folder = Path(target_dir) if target_dir is not None else hf / "target"
+        if target_dir is None and not folder.is_dir():
+            say(f"rebuilding the vocabulary of {target_gguf.name} for llama.cpp's converter")
+            folder = vocab_folder(target_gguf, side / "vocab")
+        say(f"converting {hf} with llama.cpp's converter (the target {target_gguf.name} is used as it is)")
+        with _quiet_logger(SPECULATORS_LOG):
+            conv = convert(hf, work / "draft.gguf", target_dir=folder, force=True, warn=None)  # warnings: in the report
+        problems = _pair_problems(target_gguf, work / "draft.gguf")
+        if problems:
+            raise PairError(problems)
+        say(f"reading the target's embeddings and head from {target_gguf.name}")
+        tables = tables_folder(target_gguf, side / "tables")
+        # speculators reads its verifier's tables from the folder its config names: this one
+        staged = staged_checkpoint(hf, side / "checkpoint", tables) if ck.authors == "speculators" else hf
+        drafts = []
+        for dtype in ("float32", "float64"):
+            try:
+                d = AuthorsDraft(staged, tables, dtype=dtype)
+            except AuthorsError as e:  # named as the user gave them
+                named = str(e).replace(str(staged), str(hf)).replace(str(tables), str(target_gguf))
+                raise AuthorsError(named) from None
+            d.hf_dir = hf
+            drafts.append(d)
+    finally:
+        shutil.rmtree(side, ignore_errors=True)
+    return conv, drafts[0], drafts[1]
+
+
+def run_check(hf_dir, scenario_path=None, target=None, keep=None, f16=False, say=None, target_gguf=None) -> dict:
     """The triangle: llama.cpp's converter (the draft as it writes it, and its target folder), then
     the scenario in the authors' model (float32, and float64 as the arbiter), in llama.cpp b11739 and
     in graphgen, both beside the target's GGUF; each side's distance to the arbiter, and graphgen
-    against llama.cpp."""
+    against llama.cpp.
+
+    `target_gguf` (check -m: a GGUF path or a known target's name): the target's own GGUF, which
+    b11739 and graphgen borrow from as it is and the authors' model reads its tables from; the target
+    folder is then not converted (only the draft is; `target`, or HF_DIR/target where it exists,
+    gives the converter the target's vocabulary, else it is rebuilt from the GGUF)."""
     from ..authors.arbiter import arbitrate
     from ..authors.compare import compare_paths
     from ..authors.convert import convert
     from ..authors.forward import AuthorsDraft, croppable, run_scenario_torch
+    from ..authors.gguf_target import head_type
     from ..compare.pairing import diff_paths, load_side
     from ..compare.report import exit_code
     from ..engine import run_scenario
@@ -154,10 +244,30 @@ def run_check(hf_dir, scenario_path=None, target=None, keep=None, f16=False, say
     hf = Path(hf_dir)
     if keep and Path(keep).exists() and (not Path(keep).is_dir() or any(Path(keep).iterdir())):
         raise ValueError(f"--keep {keep}: exists and is not an empty folder")
-    draft = AuthorsDraft(hf, target)
+    if target_gguf is not None:
+        from ..authors import AuthorsError, require_torch
+        from ..authors.folder import inspect
+        from ..authors.forward import _require_authors
+        from ..authors.gguf_target import target_gguf as checked_target
+        require_torch()
+        with _quiet_logger(SPECULATORS_LOG):
+            ck = inspect(hf)                # the folder, as every command checks it
+        _require_authors(ck)
+        tpath = checked_target(target_gguf).resolve()
+        bad = _width_problem(ck, tpath)
+        if bad:
+            raise AuthorsError(bad)
+        draft = None
+    else:
+        draft = AuthorsDraft(hf, target)
     # the work folder becomes --keep DIR only once everything ran
     work = Path(tempfile.mkdtemp(prefix="graphgen-check-"))
     try:
+        gguf, target_out = work / "draft.gguf", work / "target.gguf"
+        lender = target_out if target_gguf is None else tpath   # the GGUF that lends the draft its tables
+        if target_gguf is not None:
+            conv, draft, arbiter = _beside_gguf(ck, tpath, target, work, say)
+            target_arch = _target_arch(tpath)
         doc = (default_check_scenario(draft.block_size, draft.mask_token_id, f16) if scenario_path is None
                else read_scenario_doc(scenario_path))
         where = str(scenario_path) if scenario_path else "the default scenario"
@@ -166,36 +276,42 @@ def run_check(hf_dir, scenario_path=None, target=None, keep=None, f16=False, say
         sc = parse_scenario(doc, where=where)
         cache = _cache_of(sc)
         scenario_path = work / "scenario.json"
-        gguf, target_gguf = work / "draft.gguf", work / "target.gguf"
-        say(f"converting {hf} and its target with llama.cpp's converter")
-        # the draft as converted: what it lacks, b11739 and graphgen borrow from the target's GGUF
-        conv = convert(hf, gguf, target_dir=target, target_gguf=target_gguf, force=True,
-                       warn=None)  # warnings go in the report
+        if target_gguf is None:
+            say(f"converting {hf} and its target with llama.cpp's converter")
+            # the draft as converted: what it lacks, b11739 and graphgen borrow from the target's GGUF
+            conv = convert(hf, gguf, target_dir=target, target_gguf=target_out, force=True,
+                           warn=None)  # warnings go in the report
+            target_arch = conv.target_arch
         if conv.borrows:
-            # named relative to the run's folder, so that kept dumps still find it
-            doc = {**doc, "target": target_gguf.name}
+            # a converted target named relative to the run's folder, so that kept dumps still find it
+            doc = {**doc, "target": target_out.name if target_gguf is None else str(tpath)}
             sc = parse_scenario(doc, where=where)
             sc.features_base = str(work)
         scenario_path.write_text(json.dumps(doc, indent=1) + "\n")
         dirs = {k: work / k for k in ("torch", "arbiter", "llama.cpp", "graphgen")}
+        max_data = _max_data(sc, draft.n_vocab)
+        say("running llama.cpp b11739")
+        # first: a draft or target it refuses is said before the authors' model runs. Its log goes
+        # with the dumps when they are kept, else only into a failure's message
+        run_reference(gguf, scenario_path, dirs["llama.cpp"], max_data,
+                      **({"announce_dir": Path(keep) / "llama.cpp"} if keep else {"stderr_log": None}))
         say("running the authors' model")
         run_scenario_torch(hf, sc, dirs["torch"], scenario_path=scenario_path, draft=draft)
         say("running the authors' model in float64 (the arbiter)")
         run_scenario_torch(hf, sc, dirs["arbiter"], scenario_path=scenario_path,
-                           draft=AuthorsDraft(hf, target, dtype="float64"))
-        say("running llama.cpp b11739")
-        # llama.cpp's log goes with the dumps when they are kept, else only into a failure's message
-        run_reference(gguf, scenario_path, dirs["llama.cpp"], 262144,
-                      **({"announce_dir": Path(keep) / "llama.cpp"} if keep else {"stderr_log": None}))
+                           draft=AuthorsDraft(hf, target, dtype="float64") if target_gguf is None else arbiter)
         say("running graphgen")
-        run_scenario(gguf, sc, dirs["graphgen"], scenario_path=scenario_path)
+        run_scenario(gguf, sc, dirs["graphgen"], max_data=max_data, scenario_path=scenario_path)
         stamp_converter(dirs.values(), {"commit": conv.commit, "checkpoint": str(hf.resolve()),
-                                        "warnings": conv.warnings})
+                                        "warnings": conv.warnings,
+                                        **({"target": str(tpath)} if target_gguf is not None else {})})
         vs_ref = compare_paths(dirs["torch"], dirs["llama.cpp"], band=1.0)
         vs_ours = compare_paths(dirs["torch"], dirs["graphgen"], band=1.0)
+        # a borrowed head multiplies as the target stores it (check -m: quantized, perhaps)
+        head = head_type(lender) if "output.weight" in conv.borrows else None
         arb = arbitrate(load_side(dirs["arbiter"]), load_side(dirs["torch"]),
                         compare_paths(dirs["arbiter"], dirs["llama.cpp"], band=1.0),
-                        compare_paths(dirs["arbiter"], dirs["graphgen"], band=1.0), draft.n_layer, cache)
+                        compare_paths(dirs["arbiter"], dirs["graphgen"], band=1.0), draft.n_layer, cache, head)
         graph = diff_paths(dirs["llama.cpp"], dirs["graphgen"])
         identical = exit_code(graph) == 0
         if keep:
@@ -204,13 +320,27 @@ def run_check(hf_dir, scenario_path=None, target=None, keep=None, f16=False, say
                 Path(keep).rmdir()
             shutil.move(str(work), str(keep))
         return {"hf_dir": str(hf), "class": draft.label, "converter": conv.commit,
-                "converter_warnings": conv.warnings, "borrows": conv.borrows, "target_arch": conv.target_arch,
+                "converter_warnings": conv.warnings, "borrows": conv.borrows, "target_arch": target_arch,
+                "target": str(tpath) if target_gguf is not None else None,
+                "target_converted": target_gguf is None,
                 "work": str(keep or work), "kept": bool(keep),
                 "authors_vs_llama.cpp": vs_ref, "authors_vs_graphgen": vs_ours, "arbiter": arb,
                 "graphgen_identical": identical, "graph_diff": graph, "scenario_cut": cut,
                 "block_size": draft.block_size}
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _max_data(sc, n_vocab: int) -> int:
+    """Values a dump keeps per node: enough for the logits of the largest block over a real
+    target's vocabulary (a DSpark's result_output is no graph output, kept only by size)."""
+    rows = max((sum(len(b.tokens) for b in st.blocks) for st in sc.steps if st.kind == "block"), default=0)
+    return max(262144, rows * n_vocab)
+
+
+def _target_arch(path: Path) -> str:
+    from ..pair import target_info
+    return target_info(path).arch
 
 
 def verdict(r: dict) -> tuple[int, str]:
@@ -250,13 +380,15 @@ def _distances(d) -> dict:
 def _cmd_check(args) -> int:
     from .. import progress
     with progress.task(f"check {args.hf_dir}") as task:
-        r = run_check(args.hf_dir, args.scenario, args.target, args.keep, f16=args.type_kv == "f16", say=task.update)
+        r = run_check(args.hf_dir, args.scenario, args.target, args.keep, f16=args.type_kv == "f16", say=task.update,
+                      target_gguf=args.target_model)
     code, line = verdict(r)
     ref, ours, arb = r["authors_vs_llama.cpp"], r["authors_vs_graphgen"], r["arbiter"]
     if args.json:
         print(json.dumps({"verdict": line, "exit": code, "class": r["class"], "converter": r["converter"],
                           "converter_warnings": r["converter_warnings"], "borrows": r["borrows"],
-                          "target_arch": r["target_arch"], "scenario_cut": r["scenario_cut"],
+                          "target_arch": r["target_arch"], "target": r["target"],
+                          "target_converted": r["target_converted"], "scenario_cut": r["scenario_cut"],
                           "block_size": r["block_size"], "arbiter": arb.to_dict(),
                           "authors_vs_llama.cpp": _distances(ref), "authors_vs_graphgen": _distances(ours),
                           "graphgen_identical_to_llama.cpp": r["graphgen_identical"],
@@ -266,8 +398,9 @@ def _cmd_check(args) -> int:
     for w in r["converter_warnings"]:
         print(f"  converter {w}")
     if r["borrows"]:
-        print(f"  runs beside its target ({r['target_arch']} GGUF, converted too), which lends "
-              f"{' and '.join(r['borrows'])}")
+        beside = (f"{r['target_arch']} GGUF, converted too" if r["target_converted"] else
+                  f"{r['target']}, {r['target_arch']}, as it is")
+        print(f"  runs beside its target ({beside}), which lends {' and '.join(r['borrows'])}")
     if r["scenario_cut"]:
         print(f"  note: {r['scenario_cut']}")
     print(f"  {'':22s} {'mapped':>6s}  {'worst relative L2 to the authors f32':44s} {'argmax':>7s}  {'path':>7s}")
@@ -293,10 +426,16 @@ def register(sub) -> None:
     p.add_argument("--scenario", default=None,
                    help="default: two drafting rounds at the draft's block size with an f32 cache (one round "
                         "for drafts with sliding-window layers, whose authors' cache cannot crop)")
-    p.add_argument("--target", default=None, help="the target model's folder (default: HF_DIR/target)")
+    p.add_argument("-m", "--model", dest="target_model", metavar="TARGET", default=None,
+                   help="the target's GGUF (or a known target: smollm2), used as it is by llama.cpp and graphgen, "
+                        "its embeddings and head read by the authors' model: the target folder is not converted")
+    p.add_argument("--target", default=None,
+                   help="the target model's folder (default: HF_DIR/target); with -m, only its config and "
+                        "tokenizer are read, for the draft's vocabulary (default with -m: HF_DIR/target where it "
+                        "exists, else rebuilt from the GGUF)")
     p.add_argument("--type-kv", choices=("f32", "f16"), default="f32",
                    help="cache type of the default scenario (default f32)")
     p.add_argument("--keep", metavar="DIR", default=None,
-                   help="keep the GGUFs (draft and target) and the dump folders in DIR")
+                   help="keep the GGUFs (draft and target; with -m, the draft) and the dump folders in DIR")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(fn=_cmd_check)

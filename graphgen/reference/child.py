@@ -38,7 +38,8 @@ def _open(first: dict):
         fa = {"auto": -1, "on": 1, "off": 0}[t.get("flash_attn", "auto")]
         target = TargetContext(Path(t["path"]), t["layers"], n_ctx=t["n_ctx"], n_batch=t["n_batch"],
                                n_seq=t["n_seq"], n_threads=t["n_threads"], flash_attn=fa,
-                               type_k=KV_TYPE_IDS[t.get("type_k", "f16")], type_v=KV_TYPE_IDS[t.get("type_v", "f16")])
+                               type_k=KV_TYPE_IDS[t.get("type_k", "f16")], type_v=KV_TYPE_IDS[t.get("type_v", "f16")],
+                               log=log)
     draft = None
     if first.get("model") is not None:
         try:

@@ -40,13 +40,31 @@ def decode_rows(text, cols: int) -> np.ndarray | None:
     return None if text is None else np.frombuffer(base64.b64decode(text), dtype=np.float32).reshape(-1, cols)
 
 
+# llama_model_load's line for a file it refuses: its reason follows this (the line after it, "failed
+# to load model", says nothing more)
+LOAD_ERROR = "error loading model: "
+
+
+def logged_reason(errors) -> str:
+    """llama.cpp's own reason among the error lines it logged for one failure: what follows
+    "error loading model: " (`check_tensor_dims: tensor 'blk.0.attn_norm.weight' not found`), else
+    its first error line; "" when it logged none."""
+    lines = [" ".join(e.split()) for e in errors if e and e.strip()]
+    for ln in lines:
+        if LOAD_ERROR in ln:
+            return ln.split(LOAD_ERROR, 1)[1]
+    return lines[0] if lines else ""
+
+
 ABORT_LINE = re.compile(r"GGML_ASSERT|GGML_ABORT|terminate called|what\(\)|Segmentation fault|"
                          r"^\S+:\d+: .*(fatal|error|failed)", re.I)
 
 
 def error_text(log_path: Path, stderr: str) -> tuple[str, str]:
     """(headline, whole error) of a failed child: llama.cpp's logged errors from every phase and
-    its warnings from the phase that failed, an assertion's own line, and the runner's line."""
+    its warnings from the phase that failed, an assertion's own line, and the runner's line. The
+    headline is llama.cpp's first error, or the runner's line where that carries it (a refused file:
+    its name and llama.cpp's reason)."""
     entries = []
     try:
         for line in log_path.read_text(encoding="utf-8", errors="replace").splitlines():
@@ -70,6 +88,10 @@ def error_text(log_path: Path, stderr: str) -> tuple[str, str]:
         tail = [ln.strip() for ln in lines if ln.strip()][-3:]
     text = "\n".join([e["text"].rstrip() for e in kept] + aborts + runner + tail)
     first = (errors or aborts or warns or runner or tail or ["no error message"])[0]
+    reason = logged_reason(errors)
+    if reason and runner and reason in runner[0]:
+        # the child's own line already carries llama.cpp's reason, and names the file it refused
+        first = runner[0]
     # a message that continues over several lines is one reason: keep all of it
     headline = " ".join(ln.strip() for ln in first.splitlines() if ln.strip())
     # the player names the step first in a refusal: "graphgen: error: step 3 (block): ..."

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from ..player import Engine, play
-from .protocol import error_text, write_reply, write_start
+from .protocol import error_text, logged_reason, write_reply, write_start
 from ..compare.record import NodeRecorder, cpu_features, n_kv_from_nodes
 from ..scenario import KV_TYPE_IDS, Scenario, load_scenario
 from ..runtime.mmapfile import llama_model_params
@@ -72,11 +72,17 @@ def model_meta(path: Path) -> dict:
 class _LogCapture:
     """llama.cpp's log, written to stderr as its default logger does, with the warnings and
     errors also appended to the file named by $GRAPHGEN_REFERENCE_ERROR_LOG, tagged with the
-    phase (load, context, step N) they were logged in."""
+    phase (load, context, step N) they were logged in. The error lines since `mark()` are kept
+    here too, so that a refusal raised in this process can say llama.cpp's reason (`explain`)."""
+
+    # the capture libllama calls now, kept alive while it may still call it
+    installed = None
+    KEEP = 64  # error lines kept between marks
 
     def __init__(self, ffi, lib):
         self.phase = "load"
         self.level = None
+        self.errors: list[str] = []
         path = os.environ.get(ENV_ERROR_LOG)
         self.file = open(path, "a", encoding="utf-8") if path else None
 
@@ -86,10 +92,18 @@ class _LogCapture:
                 raw = ffi.string(text)
                 os.write(2, raw)
                 level = int(level)
-                if level == LOG_CONT:
+                cont = level == LOG_CONT
+                if cont:
                     level = self.level
                 else:
                     self.level = level
+                if level == LOG_ERROR:
+                    line = raw.decode(errors="replace")
+                    if cont and self.errors:
+                        self.errors[-1] += line
+                    else:
+                        self.errors.append(line)
+                        del self.errors[:-self.KEEP]
                 if self.file is not None and level in (LOG_WARN, LOG_ERROR):
                     self.file.write(json.dumps({"phase": self.phase, "level": "error" if level == LOG_ERROR else "warn",
                                                 "text": raw.decode(errors="replace")}) + "\n")
@@ -99,6 +113,16 @@ class _LogCapture:
 
         self.cb = cb
         lib.llama_log_set(cb, ffi.NULL)
+        _LogCapture.installed = self
+
+    def mark(self) -> None:
+        """Forget the error lines so far: what is logged next explains the next call."""
+        self.errors = []
+
+    def explain(self, message: str) -> str:
+        """`message`, then llama.cpp's own reason for the failure logged since `mark()`, if it gave one."""
+        reason = logged_reason(self.errors)
+        return f"{message}: {reason}" if reason else message
 
     def enter(self, phase: str) -> None:
         """A new phase: the parent keeps only the warnings of the phase that failed."""
@@ -143,9 +167,10 @@ class ReferenceContext:
 
         lib.llama_backend_init()
         mparams = llama_model_params(lib)
+        self.log.mark()
         self.mdl = lib.llama_model_load_from_file(str(model).encode(), mparams)
         if self.mdl == ffi.NULL:
-            raise ReferenceFailed(f"{reference_label()} could not load {model}")
+            raise ReferenceFailed(self.log.explain(f"{reference_label()} could not load {model}"))
         self.ctx = ffi.NULL
         try:
             # read after llama.cpp accepted the file: a file it refuses is its to refuse
@@ -169,9 +194,10 @@ class ReferenceContext:
             if ctx_other is not None:
                 # a draft without token embeddings or lm head borrows the target's (dflash.cpp)
                 cparams.ctx_other = ctx_other
+            self.log.mark()
             self.ctx = lib.llama_init_from_model(self.mdl, cparams)
             if self.ctx == ffi.NULL:
-                raise ReferenceFailed(f"{reference_label()} could not create a context for {model}")
+                raise ReferenceFailed(self.log.explain(f"{reference_label()} could not create a context for {model}"))
             # h_nextn is what the drivers read (LiliCorr's context features, DFlash2/DSpark lattices)
             set_nextn(int(ffi.cast("uintptr_t", self.ctx)), True, False)
             self.mem = lib.llama_get_memory(self.ctx)
@@ -313,8 +339,12 @@ def run_child(model: Path, scenario: Scenario, out: Path, max_data: int, scenari
                                   "(ctx_other); give the target (-m TARGET -md DRAFT, or \"target\" in the scenario)")
     if scenario.target is not None:
         # a context of the target only lends the draft its embeddings and lm head (ctx_other)
-        from .target import TargetContext
-        lender = TargetContext(Path(scenario.target_path), [], n_ctx=256, n_batch=64, n_seq=1, n_threads=scenario.n_threads)
+        from .target import TargetContext, TargetFailed
+        try:
+            lender = TargetContext(Path(scenario.target_path), [], n_ctx=256, n_batch=64, n_seq=1,
+                                   n_threads=scenario.n_threads)
+        except TargetFailed as e:
+            raise ReferenceFailed(str(e)) from None  # said as the runner's one line, not a traceback
     try:
         rc = ReferenceContext(model, scenario, recorder=rec, ctx_other=None if lender is None else lender.ctx)
     except BaseException:
@@ -423,7 +453,10 @@ def run_reference(model, scenario_path, out, max_data: int = 262144, timeout: fl
             how = f"signal {-rc}" if rc < 0 else f"exit {rc}"
             headline, text = error_text(log_path, stderr)
             headline = headline.removeprefix("graphgen: error: ")  # the child's own refusal, said once
-            raise ReferenceFailed(f"{reference_label()} failed ({how}): {headline}\n{text}", text, stderr, rc)
+            label = reference_label()
+            # a refusal of the child's that names llama.cpp already ("... could not load X: reason") stands alone
+            first = headline if headline.startswith(f"{label} ") else f"{label} failed ({how}): {headline}"
+            raise ReferenceFailed(f"{first}\n{text}", text, stderr, rc)
         if keep is not None:
             progress.note(f"llama.cpp's stderr is in {Path(announce_dir or out) / stderr_log}")
     finally:

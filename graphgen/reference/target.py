@@ -40,14 +40,21 @@ class TargetContext:
     after layer within a row, as the driver copies them for the draft)."""
 
     def __init__(self, path: Path, layers, *, n_ctx: int, n_batch: int, n_seq: int, n_threads: int,
-                 flash_attn: int = -1, type_k: int = 1, type_v: int = 1):
+                 flash_attn: int = -1, type_k: int = 1, type_v: int = 1, log=None):
+        """`log`: the process's llama.cpp log capture (reference.runner._LogCapture), one of its own
+        when None; a refusal's message carries llama.cpp's reason from it."""
         ffi, lib, libdir = load_llama()
         self.ffi, self.lib = ffi, lib
         self.mdl, self.ctx = ffi.NULL, ffi.NULL
+        if log is None:
+            from .runner import _LogCapture
+            log = _LogCapture(ffi, lib)
+        self.log = log
         lib.llama_backend_init()
+        log.mark()
         self.mdl = lib.llama_model_load_from_file(str(path).encode(), llama_model_params(lib))
         if self.mdl == ffi.NULL:
-            raise TargetFailed(f"{reference_label()} could not load the target {path}")
+            raise TargetFailed(log.explain(f"{reference_label()} could not load the target {path}"))
         try:
             self.vocab = lib.llama_model_get_vocab(self.mdl)
             self.n_vocab = int(lib.llama_vocab_n_tokens(self.vocab))
@@ -61,9 +68,10 @@ class TargetContext:
             cp.n_threads = cp.n_threads_batch = n_threads
             cp.flash_attn_type = flash_attn
             cp.type_k, cp.type_v = type_k, type_v
+            log.mark()
             self.ctx = lib.llama_init_from_model(self.mdl, cp)
             if self.ctx == ffi.NULL:
-                raise TargetFailed(f"{reference_label()} could not create a context for the target {path}")
+                raise TargetFailed(log.explain(f"{reference_label()} could not create a context for the target {path}"))
             self.n_ctx = int(lib.llama_n_ctx(self.ctx))
             self.n_batch = int(lib.llama_n_batch(self.ctx))
             self.mem = lib.llama_get_memory(self.ctx)

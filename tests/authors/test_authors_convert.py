@@ -572,6 +572,7 @@ def test_every_command_says_the_same_of_a_bad_checkpoint(work, zlab, tmp_path, c
     lines = []
     for argv in (["convert", "bad", str(tmp_path / "o.gguf"), "--target", str(zlab.target)],
                  ["check", "bad", "--target", str(zlab.target)],
+                 ["check", "bad", "-m", str(zlab.res.target_out)],
                  ["dump", "bad", "--engine", "torch", "--scenario", str(sc), "--out", str(tmp_path / "out")],
                  ["info", "bad"]):
         cwd = os.getcwd()
