@@ -104,6 +104,9 @@ def test_signal_ends_the_command_cleanly(tmp_path, deep, cmd, delay, sig):
     out = work / "out"
     if cmd[0] in ("dump", "trace", "xdiff"):
         _earlier_dump(out)
+    elif cmd[0] == "bench":
+        # an earlier plot, which bench may replace once done (another kind of file it refuses at once)
+        out.write_text('<svg xmlns="http://www.w3.org/2000/svg"><!-- earlier plot the user had --></svg>\n')
     else:
         out.write_bytes(b"GGUF earlier file the user had")
     before = _snapshot(work)

@@ -170,7 +170,7 @@ def test_cache_memory(d128, name):
 
 # -- the commands ---------------------------------------------------------------------------------
 def test_cli_refuses_in_one_line(d128, d16, tmp_path):
-    r = run("draft", d128, "--prompt-tokens", "1,2,3", "--type-kv", "q8_0")
+    r = run("draft", d128, "--prompt-tokens", "1,2,3", "--type-kv", "q8_0", "-fa", "off")
     assert r.returncode == 2
     assert r.stderr.strip() == ("graphgen: error: --type-v q8_0: a quantized V cache requires flash attention "
                                 "(-fa on)")
