@@ -197,6 +197,19 @@ class SimulatedVerifier:
         return n, self._random_token(avoid=(draft[n],) if n < len(draft) else ())
 
 
+def check_block_fits(drafter, n_batch: int | None = None) -> None:
+    """A draft block is one non-causal batch, which llama_decode cannot split: a micro-batch smaller
+    than the block would fail every round. Refused before the first one, naming the block and the
+    draft session's micro-batch (and -b, `n_batch` as given, where it is what capped it)."""
+    micro = drafter.session.n_ubatch
+    n = drafter.block_tokens(DraftRequest(id_last=0, pos0=1))
+    if n > micro:
+        capped = f" (-b {n_batch} caps it)" if n_batch == micro else ""
+        raise GraphgenError(f"a draft block of {n} tokens (n_max {drafter.n_max}) does not fit the draft's "
+                            f"micro-batch of {micro}{capped}: a block is one non-causal batch; give -ub and -b "
+                            f"of at least {n}, or a smaller --spec-draft-n-max")
+
+
 def run_speculative(drafter: DFlashDrafter, sequences, *, n_predict: int = 32, verifier=None,
                     temp: float = 1.0, seed: int = LLAMA_DEFAULT_SEED, progress=None) -> LoopResult:
     """Speculative decoding rounds on an open driver.

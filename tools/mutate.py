@@ -970,9 +970,9 @@ MUTATIONS = [
              ("tests/cli/test_cli.py::test_bench_refuses_its_outputs_before_the_runs",)),
     # (end of the recorded-run / naming mutations)
     # --- the real-target loop's flags, validation and the greedy check ---
-    Mutation("block_fits_any_micro_batch", "check_block_fits", "if n > n_ubatch:", "if n > 4 * n_ubatch:",
+    Mutation("block_fits_any_micro_batch", "check_block_fits", "if n > micro:", "if n > 4 * micro:",
              ("tests/cli/test_draft_target.py::test_flags_that_cannot_work_are_refused_before_any_round",)),
-    Mutation("real_target_block_not_checked", "run_target", "check_block_fits(drafter, args, n_ubatch)", "pass",
+    Mutation("real_target_block_not_checked", "run_target", "check_block_fits(drafter, args.n_batch)", "pass",
              ("tests/cli/test_draft_target.py::test_flags_that_cannot_work_are_refused_before_any_round",)),
     Mutation("spec_n_max_minus_one_allowed", "check_spec_flags", "if n_max is not None and n_max < 0:",
              "if n_max is not None and n_max < -1:",

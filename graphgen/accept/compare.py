@@ -236,8 +236,7 @@ class ContextFlags:
 def _run_engine(engine, target, draft, prompts_text, n_predict, temp, seed, n_seq, threads, layers, block,
                 task=None, flags: ContextFlags | None = None) -> EngineRun:
     from ..reference.session import ReferenceTarget
-    from ..runtime.drafters import DraftRequest
-    from ..speculate import run_speculative
+    from ..speculate import check_block_fits, run_speculative
     from ..verifier import TargetVerifier
 
     flags = flags or ContextFlags()
@@ -262,13 +261,7 @@ def _run_engine(engine, target, draft, prompts_text, n_predict, temp, seed, n_se
             for i, p in enumerate(prompts):
                 if not p:
                     raise GraphgenError(f"prompt {i}: the text gives no tokens")
-            # refused before any round: what llama_decode would fail on part way
-            rows = drafter.block_tokens(DraftRequest(id_last=0, pos0=1))
-            if rows > n_ubatch:
-                capped = " (-b caps it)" if flags.n_batch is not None and flags.n_batch < (flags.n_ubatch or 64) else ""
-                raise GraphgenError(f"a draft block of {rows} tokens does not fit the draft's micro-batch of "
-                                    f"{n_ubatch}{capped}: a block is one non-causal batch; give -ub and -b of at "
-                                    f"least {rows}")
+            check_block_fits(drafter, flags.n_batch)  # before any round
             longest_tokens = max(len(p) for p in prompts)
             if n_predict == -1:
                 # until the text ends or each sequence's share of the context is full

@@ -17,7 +17,8 @@ import json
 from pathlib import Path
 
 from ..errors import GraphgenError
-from ..runtime.drafters import LLAMA_DEFAULT_SEED
+from ..runtime.drafters import draw_seed
+from .generate import plural as _plural
 from .llamaflags import count_arg
 
 
@@ -74,10 +75,7 @@ def _cmd_accept(args) -> int:
     check_spec_flags(args)
     if args.svg is not None:
         check_output("--svg", args.svg, is_svg, "an SVG file", args.force)  # before the run, not after it
-    seed = args.seed
-    if seed == LLAMA_DEFAULT_SEED:
-        import random
-        seed = random.SystemRandom().getrandbits(32)  # -1: a fresh seed, as llama.cpp draws one
+    seed = draw_seed(args.seed)  # -1 (check_spec_flags made it LLAMA_DEFAULT_SEED): a fresh one
     flags = _context_flags(args)
     if args.n_predict == -1 and AUTHORS in engines:
         raise GraphgenError("-n -1 (until the text ends) is for the llama.cpp and graphgen engines: the authors' "
@@ -129,10 +127,6 @@ def _cmd_accept(args) -> int:
         if attr is not None:
             _print_attribution(runs, attr)
     return 1 if div is not None or (attr is not None and _faulty(runs, attr)) else 0
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}" + ("" if n == 1 else "s")
 
 
 def _within(runs, attr) -> bool:

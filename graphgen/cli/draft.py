@@ -51,18 +51,6 @@ def _features(args, n_rows: int, width: int, seq: int = 0):
     return feats.astype(np.float32, copy=False)
 
 
-def check_block_fits(drafter, args, n_ubatch: int) -> None:
-    """A draft block is one non-causal batch, which llama_decode cannot split: a micro-batch smaller
-    than the block would fail every round. Refused before the first one, naming both sizes."""
-    from ..runtime.drafters import DraftRequest
-    n = drafter.block_tokens(DraftRequest(id_last=0, pos0=1))
-    if n > n_ubatch:
-        capped = (f" (-b {args.n_batch} caps it)" if args.n_batch is not None and args.n_batch < (args.n_ubatch or 64)
-                  else "")
-        raise GraphgenError(f"a draft block of {n} tokens (n_max {drafter.n_max}) does not fit the micro-batch of "
-                            f"{n_ubatch}{capped}: give -ub and -b of at least {n}, or a smaller --spec-draft-n-max")
-
-
 def _cmd_draft(args) -> int:
     from ..runtime.drafters import LLAMA_DEFAULT_SEED, DraftParams
     from ..speculate import SimulatedVerifier, open_drafter, run_speculative
@@ -83,6 +71,7 @@ def _cmd_draft(args) -> int:
 
 
 def _run(args, DraftParams, SimulatedVerifier, open_drafter, run_speculative, default_seed) -> int:
+    from ..speculate import check_block_fits
     from .llamaflags import backend_of, check_spec_flags, model_path, resolve_fa
     model_path(args)
     args.backend = backend_of(args.backend)
@@ -126,7 +115,7 @@ def _run(args, DraftParams, SimulatedVerifier, open_drafter, run_speculative, de
                                backend=args.backend, engine=args.engine)
     engine_detail = _engine_detail(args.engine, drafter.session)
     try:
-        check_block_fits(drafter, args, n_ubatch)
+        check_block_fits(drafter, args.n_batch)
         hp = drafter.session.hparams
         need = len(prompt) + n_predict + drafter.n_max - 1
         # one prompt for every sequence (-np), each with features of its own unless a file gives them

@@ -100,12 +100,11 @@ SIMULATED_ONLY = (("--prompt-tokens", "prompt_tokens", "give the prompt as text 
 
 def run_target(args) -> int:
     from .. import progress
-    from ..runtime.drafters import LLAMA_DEFAULT_SEED, DraftParams, create_drafter
-    from ..speculate import run_speculative
+    from ..runtime.drafters import LLAMA_DEFAULT_SEED, DraftParams, create_drafter, draw_seed
+    from ..speculate import check_block_fits, run_speculative
     from ..targets import draft_label, resolve, resolve_draft
     from ..verifier import TargetVerifier, first_partings, generate_alone
     from ..scenario import KV_QUANTIZED
-    from .draft import check_block_fits
     from .kvtypes import kv_types
     from .llamaflags import backend_of, check_spec_flags, model_path, resolve_fa
 
@@ -123,10 +122,7 @@ def run_target(args) -> int:
         raise GraphgenError("--spec-draft-sampling probabilistic needs rejection-sampling verification (q), which "
                             "the real-target loop does not run; use greedy drafting")
     temp = LLAMA_DEFAULT_TEMP if args.temp is None else args.temp
-    seed = args.seed if args.seed is not None else LLAMA_DEFAULT_SEED
-    if seed == LLAMA_DEFAULT_SEED:
-        import random
-        seed = random.SystemRandom().getrandbits(32)  # as llama.cpp draws a fresh seed
+    seed = draw_seed(args.seed if args.seed is not None else LLAMA_DEFAULT_SEED)
     n_seq = args.n_parallel or 1
     fa = args.flash_attn or "auto"  # llama.cpp's default, for the draft's context as for the target's
     flash_attn = bool(resolve_fa(fa))
@@ -164,7 +160,7 @@ def run_target(args) -> int:
                 session = Session(draft, target=target, backend=backend, **settings)
             try:
                 drafter = create_drafter(session, args.spec_type or None, params)
-                check_block_fits(drafter, args, n_ubatch)
+                check_block_fits(drafter, args.n_batch)
                 task.update("generating")
                 stream = StreamPrinter(tg, prompts[0], enabled=not args.json and n_seq == 1)
                 rounds_out = RoundPrinter(verbose=args.verbose and not args.json)
@@ -338,7 +334,7 @@ def _summary(res, alone, t_alone, timing_alone, args, temp, seed, target, draft,
     return out
 
 
-def _plural(n: int, word: str) -> str:
+def plural(n: int, word: str) -> str:
     return f"{n} {word}" + ("" if n == 1 else "s")
 
 
@@ -352,10 +348,10 @@ def _print_summary(s: dict, parting_lines=()) -> None:
           f"{c['type_k_draft']}/{c['type_v_draft']}", file=err)
     print(f"sampling         {'greedy' if s['greedy'] else 'temp %g, seed %d' % (s['temp'], s['seed'])}", file=err)
     pe, ev = s["prompt_eval"], s["eval"]
-    print(f"prompt eval      {_plural(pe['tokens'], 'token')} in {pe['seconds']:.2f} s: "
+    print(f"prompt eval      {plural(pe['tokens'], 'token')} in {pe['seconds']:.2f} s: "
           f"{pe['tokens_per_s']:.1f} tokens/s", file=err)
-    print(f"eval             {_plural(ev['tokens'], 'token')} in {ev['seconds']:.2f} s: {ev['tokens_per_s']:.1f} "
-          f"tokens/s with drafting ({_plural(s['generated_tokens'], 'token')} generated)", file=err)
+    print(f"eval             {plural(ev['tokens'], 'token')} in {ev['seconds']:.2f} s: {ev['tokens_per_s']:.1f} "
+          f"tokens/s with drafting ({plural(s['generated_tokens'], 'token')} generated)", file=err)
     if "target_alone" in s:
         ta = s["target_alone"]
         same = ""
@@ -366,7 +362,7 @@ def _print_summary(s: dict, parting_lines=()) -> None:
               f"{ta['eval']['tokens_per_s']:.1f} tokens/s (drafting: x{s['speedup']:.2f}{same})", file=err)
         for line in parting_lines:
             print(f"parting          {line}", file=err)
-    print(f"drafted          {_plural(s['drafted_tokens'], 'token')} in {_plural(s['drafts'], 'draft')}, accepted "
+    print(f"drafted          {plural(s['drafted_tokens'], 'token')} in {plural(s['drafts'], 'draft')}, accepted "
           f"{s['accepted_tokens']} ({100 * s['acceptance_rate']:.1f}%)", file=err)
     print(f"mean acceptance  {s['mean_acceptance_length']:.2f} tokens per round (1 + accepted / drafts)", file=err)
     pp = " ".join(f"{100 * p:.0f}%" for p in s["acceptance_per_position"])
@@ -411,8 +407,8 @@ def record_run(args, target: Path, draft: Path, folder: Path) -> Path:
         sess = RecordingSession(Session(draft, target=target, **settings))
         try:
             drafter = create_drafter(sess, None, DraftParams(n_max=None))
-            from .draft import check_block_fits
-            check_block_fits(drafter, args, n_ubatch)
+            from ..speculate import check_block_fits
+            check_block_fits(drafter)
             run_speculative(drafter, [(p, None) for p in prompts], n_predict=n_predict,
                             verifier=TargetVerifier(tg, temp=temp, seed=seed))
         finally:

@@ -38,6 +38,13 @@ SPEC_TYPES = ("none", "draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash
 DFLASH_FAMILY = ("draft-dflash", "draft-dspark", "draft-dflash2", "draft-lilicorr")
 
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF
+
+
+def draw_seed(seed: int) -> int:
+    """llama.cpp's LLAMA_DEFAULT_SEED (-1 on the command line) asks for a fresh seed; any other is itself."""
+    return random.SystemRandom().getrandbits(32) if seed == LLAMA_DEFAULT_SEED else seed
+
+
 DFLASH2_SEED_MIX = 0x85EBCA6B
 SAMPLER_TOP_K = 10  # the drafters' common_sampler: top_k 10, then dist
 
@@ -413,8 +420,7 @@ class DFlash2Drafter(DFlashDrafter):
             self.rng_seed[seq] = dp.seed
             # LLAMA_DEFAULT_SEED asks for fresh entropy; any other seed is xor-mixed so the draft's stream
             # does not replay the target's (spec_retune does the same)
-            s = random.SystemRandom().getrandbits(32) if dp.seed == LLAMA_DEFAULT_SEED \
-                else (dp.seed ^ DFLASH2_SEED_MIX) & 0xFFFFFFFF
+            s = draw_seed(dp.seed) if dp.seed == LLAMA_DEFAULT_SEED else (dp.seed ^ DFLASH2_SEED_MIX) & 0xFFFFFFFF
             self.rng[seq].seed(s)
         top_k = self.selector_top_k
         pred = 0

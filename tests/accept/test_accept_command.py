@@ -295,11 +295,11 @@ def test_a_micro_batch_under_the_draft_block_is_refused_before_any_round(monkeyp
     monkeypatch.setattr(graphgen.speculate, "run_speculative", a_round)
     assert main(_one("-ub", "4")) == 2
     err = capsys.readouterr().err
-    assert "a draft block of 8 tokens does not fit the draft's micro-batch of 4:" in err and "-ub" in err, err
+    assert "a draft block of 8 tokens (n_max 7) does not fit the draft's micro-batch of 4:" in err and "-ub" in err, err
     assert "-b caps it" not in err
     assert main(_one("-b", "4")) == 2
     err = capsys.readouterr().err
-    assert "a draft block of 8 tokens does not fit the draft's micro-batch of 4 (-b caps it)" in err, err
+    assert "a draft block of 8 tokens (n_max 7) does not fit the draft's micro-batch of 4 (-b 4 caps it)" in err, err
     assert rounds == []
 
 
