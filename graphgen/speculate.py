@@ -211,7 +211,8 @@ def check_block_fits(drafter, n_batch: int | None = None) -> None:
 
 
 def run_speculative(drafter: DFlashDrafter, sequences, *, n_predict: int = 32, verifier=None,
-                    temp: float = 1.0, seed: int = LLAMA_DEFAULT_SEED, progress=None) -> LoopResult:
+                    temp: float = 1.0, seed: int = LLAMA_DEFAULT_SEED, progress=None,
+                    n_ctx: int | None = None) -> LoopResult:
     """Speculative decoding rounds on an open driver.
 
     sequences: [(prompt_tokens, features), ...], sequence i on seq id i. With a SimulatedVerifier
@@ -221,9 +222,11 @@ def run_speculative(drafter: DFlashDrafter, sequences, *, n_predict: int = 32, v
     features are injected, then each round drafts from (id_last, pos0) -- every sequence in one
     decode --, the verifier checks the drafts (a real target: one batched decode), the features of
     the verified positions pos0..pos0+len(draft) are injected and the rejected ones removed again,
-    as the server does. Stops once n_predict tokens are generated per sequence (the last round's
-    accepted run is cut there, so exactly n_predict), at an end-of-generation token, or when a
-    simulated verifier's given continuation runs out; `stop_reasons` says which.
+    as the server does. As llama-server, a round drafts at most the tokens left to n_predict minus
+    one (the target adds its own), and with `n_ctx` (the target's context per sequence) at most what
+    leaves two cells free; a sequence with no room left decodes id_last alone. Stops once n_predict
+    tokens are generated per sequence, at an end-of-generation token, or when a simulated
+    verifier's given continuation runs out; `stop_reasons` says which.
     """
     t_start = time.perf_counter()
     hp = drafter.session.hparams
@@ -273,10 +276,15 @@ def run_speculative(drafter: DFlashDrafter, sequences, *, n_predict: int = 32, v
         reqs = {}
         for seq in active:
             st = state[seq]
+            # server_slot::get_n_draft_max: room for the draft, the target's token and one cell spare
+            cap = n_predict - st["generated"] - 1
+            if n_ctx is not None:
+                cap = min(cap, n_ctx - len(st["tokens"]) - 2)
             reqs[seq] = DraftRequest(id_last=st["id_last"], pos0=len(st["tokens"]), temp=temp, seed=seed,
-                                     want_q=drafter.params.probabilistic)
+                                     want_q=drafter.params.probabilistic, n_max=max(cap, 0),
+                                     drafting=cap > 0)
         t0 = time.perf_counter()
-        drafts = drafter.draft(reqs)
+        drafts = drafter.draft(reqs) if any(dp.drafting for dp in reqs.values()) else {}
         t_draft = time.perf_counter() - t0
         t_tgt0 = verifier.t_target
         verdicts = verifier.verify(r_idx, {seq: (state[seq]["id_last"], reqs[seq].pos0, drafts.get(seq, []))

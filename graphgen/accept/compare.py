@@ -284,7 +284,8 @@ def _run_engine(engine, target, draft, prompts_text, n_predict, temp, seed, n_se
                     tg.seq_rm(s, -1, -1)
                     drafter.seq_rm(s, -1, -1)
                 res = run_speculative(drafter, [(p, None) for p in chunk], n_predict=n_predict,
-                                      verifier=TargetVerifier(tg, temp=temp, seed=seed), temp=temp, seed=seed)
+                                      verifier=TargetVerifier(tg, temp=temp, seed=seed), temp=temp, seed=seed,
+                                      n_ctx=tg.n_ctx)
                 texts = {s: b"".join(tg.pieces(res.tokens[s][res.n_prompt[s]:])[0]).decode(errors="replace")
                          for s in res.tokens}
                 runs.append((res, texts))

@@ -170,7 +170,8 @@ def run_target(args) -> int:
                     stream.round(rec)
                 verifier = TargetVerifier(tg, temp=temp, seed=seed)
                 res = run_speculative(drafter, [(p, None) for p in prompts], n_predict=n_predict,
-                                      verifier=verifier, temp=temp, seed=seed, progress=on_round)
+                                      verifier=verifier, temp=temp, seed=seed, progress=on_round,
+                                      n_ctx=tg.n_ctx)
                 stream.finish(res.tokens[0])
             finally:
                 session.close()
@@ -410,7 +411,7 @@ def record_run(args, target: Path, draft: Path, folder: Path) -> Path:
             from ..speculate import check_block_fits
             check_block_fits(drafter)
             run_speculative(drafter, [(p, None) for p in prompts], n_predict=n_predict,
-                            verifier=TargetVerifier(tg, temp=temp, seed=seed))
+                            verifier=TargetVerifier(tg, temp=temp, seed=seed), n_ctx=tg.n_ctx)
         finally:
             sess._s.close()
     doc = sess.scenario(n_ctx=settings["n_ctx"], n_ubatch=n_ubatch, flash_attn="on" if fa else "off",

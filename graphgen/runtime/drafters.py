@@ -92,6 +92,9 @@ class DraftRequest:
     temp: float = 1.0                 # the target's temperature (probabilistic drafting only)
     seed: int = LLAMA_DEFAULT_SEED    # the target's seed (probabilistic drafting only)
     want_q: bool = False              # result_q set: the verifier takes q for rejection sampling
+    # the caller's cap on this draft (-1: none): the server's room left in the context and in -n;
+    # the block is still the driver's n_max, its draft cut to this afterwards
+    n_max: int = -1
     result: list = field(default_factory=list)
     # per drafted token: [(token, score, p), ...] over the candidates (DFlash2 sampling)
     result_q: list | None = None
@@ -329,6 +332,11 @@ class DFlashDrafter:
             for seq, dp in reqs.items():
                 logits, h_nextn = outs[seq]
                 self.read_draft(seq, dp, logits, h_nextn)
+                # common_speculative_draft's cut to the request's own cap
+                if 0 < dp.n_max < len(dp.result):
+                    del dp.result[dp.n_max:]
+                    if dp.result_q:
+                        del dp.result_q[dp.n_max:]
         return {seq: list(dp.result) for seq, dp in reqs.items()}
 
     def read_draft(self, seq: int, dp: DraftRequest, logits, h_nextn) -> None:
