@@ -82,8 +82,9 @@ def _run(args, DraftParams, SimulatedVerifier, open_drafter, run_speculative, de
                             "draft with -md; without a target, give --prompt-tokens")
     if args.prompt_tokens is None:
         raise GraphgenError("no prompt: give --prompt-tokens (a draft alone), or -m TARGET -md DRAFT with -p TEXT")
-    if args.no_baseline:
-        raise GraphgenError("--no-baseline applies to a run with a target (-m TARGET -md DRAFT)")
+    for flag, on in (("--no-baseline", args.no_baseline), ("--llama-loop", args.llama_loop)):
+        if on:
+            raise GraphgenError(f"{flag} applies to a run with a target (-m TARGET -md DRAFT)")
     for flag, v in (("-ctkd", args.type_k_draft), ("-ctvd", args.type_v_draft), ("-devd", args.device_draft)):
         if v is not None:
             raise GraphgenError(f"{flag} applies to a run with a target (-m TARGET -md DRAFT); with a draft alone, "
@@ -217,6 +218,10 @@ def register(subparsers) -> None:
                    file_help="read the prompt text from FILE (with -md)")
     p.add_argument("--no-baseline", action="store_true",
                    help="with -md: skip the run of the target alone (the speed ratio and the greedy check)")
+    p.add_argument("--llama-loop", action="store_true",
+                   help="with -md: also run llama.cpp's own loop (b11549's common/speculative.cpp and common_sampler, "
+                        "tools/build_llama.sh, built once) with the same settings, the target of both on b11549's "
+                        "libllama, and compare them round for round; exit 1 where they part")
     p.add_argument("--spec-type", default=None,
                    help="draft-dflash (any DFlash family head), draft-dflash2, draft-dspark or draft-lilicorr "
                         "(comma-separated list as upstream; default: detected from the GGUF)")

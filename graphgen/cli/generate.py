@@ -143,6 +143,7 @@ def run_target(args) -> int:
                             "graphgen")
     params = DraftParams(n_max=args.spec_draft_n_max, n_min=args.spec_draft_n_min, p_min=args.spec_draft_p_min)
     label = draft_label(args.model_draft)
+    loop_build = _llama_loop_build(args, draft) if args.llama_loop else None
 
     with progress.task(f"draft {label} on {target.name}") as task:
         task.update("loading the target")
@@ -200,6 +201,24 @@ def run_target(args) -> int:
     if alone is not None and temp <= 0:
         summary["partings"] = [p.to_dict() for p in partings]
     bad = [line for p, line in zip(partings, parting_lines) if not p.near_tie]
+    loop_cmp = None
+    if loop_build is not None:
+        from .. import llamaloop
+        st = llamaloop.LoopSettings(
+            n_predict=n_predict, n_seq=n_seq, n_ctx=settings["n_ctx"], n_batch=args.n_batch or 256,
+            n_ubatch_draft=n_ubatch, flash_attn=flash_attn, type_k=tgt_k, type_v=tgt_v, type_k_draft=type_k,
+            type_v_draft=type_v, n_max=res.n_max, n_min=params.n_min, p_min=params.p_min, temp=temp, seed=seed,
+            threads=args.threads or 1)
+        with progress.task("llama.cpp's loop") as task:
+            task.update(f"{llamaloop.BUILD} {llamaloop.PROGRAM}")
+            theirs = llamaloop.run(loop_build, target, draft, prompts, st)
+        loop_cmp = llamaloop.compare(summary["rounds_detail"], theirs, res.tokens)
+        summary["llama_loop"] = {
+            "build": str(loop_build), "rounds_compared": loop_cmp.compared, "rounds_identical": loop_cmp.identical,
+            "tokens_identical": loop_cmp.tokens_identical,
+            "first_parting": None if loop_cmp.first is None else loop_cmp.first.describe(),
+            "rounds_detail": theirs.rounds, "tokens": [theirs.tokens.get(s) for s in range(n_seq)],
+            "seconds": theirs.timing}
     if args.json:
         summary["tokens"] = [res.tokens[s] for s in range(n_seq)]
         if alone is not None:
@@ -210,11 +229,43 @@ def run_target(args) -> int:
             for s in range(n_seq):
                 print(f"--- sequence {s}\n{texts_out[s]}")
         _print_summary(summary, parting_lines)
+        if loop_cmp is not None:
+            print(_loop_line(loop_cmp))
+    if loop_cmp is not None and not loop_cmp.ok:
+        print(f"error: graphgen's loop parts from llama.cpp's: {_loop_line(loop_cmp)}", file=sys.stderr)
+        return 1
     if bad:
         # a near tie is the target's batch numerics; anything wider is drafting changing the text
         print(f"error: drafting changed the target's greedy text beyond a near tie: {bad[0]}", file=sys.stderr)
         return 1
     return 0
+
+
+def _llama_loop_build(args, draft: Path):
+    """--llama-loop: llama.cpp's loop program (built once), and both targets on its libllama."""
+    import os
+    from .. import llamaloop, progress
+    from ..libload import ENV_LLAMA_DIR, custom_llama_dir
+    from ..pair import draft_info
+    if args.spec_type and "lilicorr" in args.spec_type or draft_info(draft).head == "lilicorr":
+        raise GraphgenError(f"--llama-loop: llama.cpp {llamaloop.BUILD} has no LiliCorr driver to compare with (its "
+                            "common/speculative.cpp has DFlash, DFlash2 and DSpark); LiliCorr's driver is checked "
+                            "against the seed's")
+    build = llamaloop.ensure_build(progress.note)
+    chosen = custom_llama_dir()
+    if chosen is None:
+        # graphgen's target (and, unless --ggml says otherwise, its ggml) on the same b11549 build
+        os.environ[ENV_LLAMA_DIR] = str(build)
+    elif chosen != build.resolve():
+        raise GraphgenError(f"--llama-loop compares on llama.cpp {llamaloop.BUILD}'s libllama ({build}); --llama "
+                            f"{chosen} would run graphgen's target on another: drop --llama")
+    return build
+
+
+def _loop_line(c) -> str:
+    head = (f"llama.cpp's loop {c.compared} rounds compared, {c.identical} identical; "
+            f"{'the same tokens' if c.tokens_identical else 'the tokens differ'}")
+    return head if c.first is None else f"{head}; first parting: {c.first.describe()}"
 
 
 class RoundPrinter:
