@@ -80,12 +80,15 @@ class _Removed(argparse.Action):
         parser.error(f"{option_string}: the argument has been removed. use {self.use}")
 
 
+LLAMA_DEFAULT_N_MAX = 3   # common_params_speculative_draft::n_max
+
+
 def add_spec_flags(p) -> None:
     """llama.cpp's draft flags with its names and defaults: --spec-draft-n-max / -n-min / -p-min
     (also --draft-p-min, which llama.cpp keeps), and the removed --draft-max / --draft-min family,
     refused naming their replacements as llama.cpp does."""
-    p.add_argument("--spec-draft-n-max", type=int, default=None, metavar="N",
-                   help="longest draft, clamped to what the trained block yields (default: that)")
+    p.add_argument("--spec-draft-n-max", type=int, default=LLAMA_DEFAULT_N_MAX, metavar="N",
+                   help="longest draft, clamped to what the trained block yields (default 3, llama.cpp's)")
     p.add_argument("--spec-draft-n-min", type=int, default=0, metavar="N",
                    help="shorter drafts are dropped (default 0)")
     p.add_argument("--spec-draft-p-min", "--draft-p-min", dest="spec_draft_p_min", type=float, default=0.0,
@@ -110,7 +113,7 @@ def check_spec_flags(args) -> None:
         raise GraphgenError(f"--spec-draft-n-max must be >= 0, got {n_max}")
     if n_max == 0:
         raise GraphgenError("--spec-draft-n-max 0 drafts nothing: every round would be the target alone; give at "
-                            "least 1 (default: what the draft's trained block yields)")
+                            "least 1 (default 3, llama.cpp's)")
     if n_min < 0:
         raise GraphgenError(f"--spec-draft-n-min must be >= 0, got {n_min}")
     if n_max is not None and n_min > n_max:

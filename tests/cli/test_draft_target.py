@@ -33,12 +33,18 @@ def run(args):
 
 
 def test_greedy_run_reports_the_loop_and_equals_the_target_alone(target, draft):
-    p = run(["draft", "-m", target, "-md", draft, "-p", PROMPT, "-n", 10, "--temp", 0, "--json"])
+    p = run(["draft", "-m", target, "-md", draft, "-p", PROMPT, "-n", 10, "--temp", 0, "--json",
+             "--spec-draft-n-max", 5])
     assert p.returncode == 0, p.stderr[-2000:]
     s = json.loads(p.stdout)
     assert s["greedy"] and s["generated_tokens"] == 10 and s["n_max"] == 5
     assert s["same_tokens_as_target_alone"] is True
-    assert s["blocks"] >= 1 and s["drafted_tokens"] == 5 * s["blocks"]
+    # as llama-server: a full block each round, but the last rounds draft at most the tokens left - 1
+    n_prompt = len(s["tokens"][0]) - 10
+    # before a round at pos0 the target has generated pos0 - n_prompt + 1 tokens (id_last among them)
+    caps = [min(5, 10 - (r["pos0"] - n_prompt + 1) - 1) for r in s["rounds_detail"]]
+    assert [len(r["draft"]) for r in s["rounds_detail"]] == [max(c, 0) for c in caps]
+    assert s["blocks"] >= 1 and s["drafted_tokens"] == sum(max(c, 0) for c in caps)
     assert len(s["acceptance_per_position"]) == 5
     assert s["seconds"]["target"] > 0 and s["seconds"]["draft"] > 0
     assert s["target_alone"]["generated_tokens"] == 10
@@ -182,8 +188,8 @@ def test_dump_with_a_lending_target_on_any_scenario(target, draft, tmp_path):
 
 REFUSED = {
     # a block is one non-causal batch: a micro-batch below it would fail every round
-    "ubatch_below_block": (["-ub", 4], ["block of 6 tokens", "micro-batch of 4"]),
-    "batch_caps_ubatch": (["-b", 5], ["block of 6 tokens", "micro-batch of 5", "-b 5"]),
+    "ubatch_below_block": (["-ub", 4, "--spec-draft-n-max", 5], ["block of 6 tokens", "micro-batch of 4"]),
+    "batch_caps_ubatch": (["-b", 5, "--spec-draft-n-max", 5], ["block of 6 tokens", "micro-batch of 5", "-b 5"]),
     "n_max_negative": (["--spec-draft-n-max", -1], ["--spec-draft-n-max must be >= 0"]),
     "n_max_zero": (["--spec-draft-n-max", 0], ["--spec-draft-n-max 0 drafts nothing"]),
     "p_min_above_one": (["--spec-draft-p-min", 2], ["--spec-draft-p-min must be in [0, 1]"]),
