@@ -139,6 +139,9 @@ CONVERT = ("tests/authors/test_authors_convert.py",)
 
 IMPORT_VALUES = ("tests/compare/test_import_values.py",)
 CHECK_BATCH = ("tests/reference/test_check_batch.py",)
+LOOP = ("tests/reference/test_llama_loop.py",)
+LOOP_UNIT = ("tests/reference/test_llama_loop.py::test_compare_names_the_earliest_parting_and_refuses_nothing",)
+
 MUTATIONS = [
     # --- the base backbone (graph_base) ---
     Mutation("kq_scale_sqrt_dropped", "GraphBase.build_layers",
@@ -1003,6 +1006,19 @@ MUTATIONS = [
              "print(f\"error: drafting changed the target's greedy text beyond a near tie: {bad[0]}\", file=sys.stderr)\n        return 0",
              ("tests/cli/test_draft_target.py::test_a_parting_from_the_target_alone_is_named_with_its_margins",)),
     # (end of the real-target flag mutations)
+    # --- the drivers and the loop against llama.cpp b11549's own (both graphgen engines share them,
+    # so only llama.cpp's loop sees these) ---
+    Mutation("n_min_drops_a_draft_of_exactly_n_min", "DFlashDrafter.read_draft",
+             "if len(dp.result) < p.n_min:", "if len(dp.result) <= p.n_min:", LOOP),
+    Mutation("draft_cap_leaves_no_room_for_the_targets_token", "run_speculative",
+             'cap = n_predict - st["generated"] - 1', 'cap = n_predict - st["generated"]', LOOP),
+    Mutation("draft_cut_keeps_one_token_more", "DFlashDrafter.draft",
+             "del dp.result[dp.n_max:]", "del dp.result[dp.n_max + 1:]", LOOP),
+    Mutation("dspark_cutoff_reads_the_next_slots_confidence", "DSparkDrafter.read_draft",
+             "conf[i, 0] < F32(p.p_min)", "conf[min(i + 1, conf.shape[0] - 1), 0] < F32(p.p_min)", LOOP),
+    Mutation("loop_compare_skips_the_target_tokens", "graphgen/llamaloop.py",
+             'ROUND_KEYS = ("pos0", "id_last", "draft", "target", "n_accepted")',
+             'ROUND_KEYS = ("pos0", "id_last", "draft", "n_accepted")', LOOP_UNIT),
     # --- mean acceptance length and the loop's reports ---
     Mutation("accept_mean_without_the_target_token", "EngineRun.mean_acceptance_length",
              'return 1.0 + sum(r["n_accepted"] for r in self.blocks) / n if n else 1.0',

@@ -158,6 +158,9 @@ def test_compare_names_the_earliest_parting_and_refuses_nothing():
     short = llamaloop.compare([round_(0, 0, [1, 2], 1), round_(1, 0, [3], 0)], theirs, {0: [1, 2], 1: [3]})
     assert not short.ok and short.first.ours is None and "no such round" in short.first.describe()
     assert not llamaloop.compare(theirs.rounds, theirs, {0: [1, 2], 1: [4]}).ok
+    # the same draft and count, but the target sampled another token after the accepted run
+    other = [round_(0, 0, [1, 2], 1, target=[1, 8])] + theirs.rounds[1:]
+    assert llamaloop.compare(other, theirs, {0: [1, 2], 1: [3]}).first.index == 0
     with pytest.raises(GraphgenError, match="nothing to compare"):
         llamaloop.compare([], llamaloop.LoopRun(rounds=[], tokens={0: [1]}, generated={}, stops={}), {0: [1]})
 
