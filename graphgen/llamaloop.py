@@ -78,6 +78,18 @@ def ensure_build(note=None) -> Path:
     return d
 
 
+def share_build(build: Path, what: str) -> None:
+    """Run graphgen's targets on the build's libllama too (and, unless --ggml says otherwise, its
+    ggml), so both loops compute on the same kernels; refused when --llama chose another build."""
+    from .libload import ENV_LLAMA_DIR, custom_llama_dir
+    chosen = custom_llama_dir()
+    if chosen is None:
+        os.environ[ENV_LLAMA_DIR] = str(build)
+    elif chosen != Path(build).resolve():
+        raise GraphgenError(f"{what} compares on llama.cpp {BUILD}'s libllama ({build}); --llama {chosen} would run "
+                            "graphgen's target on another: drop --llama")
+
+
 @dataclass
 class LoopSettings:
     """One run's settings, in llama.cpp's terms; graphgen's side resolves its flags to these."""

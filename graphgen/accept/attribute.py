@@ -253,6 +253,9 @@ def attribute(target, runs: dict, authors_draft, n_threads: int = 1) -> Attribut
     # (with how far below the replay's best each token llama.cpp drafted lies, in logits, and for
     # DFlash2 whether only another top-k candidate set than the replay's own makes it a tie)
     rep_l, rep_t, rep_c, gap_l, edge_l = [], [], [], [], []
+    # llama.cpp drafts a whole block of its n_max and cuts the draft near -n (as llama-server): the
+    # replay runs the same block, its first tokens compared
+    nb = a.n_max
     for p, rs in enumerate(a.rounds):
         rep_l.append([])
         gap_l.append([])
@@ -260,22 +263,21 @@ def attribute(target, runs: dict, authors_draft, n_threads: int = 1) -> Attribut
         for r in rs:
             if hasattr(draft, "propose"):
                 # DFlash2: each token's selector score over every candidate set the numerics could pick
-                toks = AL.replay(tmodel, draft, L[p][0][:r["pos0"]], r["id_last"], r["pos0"], len(r["draft"]))
+                toks = AL.replay(tmodel, draft, L[p][0][:r["pos0"]], r["id_last"], r["pos0"], nb)
                 un, sc, top_k = AL.selector_rows(tmodel, draft, L[p][0][:r["pos0"]], r["id_last"], r["pos0"],
-                                                 len(r["draft"]), toks)
+                                                 nb, toks)
                 gaps = [edge_gap(un[i], sc[i], t, top_k) for i, t in enumerate(r["draft"])]
                 # a tie only another candidate set gives: the token outside the replay's own top-k, or
                 # beyond the band of that set's best
                 edge = [g <= TIE_BAND < edge_gap(un[i], sc[i], t, top_k, 0.0) for i, (g, t) in enumerate(zip(gaps, r["draft"]))]
             else:
-                toks, lg = AL.replay(tmodel, draft, L[p][0][:r["pos0"]], r["id_last"], r["pos0"], len(r["draft"]),
-                                     logits=True)
+                toks, lg = AL.replay(tmodel, draft, L[p][0][:r["pos0"]], r["id_last"], r["pos0"], nb, logits=True)
                 gaps = [float(lg[i].max() - lg[i][t]) for i, t in enumerate(r["draft"])]
                 edge = [False] * len(gaps)
-            rep_l[-1].append(toks)
+            rep_l[-1].append(list(toks)[:len(r["draft"])])
             gap_l[-1].append(gaps)
             edge_l[-1].append(edge)
-        rep_t.append([AL.replay(tmodel, draft, T[p][0][:r["pos0"]], r["id_last"], r["pos0"], len(r["draft"]))
+        rep_t.append([list(AL.replay(tmodel, draft, T[p][0][:r["pos0"]], r["id_last"], r["pos0"], nb))[:len(r["draft"])]
                       for r in rs])
     for p, rs in enumerate(c.rounds):
         rep_c.append([AL.replay(tmodel, draft, Tc[p][0][:r["pos0"]], r["id_last"], r["pos0"], len(r["draft"]))

@@ -26,6 +26,9 @@ ENGINES = ("llama.cpp", "graphgen")
 # the authors' own loop (graphgen.accept.authors_loop): the target in transformers, the draft from its
 # checkpoint; needs the graphgen[torch] extra
 AUTHORS = "authors"
+# llama.cpp's own loop (graphgen.llamaloop): b11549's common/speculative.cpp, common_sampler and
+# loop, tools/build_llama.sh's graphgen-spec-loop; the other engines' target then runs on b11549 too
+LLAMA_LOOP = "llama.cpp-loop"
 ROOT = Path(__file__).resolve().parents[2]
 
 # held-out text: none is a training prompt, none is made by graphgen/accept/train.py's templates or
@@ -305,6 +308,64 @@ def _run_engine(engine, target, draft, prompts_text, n_predict, temp, seed, n_se
     return out
 
 
+def trained_n_max(draft: Path) -> int:
+    """What one block of the draft drafts: its block size, less the anchor slot unless a DSpark
+    head predicts from it (the cap the drivers put on n_max)."""
+    from ..ggufile import field_value, open_reader
+    from ..pair import draft_info
+    info = draft_info(draft)
+    block = info.block_size or 16
+    if info.head == "dspark":
+        sfa = field_value(open_reader(draft), "dflash.sample_from_anchor")
+        if sfa is None or str(sfa).lower() == "true":   # a GGUF bool, or the string upstream compares
+            return block
+    return block - 1
+
+
+def _run_llama_loop(target, draft, prompts_text, n_predict, temp, seed, n_seq, threads, layers, block, task=None,
+                    flags: ContextFlags | None = None, build=None) -> EngineRun:
+    """llama.cpp's own loop over the prompts, n_seq at a time, with the settings _run_engine gives
+    the other engines (the draft's whole block drafted, as accept drafts)."""
+    from .. import llamaloop, progress
+    from ..reference.session import ReferenceTarget
+    flags = flags or ContextFlags()
+    build = build or llamaloop.ensure_build(progress.note)
+    longest = max(len(t.encode()) for t in prompts_text) + 2
+    if flags.n_ctx is not None:
+        n_ctx = flags.n_ctx
+    elif n_predict == -1:
+        n_ctx = 4096
+    else:
+        n_ctx = max(256, -(-n_seq * (longest + n_predict + block + 1) // 256) * 256)
+    with ReferenceTarget(target, layers, n_ctx=n_ctx, n_batch=64, n_threads=threads) as tg:
+        prompts = [tg.tokenize(t) for t in prompts_text]
+        n_ctx = tg.n_ctx
+    if n_predict == -1:
+        n_predict = n_ctx // n_seq - max(len(p) for p in prompts) - block - 1
+    fa = flags.flash_attn != "off"   # llama.cpp resolves auto to on: the CPU runs these drafts' kernels
+    st = llamaloop.LoopSettings(n_predict=n_predict, n_seq=n_seq, n_ctx=n_ctx, n_batch=flags.n_batch or 256,
+                                n_ubatch_draft=flags.micro_batch, flash_attn=fa, type_k=flags.type_k,
+                                type_v=flags.type_v, type_k_draft=flags.type_k_draft,
+                                type_v_draft=flags.type_v_draft, n_max=trained_n_max(draft), temp=temp, seed=seed,
+                                threads=threads)
+    out = EngineRun(LLAMA_LOOP, st.n_max, list(prompts_text), [], prompt_tokens=prompts, layers=list(layers))
+    for c in range(0, len(prompts), n_seq):
+        chunk = prompts[c:c + n_seq]
+        if task is not None:
+            task.update(f"{LLAMA_LOOP}: prompts {c + 1}-{c + len(chunk)} of {len(prompts)}")
+        st.n_seq = len(chunk)
+        run = llamaloop.run(build, target, draft, chunk, st)
+        for s in range(len(chunk)):
+            out.rounds.append([{"pos0": r["pos0"], "id_last": r["id_last"], "draft": list(r["draft"]),
+                                "n_drafted": len(r["draft"]), "n_accepted": r["n_kept"], "bonus": r["bonus"]}
+                               for r in run.rounds if r["seq"] == s])
+            out.tokens.append(list(run.generated[s]))
+            out.text.append(run.texts[s])
+        out.seconds += run.timing.get("t_total", 0.0)
+        out.prefill_seconds += run.timing.get("t_prefill", 0.0)
+    return out
+
+
 def authors_checkpoint(draft: Path, given=None) -> Path:
     """The authors' checkpoint folder of a draft: `given`, else the GGUF's own folder; it must hold
     config.json and model.safetensors."""
@@ -386,8 +447,8 @@ def run_engines(target, draft, prompts_text=None, n_predict: int = 64, engines=E
     if n_seq < 1:
         raise GraphgenError(f"n_seq must be at least 1, got {n_seq}")
     for e in engines:
-        if e not in ENGINES + (AUTHORS,):
-            raise GraphgenError(f"unknown engine {e!r}: the engines are {', '.join(ENGINES + (AUTHORS,))}")
+        if e not in ENGINES + (LLAMA_LOOP, AUTHORS):
+            raise GraphgenError(f"unknown engine {e!r}: the engines are {', '.join(ENGINES + (LLAMA_LOOP, AUTHORS))}")
     if AUTHORS in engines:
         authors_checkpoint(draft, authors_draft)  # before any engine runs
         from ..authors import require_torch
@@ -403,6 +464,10 @@ def run_engines(target, draft, prompts_text=None, n_predict: int = 64, engines=E
                 out[e] = _run_authors(target, draft, prompts_text, n_predict, temp, seed, layers, authors_draft, task,
                                       threads)
                 continue
+            if e == LLAMA_LOOP:
+                out[e] = _run_llama_loop(target, draft, prompts_text, n_predict, temp, seed, n_seq, threads, layers,
+                                         block, task, flags)
+                continue
             out[e] = _run_engine(e, target, draft, prompts_text, n_predict, temp, seed, n_seq, threads, layers,
                                  block, task, flags)
     return out
@@ -410,7 +475,7 @@ def run_engines(target, draft, prompts_text=None, n_predict: int = 64, engines=E
 
 # -- the plot -----------------------------------------------------------------------------------
 
-COLOURS = {"graphgen": "#1f77b4", "llama.cpp": "#d62728", "authors": "#2ca02c"}
+COLOURS = {"graphgen": "#1f77b4", "llama.cpp": "#d62728", "authors": "#2ca02c", LLAMA_LOOP: "#9467bd"}
 
 
 def acceptance_svg(runs: dict, title: str = "") -> str:

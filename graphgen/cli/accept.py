@@ -23,8 +23,8 @@ from .llamaflags import count_arg
 
 
 def _engines(text: str) -> list[str]:
-    from ..accept.compare import AUTHORS, ENGINES
-    known = ENGINES + (AUTHORS,)
+    from ..accept.compare import AUTHORS, ENGINES, LLAMA_LOOP
+    known = ENGINES + (LLAMA_LOOP, AUTHORS)
     names = [t for t in text.replace(" ", "").split(",") if t]
     if not names:
         raise GraphgenError("--engines: no engine given")
@@ -63,7 +63,8 @@ def _context_flags(args):
 
 
 def _cmd_accept(args) -> int:
-    from ..accept.compare import AUTHORS, acceptance_svg, first_divergence, run_engines
+    from ..accept.compare import AUTHORS, LLAMA_LOOP, acceptance_svg, first_divergence, run_engines
+    from ..pair import draft_info
     from ..staging import check_output, is_svg
     from ..targets import draft_label, resolve, resolve_draft
 
@@ -86,13 +87,21 @@ def _cmd_accept(args) -> int:
         raise FileNotFoundError(f"{target}: no such target model file")
     draft = resolve_draft(args.model_draft)
     label = draft_label(args.model_draft)
+    if LLAMA_LOOP in engines:
+        from .. import llamaloop, progress
+        if draft_info(draft).head == "lilicorr":
+            raise GraphgenError(f"--engines {LLAMA_LOOP}: llama.cpp {llamaloop.BUILD} has no LiliCorr driver")
+        # every engine's target on the loop's build, before any of them loads a libllama
+        llamaloop.share_build(llamaloop.ensure_build(progress.note), f"--engines {LLAMA_LOOP}")
     runs = run_engines(target, draft, texts, n_predict=args.n_predict, engines=engines, temp=args.temp,
                        seed=seed, n_seq=args.n_parallel, threads=args.threads, authors_draft=args.authors_draft,
                        flags=flags, label=label)
     div = None
-    compared = "llama.cpp" in runs and "graphgen" in runs
+    # graphgen's port against llama.cpp's own loop where it ran, else against its drivers on b11739's graphs
+    ref = LLAMA_LOOP if LLAMA_LOOP in runs else "llama.cpp"
+    compared = ref in runs and "graphgen" in runs
     if compared:
-        div = first_divergence(runs["llama.cpp"], runs["graphgen"])
+        div = first_divergence(runs[ref], runs["graphgen"])
     attr = None
     if "llama.cpp" in runs and AUTHORS in runs and args.temp == 0:
         import torch
@@ -123,7 +132,7 @@ def _cmd_accept(args) -> int:
             doc["authors_within_band"] = _within(runs, attr)
         print(json.dumps(doc, indent=1))
     else:
-        _print(runs, div, compared, args.verbose, flags)
+        _print(runs, div, compared and ref, args.verbose, flags)
         if attr is not None:
             _print_attribution(runs, attr)
     return 1 if div is not None or (attr is not None and _faulty(runs, attr)) else 0
@@ -157,7 +166,7 @@ def _print(runs: dict, div, compared: bool, verbose: bool, flags) -> None:
           + (f", {', '.join(g for g in given if not g.startswith('-fa'))}" if any(not g.startswith("-fa") for g in given)
              else ""))
     # the field's mean acceptance length (1 + accepted / drafts), then generation apart from the prompt
-    head = "engine      mean acc. len  drafts  drafted  accepted  prompt t/s  eval t/s  " + \
+    head = "engine         mean acc. len  drafts  drafted  accepted  prompt t/s  eval t/s  " + \
         " ".join(f"{'p' + str(i):>5}" for i in range(1, n_max + 1))
     print(head)
     for e, r in runs.items():
@@ -165,13 +174,14 @@ def _print(runs: dict, div, compared: bool, verbose: bool, flags) -> None:
         rates = " ".join(f"{v:5.2f}" for v in r.acceptance_per_position)
         pe = f"{r.prompt_tokens_per_s:10.1f}" if r.prefill_seconds > 0 else f"{'-':>10}"
         ev = f"{r.eval_tokens_per_s:8.2f}" if r.prefill_seconds > 0 else f"{r.tokens_per_s:8.2f}"
-        print(f"{e:<11} {r.mean_acceptance_length:13.3f}  {d['drafts']:6d}  {d['drafted_tokens']:7d}  "
+        print(f"{e:<14} {r.mean_acceptance_length:13.3f}  {d['drafts']:6d}  {d['drafted_tokens']:7d}  "
               f"{d['accepted_tokens']:8d}  {pe}  {ev}  {rates}")
     if compared:
+        what = "llama.cpp's own loop and graphgen's" if compared != "llama.cpp" else "llama.cpp and graphgen drafting"
         if div is None:
-            print("llama.cpp and graphgen drafting: identical in every round (drafts, acceptance, target tokens)")
+            print(f"{what}: identical in every round (drafts, acceptance, target tokens)")
         else:
-            print(f"llama.cpp and graphgen drafting DIFFER, first at {div.describe()}")
+            print(f"{what} DIFFER, first at {div.describe()}")
     if verbose:
         for e, r in runs.items():
             for p, (prompt, text) in enumerate(zip(r.prompts, r.text)):
@@ -221,7 +231,9 @@ def register(sub) -> None:
         p.add_argument(*flags, dest=dest, choices=KV_TYPES, default=None, metavar="TYPE",
                        help=f"{what} type, for the llama.cpp and graphgen engines (default f16)")
     p.add_argument("--engines", default="llama.cpp,graphgen", metavar="E,E",
-                   help="the engines, comma-separated: llama.cpp, graphgen, and authors (the authors' own loop, "
+                   help="the engines, comma-separated: llama.cpp, graphgen, llama.cpp-loop (llama.cpp b11549's "
+                        "own loop and drivers, tools/build_llama.sh, built once; every engine's target then runs on "
+                        "b11549's libllama, and graphgen's rounds are compared with it), and authors (the authors' own loop, "
                         "the target in transformers: z-lab's dflash_generate for DFlash and DFlash2, the "
                         "speculators equivalent for DSpark; needs the graphgen[torch] extra and the draft's "
                         "checkpoint) "

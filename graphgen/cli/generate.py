@@ -243,22 +243,14 @@ def run_target(args) -> int:
 
 def _llama_loop_build(args, draft: Path):
     """--llama-loop: llama.cpp's loop program (built once), and both targets on its libllama."""
-    import os
     from .. import llamaloop, progress
-    from ..libload import ENV_LLAMA_DIR, custom_llama_dir
     from ..pair import draft_info
     if args.spec_type and "lilicorr" in args.spec_type or draft_info(draft).head == "lilicorr":
         raise GraphgenError(f"--llama-loop: llama.cpp {llamaloop.BUILD} has no LiliCorr driver to compare with (its "
                             "common/speculative.cpp has DFlash, DFlash2 and DSpark); LiliCorr's driver is checked "
                             "against the seed's")
     build = llamaloop.ensure_build(progress.note)
-    chosen = custom_llama_dir()
-    if chosen is None:
-        # graphgen's target (and, unless --ggml says otherwise, its ggml) on the same b11549 build
-        os.environ[ENV_LLAMA_DIR] = str(build)
-    elif chosen != build.resolve():
-        raise GraphgenError(f"--llama-loop compares on llama.cpp {llamaloop.BUILD}'s libllama ({build}); --llama "
-                            f"{chosen} would run graphgen's target on another: drop --llama")
+    llamaloop.share_build(build, "--llama-loop")
     return build
 
 

@@ -67,9 +67,12 @@ def test_the_numbers_follow_from_the_rounds(run):
         assert blocks and all(r["n_drafted"] == len(r["draft"]) for r in blocks)
         accepted = sum(r["n_accepted"] for r in blocks)
         assert e["blocks"] == len(blocks) and e["accepted_tokens"] == accepted
-        # the field's figure: a draft is a round that drafted a token (here every round did)
+        # the field's figure: a draft is a round that drafted a token. As llama-server, a round drafts
+        # at most the tokens left minus one, so only a prompt's last round, one token from -n, drafts
+        # nothing (the target decodes id_last alone)
         drafts = sum(1 for r in blocks if r["n_drafted"] > 0)
-        assert drafts == len(blocks) and e["drafts"] == drafts
+        assert all(r["n_drafted"] > 0 for rs in e["rounds"] for r in rs[:-1])
+        assert drafts >= len(blocks) - len(e["rounds"]) and e["drafts"] == drafts
         assert e["mean_acceptance_length"] == pytest.approx(1 + accepted / drafts)
         assert "mean_accepted_length" not in e
         rates = []
@@ -267,7 +270,9 @@ def test_svg_force_replaces_the_file_and_one_prompt_is_singular(tmp_path, capsys
     assert set(rows) == {"llama.cpp", "graphgen"} and rows["llama.cpp"] == rows["graphgen"]
     # the printed figure is the field's, from the printed counts: 1 + accepted / drafts
     length, drafts, drafted, accepted = rows["graphgen"]
-    assert drafts > 0 and drafted == 7 * drafts and length == pytest.approx(1 + accepted / drafts, abs=5e-4)
+    # -n 4: the first round has 3 tokens left, so it drafts at most 2 (the target adds its own), and
+    # each later round less
+    assert drafts > 0 and drafted <= 2 * drafts and length == pytest.approx(1 + accepted / drafts, abs=5e-4)
     text = notes.read_text()
     assert text.startswith("<svg") and f"graphgen (mean acceptance length {length:.2f})" in text
     assert "(-n 4, 1 prompt)" in text and "1 prompts" not in text
@@ -356,9 +361,11 @@ def test_a_round_that_drafted_nothing_is_no_draft(monkeypatch, capsys):
     assert main(_one("--engines", "graphgen", "--json", n=8)) == 0
     e = json.loads(capsys.readouterr().out)["engines"]["graphgen"]
     blocks = [r for rs in e["rounds"] for r in rs]
-    assert [r["n_drafted"] for r in blocks].count(0) == 1 and len(blocks) >= 3
+    # the planted round, and the last one when a single token was left to generate (no room to draft)
+    zeros = [i for i, r in enumerate(blocks) if r["n_drafted"] == 0]
+    assert 1 in zeros and set(zeros) <= {1, len(blocks) - 1} and len(blocks) >= 3
     drafted = [r for r in blocks if r["n_drafted"] > 0]
-    assert e["blocks"] == len(blocks) and e["drafts"] == len(drafted) == len(blocks) - 1
+    assert e["blocks"] == len(blocks) and e["drafts"] == len(drafted) == len(blocks) - len(zeros)
     assert e["mean_acceptance_length"] == pytest.approx(1 + sum(r["n_accepted"] for r in drafted) / len(drafted))
     # and no draft at all is a draft that never hit: 1.0
     none = compare.EngineRun("graphgen", 7, [ONE], [[{"n_drafted": 0, "n_accepted": 0}]])

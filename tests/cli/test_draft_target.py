@@ -300,31 +300,37 @@ def test_the_summary_reports_the_fields_figures_and_every_round(target, draft):
 
 
 def test_a_parting_from_the_target_alone_is_named_with_its_margins(target):
-    """Two sequences in one batch part from the target alone at a near tie (measured: the target
-    alone prefers ' original' by 0.014 logits, the drafted run ' way' by 0.153): the run names the
-    sequence, the token, both tokens and margins, calls it a near tie and exits 0; the same parting
-    judged with no band exits 1 naming it."""
-    args = ["draft", "-m", "smollm2", "-md", "smollm2-dflash", "-p", PROMPT, "-p", "Once upon a time", "-n", 32,
-            "--temp", 0, "-np", 2]
+    """Four sequences in one batch, -fa off, part from the target alone at near ties (measured: three
+    partings, each within 0.35 logits of margins summed): the run names the sequence, the token, both
+    tokens and margins, calls it a near tie and exits 0; the same parting judged with no band exits 1
+    naming it."""
+    args = ["draft", "-m", "smollm2", "-md", "smollm2-dflash", "-n", 64, "--temp", 0, "-np", 4, "-fa", "off"]
+    for text in (PROMPT, "Once upon a time", "My grandmother always told me that",
+                 "To keep a houseplant healthy, you should"):
+        args += ["-p", text]
     p = run(args + ["--json"])
     assert p.returncode == 0, p.stderr[-2000:]
     s = json.loads(p.stdout)
     alone = s["target_alone"]["tokens"]
     partings = s["partings"]
-    assert s["same_tokens_as_target_alone"] is False and len(partings) == 1, partings
+    assert s["same_tokens_as_target_alone"] is False and partings, partings
+    assert len({pt["seq"] for pt in partings}) == len(partings)  # one, the first, per sequence
+    for pt in partings:
+        seq, k = pt["seq"], pt["index"]
+        n_prompt = len(s["tokens"][seq]) - 64
+        # the named parting is the first generated token where the two runs differ
+        assert s["tokens"][seq][n_prompt:n_prompt + k] == alone[seq][n_prompt:n_prompt + k]
+        assert (pt["drafted"], pt["alone"]) == (s["tokens"][seq][n_prompt + k], alone[seq][n_prompt + k])
+        assert pt["near_tie"] and 0 <= pt["margin_alone"] and 0 <= pt["margin_drafted"]
     pt = partings[0]
     seq, k = pt["seq"], pt["index"]
-    n_prompt = len(s["tokens"][seq]) - 32
-    # the named parting is the first generated token where the two runs differ
-    assert s["tokens"][seq][n_prompt:n_prompt + k] == alone[seq][n_prompt:n_prompt + k]
-    assert (pt["drafted"], pt["alone"]) == (s["tokens"][seq][n_prompt + k], alone[seq][n_prompt + k])
-    assert pt["near_tie"] and 0 <= pt["margin_alone"] and 0 <= pt["margin_drafted"]
     from graphgen.verifier import TIE_BAND
     assert pt["margin_alone"] + pt["margin_drafted"] <= TIE_BAND
     q = run(args)
     assert q.returncode == 0
     line = next(line for line in q.stderr.splitlines() if line.startswith("parting"))
-    assert f"sequence {seq}, generated token {k}" in line and "a near tie" in line and "' way'" in line, line
+    assert f"sequence {seq}, generated token {k}" in line and "a near tie" in line, line
+    assert f"drafting gave {pt['drafted']} " in line and f"the target alone {pt['alone']} " in line, line
     # with no band, the same parting fails the run, naming it
     code = subprocess.run([sys.executable, "-c", "import sys, graphgen.verifier as v; v.TIE_BAND = 0.0; "
                            "from graphgen.cli import main; sys.exit(main(sys.argv[1:]))"] + [str(a) for a in args],

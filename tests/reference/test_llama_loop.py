@@ -172,3 +172,18 @@ def test_lilicorr_has_no_b11549_driver_to_compare_with(target, tmp_path):
     rc, s, err = run_both(target, path, ["-n", 8, "--temp", 0], n_prompts=1)
     assert rc == 2 and s is None
     assert "no LiliCorr driver" in err.splitlines()[-1]
+
+
+def test_accept_puts_llama_cpps_loop_beside_graphgens(build, target):
+    p = subprocess.run(CLI + ["accept", "-m", str(target), "-md", "smollm2-dspark", "--engines",
+                              "llama.cpp-loop,graphgen", "-n", "20", "-np", "2", "-p", PROMPTS[0], "-p", PROMPTS[1],
+                              "--json"], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr[-3000:]
+    doc = json.loads(p.stdout)
+    ours, theirs = doc["engines"]["graphgen"], doc["engines"]["llama.cpp-loop"]
+    assert doc["identical"] is True and doc["first_divergence"] is None
+    # the whole trained block (DSpark from its anchor: 8) as accept drafts, the same figures
+    assert ours["n_max"] == theirs["n_max"] == 8
+    for k in ("drafts", "drafted_tokens", "accepted_tokens", "mean_acceptance_length", "tokens", "text"):
+        assert ours[k] == theirs[k], k
+    assert sum(len(t) for t in theirs["tokens"]) == 40 and theirs["prompt_eval"]["seconds"] > 0

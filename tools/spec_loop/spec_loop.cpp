@@ -266,6 +266,8 @@ int main(int argc, char ** argv) {
         }
     }
 
+    const double t_prefill = now_s() - t_start;
+
     for (int round = 0;; ++round) {
         std::vector<int> active;
         for (int s = 0; s < n_seq; ++s) {
@@ -370,6 +372,8 @@ int main(int argc, char ** argv) {
                 if (st.done) {
                     if (last) {
                         st.tokens.push_back(ids[i]);
+                    } else {
+                        bonus = -1;  // cut inside the accepted run: the target's own token is dropped
                     }
                     break;
                 }
@@ -380,11 +384,12 @@ int main(int argc, char ** argv) {
                 st.tokens.push_back(bonus);
             }
             st.id_last = st.done ? -1 : bonus;
+            const int bonus_out = bonus;
             emit("{\"event\":\"round\",\"round\":" + std::to_string(round) + ",\"seq\":" + std::to_string(s) +
                  ",\"pos0\":" + std::to_string(pos0) + ",\"id_last\":" +
                  std::to_string(st.tokens[pos0]) + ",\"draft\":" + ids_json(st.draft) +
                  ",\"target\":" + ids_json(ids) + ",\"n_accepted\":" + std::to_string(n_acc) +
-                 ",\"n_kept\":" + std::to_string(n_kept) + ",\"bonus\":" + std::to_string(st.id_last) +
+                 ",\"n_kept\":" + std::to_string(n_kept) + ",\"bonus\":" + std::to_string(bonus_out) +
                  ",\"t_draft\":" + std::to_string(t_round_draft) + ",\"t_target\":" +
                  std::to_string(t_tgt - t_tgt0) + ",\"t_inject\":" + std::to_string(t_inj - t_inj0) + "}");
             // the rejected rows leave both caches
@@ -419,7 +424,8 @@ int main(int argc, char ** argv) {
         emit("{\"event\":\"end\",\"seq\":" + std::to_string(s) + ",\"stop\":\"" + st.stop + "\",\"tokens\":" +
              ids_json(st.tokens) + ",\"generated\":" + ids_json(gen) + ",\"text\":\"" + esc + "\"}");
     }
-    emit("{\"event\":\"timing\",\"t_total\":" + std::to_string(t_total) + ",\"t_target\":" + std::to_string(t_tgt) +
+    emit("{\"event\":\"timing\",\"t_total\":" + std::to_string(t_total) + ",\"t_prefill\":" +
+         std::to_string(t_prefill) + ",\"t_target\":" + std::to_string(t_tgt) +
          ",\"t_draft\":" + std::to_string(t_draft) + ",\"t_inject\":" + std::to_string(t_inj) +
          ",\"t_sample\":" + std::to_string(t_sample) + "}");
 
