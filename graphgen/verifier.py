@@ -166,18 +166,42 @@ def generate_alone(target, prompts: dict, n_predict: int, *, temp: float = 0.0, 
     generated tokens}, seconds). Stops a sequence at n_predict tokens or an end-of-generation token.
     `timing`, when given, gets the seconds of the prompt's decode ("prompt") and of the rest
     ("generation"), as llama.cpp reports prompt processing and generation apart; `trace`, each
-    sampled token's best candidates per sequence (TargetVerifier.trace)."""
-    ver = TargetVerifier(target, temp=temp, seed=seed)
-    for seq, p in prompts.items():
-        ver.attach(seq, p, None)
+    sampled token's best candidates per sequence (TargetVerifier.trace). A target that runs the loop
+    itself (ReferenceTarget.generate: in its own process, no round trip per token) is asked to."""
+    t0 = time.perf_counter()
+    # the class's own method: a wrapper that forwards attributes (train._Recorder) records the
+    # decodes, so it keeps the loop here
+    if callable(getattr(type(target), "generate", None)):
+        toks, times, tr = target.generate(prompts, n_predict, temp=temp, seed=seed)
+    else:
+        ver = TargetVerifier(target, temp=temp, seed=seed)
+        toks, times, tr = run_alone(lambda rows: ver._decode(rows)[:2], ver.is_eog, prompts, n_predict,
+                                    temp=temp, seed=seed)
+    total = time.perf_counter() - t0
+    if timing is not None:
+        timing.update(prompt=times["prompt"], generation=total - times["prompt"])
+    if trace is not None:
+        trace.update(tr)
+    return toks, total
+
+
+def run_alone(decode, is_eog, prompts: dict, n_predict: int, *, temp: float, seed: int):
+    """generate_alone's loop over `decode` (rows -> (best ids, their logits) per row, best first,
+    in chunks the target takes) and `is_eog`: (tokens, {"prompt": s, "generation": s}, trace)."""
+    samplers = {seq: TargetSampler(temp, seed) for seq in prompts}
+    trace: dict = {}
+
+    def sample(seq, ids, top):
+        trace.setdefault(seq, []).append((ids[:TRACE_K].copy(), top[:TRACE_K].copy()))
+        return samplers[seq].sample(ids, top)
     toks = {seq: list(p) for seq, p in prompts.items()}
     t0 = time.perf_counter()
     rows = [(seq, t, pos) for seq, p in prompts.items() for pos, t in enumerate(p)]
-    ids, top, _ = ver._decode(rows)
+    ids, top = decode(rows)
     last, at = {}, 0
     for seq, p in prompts.items():
         at += len(p)
-        last[seq] = ver._sample(seq, ids[at - 1], top[at - 1])
+        last[seq] = sample(seq, ids[at - 1], top[at - 1])
     t_prompt = time.perf_counter() - t0
     active = list(prompts)
     n_gen = dict.fromkeys(prompts, 0)
@@ -185,18 +209,13 @@ def generate_alone(target, prompts: dict, n_predict: int, *, temp: float = 0.0, 
         for seq in active:
             toks[seq].append(last[seq])
             n_gen[seq] += 1
-        active = [s for s in active if n_gen[s] < n_predict and not ver.is_eog(last[s])]
+        active = [s for s in active if n_gen[s] < n_predict and not is_eog(last[s])]
         if not active:
             break
-        ids, top, _ = ver._decode([(seq, last[seq], len(toks[seq]) - 1) for seq in active])
+        ids, top = decode([(seq, last[seq], len(toks[seq]) - 1) for seq in active])
         for i, seq in enumerate(active):
-            last[seq] = ver._sample(seq, ids[i], top[i])
-    total = time.perf_counter() - t0
-    if timing is not None:
-        timing.update(prompt=t_prompt, generation=total - t_prompt)
-    if trace is not None:
-        trace.update(ver.trace)
-    return toks, total
+            last[seq] = sample(seq, ids[i], top[i])
+    return toks, {"prompt": t_prompt, "generation": time.perf_counter() - t0 - t_prompt}, trace
 
 
 @dataclass

@@ -6,9 +6,10 @@
 One process takes turns, `--repeat` times, on the same prompt with greedy sampling, every side on
 b11549 (tools/build_llama.sh; graphgen's target through --llama on the same build):
 
-  target alone   llama-completion's eval time per token (its own perf report) against graphgen's
-                 target generating alone (verifier.generate_alone), per generated token after the
-                 first;
+  target alone   llama-completion's wall time per generated token after the first (its perf
+                 report's total time at -n N less that at -n 1; its eval time too, the decodes alone)
+                 against graphgen's target generating alone (verifier.generate_alone), per generated
+                 token after the first;
   loop           graphgen-spec-loop (llama.cpp's loop over common/speculative.cpp) against
                  graphgen's loop (speculate.run_speculative with verifier.TargetVerifier and the
                  graphgen draft engine), per round after the prefill, split into target decode,
@@ -39,18 +40,24 @@ PROMPT = "The capital of France is"
 
 
 def completion_ms_per_token(build: Path, target: Path, n: int, threads: int) -> tuple[float, float]:
-    """llama-completion's (prompt eval ms per token, eval ms per token) from its perf report."""
-    cmd = [str(build / "llama-completion"), "-m", str(target), "-p", PROMPT, "-n", str(n), "--temp", "0",
-           "-t", str(threads), "-tb", str(threads), "-c", "4096", "-b", "256", "-ub", "256", "-fa", "on",
-           "-no-cnv", "--no-warmup"]
-    r = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True)
-    if r.returncode != 0:
-        raise SystemExit(f"llama-completion failed: {r.stderr[-2000:]}")
-    pe = re.search(r"prompt eval time =\s*([\d.]+) ms /\s*(\d+) tokens", r.stderr)
-    ev = re.search(r"\beval time =\s*([\d.]+) ms /\s*(\d+) runs", r.stderr)
-    if not pe or not ev:
-        raise SystemExit("llama-completion printed no perf report")
-    return float(pe.group(1)) / int(pe.group(2)), float(ev.group(1)) / int(ev.group(2))
+    """llama-completion's (wall ms per generated token after the first, eval ms per token): the wall
+    time from its perf report's total time at -n N less that at -n 1, over N - 1 tokens (its decode,
+    sampling and host loop, as graphgen's figure counts them), and its eval time alone."""
+    def once(k):
+        cmd = [str(build / "llama-completion"), "-m", str(target), "-p", PROMPT, "-n", str(k), "--temp", "0",
+               "-t", str(threads), "-tb", str(threads), "-c", "4096", "-b", "256", "-ub", "256", "-fa", "on",
+               "-no-cnv", "--no-warmup"]
+        r = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise SystemExit(f"llama-completion failed: {r.stderr[-2000:]}")
+        total = re.search(r"total time =\s*([\d.]+) ms /\s*(\d+) tokens", r.stderr)
+        ev = re.search(r"\beval time =\s*([\d.]+) ms /\s*(\d+) runs", r.stderr)
+        if not total or not ev:
+            raise SystemExit("llama-completion printed no perf report")
+        return float(total.group(1)), float(ev.group(1)) / max(int(ev.group(2)), 1)
+    t_n, eval_ms = once(n)
+    t_1, _ = once(1)
+    return (t_n - t_1) / (n - 1), eval_ms
 
 
 def graphgen_alone_ms_per_token(target: Path, layers, n: int, threads: int) -> float:
@@ -120,12 +127,14 @@ def main() -> int:
     target, draft = resolve(args.target), resolve_draft(args.draft)
     layers = draft_info(draft).target_layers
 
-    alone = {"llama.cpp": [], "graphgen": []}
+    alone = {"llama.cpp": [], "graphgen": [], "eval": []}
     loops = {"llama.cpp": [], "graphgen": []}
     same = True
     for rep in range(args.repeat):
         print(f"repetition {rep + 1}/{args.repeat}", file=sys.stderr)
-        alone["llama.cpp"].append(completion_ms_per_token(build, target, args.n, args.threads)[1])
+        wall, eval_ms = completion_ms_per_token(build, target, args.n, args.threads)
+        alone["llama.cpp"].append(wall)
+        alone["eval"].append(eval_ms)
         alone["graphgen"].append(graphgen_alone_ms_per_token(target, layers, args.n, args.threads))
         ours, rounds, tokens, prompt = graphgen_loop(target, draft, layers, args.n, args.spec_draft_n_max,
                                                       args.threads)
@@ -148,7 +157,9 @@ def main() -> int:
           f"{time.strftime('%Y-%m-%d')}: {cpu}, {os.cpu_count()} cores\n")
     a_l, a_g = med(alone["llama.cpp"]), med(alone["graphgen"])
     print("| work | llama.cpp ms | graphgen ms | ratio |\n|---|---|---|---|")
-    print(f"| target alone, per token (llama-completion's eval) | {a_l:.2f} | {a_g:.2f} | {a_g / a_l:.3f} |")
+    print(f"| target alone, per token (llama-completion's wall time) | {a_l:.2f} | {a_g:.2f} | {a_g / a_l:.3f} |")
+    a_e = med(alone["eval"])
+    print(f"| target alone, per token (llama-completion's eval time) | {a_e:.2f} | {a_g:.2f} | {a_g / a_e:.3f} |")
     for k in ("round", "target", "draft", "inject", "host"):
         l_, g_ = med(loops["llama.cpp"], k), med(loops["graphgen"], k)
         ratio = f"{g_ / l_:.3f}" if l_ > 0 else "-"

@@ -62,7 +62,7 @@ def _open_draft(req: dict, target) -> ReferenceContext:
 def _top_logits(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Each row's k best (ids, logits), best first, ties to the lower id as a greedy sampler takes them."""
     k = min(k, logits.shape[1])
-    part = np.argpartition(-logits, k - 1, axis=1)[:, :k]
+    part = np.argpartition(logits, logits.shape[1] - k, axis=1)[:, -k:]
     ids = np.empty_like(part)
     for i in range(logits.shape[0]):
         cand = part[i]
@@ -110,6 +110,30 @@ def _draft_call(rc: ReferenceContext, k: int, req: dict, reply) -> None:
 
 def _target_call(tc: TargetContext, req: dict, reply) -> None:
     op = req["op"]
+    if op == "t_generate":
+        # the target alone, the whole loop here: a decode per token without a round trip to the parent
+        from ..verifier import run_alone
+
+        def decode(rows):
+            ids, top = [], []
+            for b in range(0, len(rows), tc.n_batch):
+                ret, logits, _ = tc.decode(rows[b:b + tc.n_batch], features=False)
+                if ret != 0:
+                    raise TargetFailed(f"llama_process(ctx_tgt) returned {ret}")
+                i, t = _top_logits(logits, TOP_LOGITS)
+                ids.append(i)
+                top.append(t)
+            return np.concatenate(ids), np.concatenate(top)
+        prompts = {int(s): [int(t) for t in p] for s, p in req["prompts"]}
+        try:
+            toks, times, trace = run_alone(decode, tc.is_eog, prompts, int(req["n_predict"]),
+                                           temp=float(req["temp"]), seed=int(req["seed"]))
+        except TargetFailed as e:
+            reply(ok=False, error=str(e))
+            return
+        reply(ok=True, tokens=[[s, t] for s, t in toks.items()], times=times,
+              trace=[[s, [[i.tolist(), encode_rows(lg)] for i, lg in tr]] for s, tr in trace.items()])
+        return
     if op == "t_decode":
         rows = req["rows"]
         try:

@@ -229,6 +229,18 @@ class ReferenceTarget:
         ids = np.frombuffer(base64.b64decode(r["top_ids"]), dtype=np.int32).reshape(top.shape)
         return ids, top, feats
 
+    def generate(self, prompts: dict, n_predict: int, *, temp: float, seed: int):
+        """verifier.run_alone in the child: ({seq: prompt + generated}, {"prompt", "generation"}
+        seconds, {seq: [(best ids, their logits) per sampled token]})."""
+        r = self.child.ask({"op": "t_generate", "prompts": [[int(s), [int(t) for t in p]] for s, p in prompts.items()],
+                            "n_predict": int(n_predict), "temp": float(temp), "seed": int(seed)})
+        if not r["ok"]:
+            raise TargetError(f"the target ({self.path.name}): {r['error']}")
+        toks = {int(s): t for s, t in r["tokens"]}
+        trace = {int(s): [(np.asarray(i, dtype=np.int32), decode_rows(lg, len(i))[0]) for i, lg in tr]
+                 for s, tr in r["trace"]}
+        return toks, r["times"], trace
+
     def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> bool:
         return bool(self.child.ask({"op": "t_seq_rm", "seq": int(seq), "p0": int(p0), "p1": int(p1)})["ok"])
 

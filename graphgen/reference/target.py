@@ -124,9 +124,9 @@ class TargetContext:
         return bool(self.lib.llama_vocab_is_eog(self.vocab, int(token)))
 
     # -- batches ----------------------------------------------------------------------------
-    def decode(self, rows) -> tuple[int, np.ndarray | None, np.ndarray | None]:
+    def decode(self, rows, features: bool = True) -> tuple[int, np.ndarray | None, np.ndarray | None]:
         """rows: [(seq, token, pos), ...] in batch order (at most n_batch). -> (llama_process's return,
-        logits [n, n_vocab], features [n, len(layers) * n_embd])."""
+        logits [n, n_vocab], features [n, len(layers) * n_embd], or None without `features`)."""
         ffi, lib = self.ffi, self.lib
         batch = lib.llama_batch_ext_init(self.ctx)
         try:
@@ -144,12 +144,13 @@ class TargetContext:
         if ret != 0:
             return ret, None, None
         n = len(rows)
-        logits = np.empty((n, self.n_vocab), dtype=np.float32)
-        for i in range(n):
-            p = lib.llama_get_logits_ith(self.ctx, i)
-            if p == ffi.NULL:
-                raise TargetFailed(f"the target has no logits for batch row {i}")
-            logits[i] = np.frombuffer(ffi.buffer(p, 4 * self.n_vocab), dtype=np.float32)
+        # every row is an output, in batch order: the context's logits buffer holds them all, row by row
+        p = lib.llama_get_logits(self.ctx)
+        if p == ffi.NULL:
+            raise TargetFailed("the target has no logits for the batch")
+        logits = np.frombuffer(ffi.buffer(p, 4 * n * self.n_vocab), dtype=np.float32).reshape(n, self.n_vocab).copy()
+        if not features:
+            return 0, logits, None
         feats = np.empty((n, len(self.layers) * self.n_embd), dtype=np.float32)
         for k, il in enumerate(self.layers):
             p = self._get_inp(self.address, il)

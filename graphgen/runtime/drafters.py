@@ -63,8 +63,16 @@ def top10(logits_row: np.ndarray):
     by p (token ids, logits, p), p being softmax over the kept logits in float32."""
     row = np.asarray(logits_row, dtype=np.float32)
     k = min(SAMPLER_TOP_K, row.shape[0])
-    # llama_sampler_top_k keeps the k largest logits in descending order
-    idx = np.argsort(-row, kind="stable")[:k]
+    # llama_sampler_top_k keeps the k largest logits in descending order, ties in id order: every id
+    # at or above the k-th largest is a candidate, sorted stably (a full sort of the vocabulary, the
+    # same order, costs a millisecond a row)
+    neg = -row
+    kth = np.partition(neg, k - 1)[k - 1]
+    cand = np.flatnonzero(neg <= kth)
+    if len(cand) < k:   # NaN among the k best: the full sort's order
+        idx = np.argsort(neg, kind="stable")[:k]
+    else:
+        idx = cand[np.argsort(neg[cand], kind="stable")][:k]
     lg = row[idx]
     probs = softmaxf(lg)
     order = np.argsort(-probs, kind="stable")
