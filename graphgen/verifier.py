@@ -91,10 +91,14 @@ class TargetVerifier:
         # tokens were generated: where a drafted run parts from the target alone, the margin there
         self.trace: dict[int, list] = {}
         self.t_prefill = 0.0
+        self.t_sample = 0.0    # seconds in the sampler chain (and keeping the trace)
 
     def _sample(self, seq: int, ids, top) -> int:
+        t0 = time.perf_counter()
         self.trace.setdefault(seq, []).append((ids[:TRACE_K].copy(), top[:TRACE_K].copy()))
-        return self.samplers[seq].sample(ids, top)
+        tok = self.samplers[seq].sample(ids, top)
+        self.t_sample += time.perf_counter() - t0
+        return tok
 
     # the loop's interface (speculate.run_speculative)
     def attach(self, seq: int, prompt: list[int], features) -> None:

@@ -88,8 +88,9 @@ def graphgen_loop(target: Path, draft: Path, layers, n: int, n_max: int, threads
     t_inject = sum(r.t_process for r in res.rounds)
     t_loop = res.t_total - res.t_prefill
     t_target = res.t_target - ver.t_prefill
-    split = {"round": t_loop, "target": t_target, "draft": t_draft, "inject": t_inject,
-             "host": t_loop - t_target - t_draft - t_inject}
+    t_sample = ver.t_sample
+    split = {"round": t_loop, "target": t_target, "draft": t_draft, "inject": t_inject, "sample": t_sample,
+             "host": t_loop - t_target - t_draft - t_inject - t_sample}
     rounds = [{"round": r.round, "seq": r.seq, "pos0": r.pos0, "id_last": r.id_last, "draft": list(r.draft),
                "target": list(r.draft[:r.n_accepted]) + ([r.bonus] if r.bonus >= 0 else []),
                "n_accepted": r.n_accepted} for r in res.rounds]
@@ -105,8 +106,9 @@ def llama_loop(build: Path, target: Path, draft: Path, prompt, n: int, n_max: in
     t_target = sum(r["t_target"] for r in run.rounds)
     t_inject = sum(r["t_inject"] for r in run.rounds)
     t_draft = sum(r["t_draft"] for r in run.rounds)
-    split = {"round": t_loop, "target": t_target, "draft": t_draft, "inject": t_inject,
-             "host": t_loop - t_target - t_draft - t_inject}
+    t_sample = t.get("t_sample", 0.0)
+    split = {"round": t_loop, "target": t_target, "draft": t_draft, "inject": t_inject, "sample": t_sample,
+             "host": t_loop - t_target - t_draft - t_inject - t_sample}
     return {k: 1e3 * v / n_rounds for k, v in split.items()}, run
 
 
@@ -160,7 +162,7 @@ def main() -> int:
     print(f"| target alone, per token (llama-completion's wall time) | {a_l:.2f} | {a_g:.2f} | {a_g / a_l:.3f} |")
     a_e = med(alone["eval"])
     print(f"| target alone, per token (llama-completion's eval time) | {a_e:.2f} | {a_g:.2f} | {a_g / a_e:.3f} |")
-    for k in ("round", "target", "draft", "inject", "host"):
+    for k in ("round", "target", "draft", "inject", "sample", "host"):
         l_, g_ = med(loops["llama.cpp"], k), med(loops["graphgen"], k)
         ratio = f"{g_ / l_:.3f}" if l_ > 0 else "-"
         name = "loop, per round" if k == "round" else f"  of it: {k}"

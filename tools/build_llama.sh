@@ -52,7 +52,16 @@ cache=${GRAPHGEN_CACHE:-$HOME/.cache/graphgen}
 mkdir -p "$cache/src" "$cache/llama/logs" || die "cannot create the cache folder $cache"
 cache=$(cd "$cache" && pwd)
 
-for t in cmake make cc c++ readelf; do
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+missing=()
+for t in cmake make cc c++ readelf flock; do command -v "$t" >/dev/null || missing+=("$t"); done
+if [ ${#missing[@]} -gt 0 ] && command -v apt-get >/dev/null; then
+  log "installing build tools with apt (missing: ${missing[*]})"
+  as_root apt-get update -qq >&2 || die "apt-get update failed"
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+    cmake make build-essential binutils util-linux >&2 || die "apt-get install of the build tools failed"
+fi
+for t in cmake make cc c++ readelf flock; do
   command -v "$t" >/dev/null || die "$t not found (install cmake, make, a C++17 compiler and binutils)"
 done
 
@@ -196,6 +205,8 @@ if [ ! -f "$loop_out/.complete" ]; then
   date -u +%Y-%m-%dT%H:%M:%SZ > "$tmp/.complete"
   rm -rf "$loop_out" && mv "$tmp" "$loop_out"
   trap - EXIT
+  # builds of earlier versions of the program (hard links: the libraries stay in $out)
+  for old in "$out"-loop-*; do [ "$old" = "$loop_out" ] || rm -rf "$old"; done
 fi
 unlock
 log "done: $loop_out"

@@ -62,6 +62,12 @@ if [ -n "$gpu" ]; then
   [ "${CI:-}" = "true" ] && export "GRAPHGEN_REQUIRE_${kind}=1"
 fi
 
+# the tests' yardstick of the speculative loop: llama.cpp b11549's own loop, built once (minutes,
+# then cached; docs/llama-loop.md)
+if [ "$job" = test ]; then
+  bash tools/build_llama.sh >/dev/null || { echo "tools/build_llama.sh failed: the loop's tests need it" >&2; exit 1; }
+fi
+
 # CI also installs what the viewer tests drive (Graphviz, Chromium, Model Explorer), so they run
 # rather than skip; elsewhere those tests skip when the tools are absent.
 if [ "${CI:-}" = "true" ] && command -v apt-get >/dev/null; then
