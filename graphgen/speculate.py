@@ -212,7 +212,7 @@ def check_block_fits(drafter, n_batch: int | None = None) -> None:
 
 def run_speculative(drafter: DFlashDrafter, sequences, *, n_predict: int = 32, verifier=None,
                     temp: float = 1.0, seed: int = LLAMA_DEFAULT_SEED, progress=None,
-                    n_ctx: int | None = None) -> LoopResult:
+                    n_ctx: int | None = None, edges: str = "server") -> LoopResult:
     """Speculative decoding rounds on an open driver.
 
     sequences: [(prompt_tokens, features), ...], sequence i on seq id i. With a SimulatedVerifier
@@ -227,6 +227,10 @@ def run_speculative(drafter: DFlashDrafter, sequences, *, n_predict: int = 32, v
     leaves two cells free; a sequence with no room left decodes id_last alone. Stops once n_predict
     tokens are generated per sequence, at an end-of-generation token, or when a simulated
     verifier's given continuation runs out; `stop_reasons` says which.
+
+    edges "simple" runs llama-speculative-simple's edges instead (a real target only): each prompt
+    but its last token is prefilled, that token drafts the first round, every round keeps its whole
+    accepted run, and a sequence stops once past n_predict tokens.
     """
     t_start = time.perf_counter()
     hp = drafter.session.hparams
@@ -251,11 +255,23 @@ def run_speculative(drafter: DFlashDrafter, sequences, *, n_predict: int = 32, v
                                     f"prompt tokens, n_predict {n_predict} and n_max {drafter.n_max} need {need}")
         verifier.attach(seq, prompt, feats)
         state[seq] = {"tokens": list(prompt), "n_prompt": len(prompt)}
+    if edges not in ("server", "simple"):
+        raise GraphgenError(f"edges must be server or simple, got {edges!r}")
+    simple = edges == "simple"
+    if simple and getattr(verifier, "simulated", True):
+        raise GraphgenError("llama-speculative-simple's edges need a real target verifying (-m TARGET -md DRAFT)")
     t0 = time.perf_counter()
-    first = verifier.prefill(list(state))
-    if not drafter.process_multi([(seq, first[seq][0], 0) for seq in state]):
+    first = verifier.prefill(list(state), hold_last=True) if simple else verifier.prefill(list(state))
+    if not drafter.process_multi([(seq, first[seq][0], 0) for seq in state if len(first[seq][0])]):
         raise GraphgenError("injecting the prompt features failed")
     for seq, st in state.items():
+        if simple:
+            # the prompt's last token is not in the caches yet: it is the first round's id_last
+            st["id_last"] = st["tokens"].pop()
+            st["generated"] = 0
+            st["done"] = False
+            drafter.begin(seq, st["tokens"])
+            continue
         drafter.begin(seq, st["tokens"])
         st["id_last"] = first[seq][1]
         st["generated"] = 1
@@ -297,7 +313,9 @@ def run_speculative(drafter: DFlashDrafter, sequences, *, n_predict: int = 32, v
             # tokens this round may still add after id_last: an accepted run that reaches n_predict is
             # cut there and the target's next token dropped, as a server stops at n_predict
             room = n_predict - st["generated"]
-            if n_acc >= room:
+            if simple:
+                pass   # speculative-simple keeps the whole run and stops once past n_predict
+            elif n_acc >= room:
                 n_acc, nxt, st["stop"] = room, None, "n_predict"
             elif nxt is None:
                 st["stop"] = "target_tokens"
@@ -316,7 +334,7 @@ def run_speculative(drafter: DFlashDrafter, sequences, *, n_predict: int = 32, v
             st["tokens"] += [st["id_last"]] + draft[:n_acc]
             st["generated"] += n_acc + (1 if nxt is not None else 0)
             st["id_last"] = nxt
-            if nxt is None or st["generated"] >= n_predict or eog:
+            if nxt is None or (st["generated"] > n_predict if simple else st["generated"] >= n_predict) or eog:
                 st["done"] = True
                 st.setdefault("stop", "n_predict")
                 if nxt is not None:

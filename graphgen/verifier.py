@@ -124,16 +124,23 @@ class TargetVerifier:
         self.t_target += time.perf_counter() - t0
         return np.concatenate(out_ids), np.concatenate(out_top), np.concatenate(out_f)
 
-    def prefill(self, seqs) -> dict:
-        """{seq: (features of the prompt's rows, the target's first token)} after decoding every prompt."""
-        rows = [(seq, tok, pos) for seq in seqs for pos, tok in enumerate(self.prompts[seq])]
+    def prefill(self, seqs, hold_last: bool = False) -> dict:
+        """{seq: (features of the prompt's rows, the target's first token)} after decoding every prompt.
+        hold_last (llama-speculative-simple's start): each prompt but its last token is decoded, and
+        nothing is sampled (the token is None; the prompt's last token drafts the first round)."""
+        keep = {seq: self.prompts[seq][:-1] if hold_last else self.prompts[seq] for seq in seqs}
+        rows = [(seq, tok, pos) for seq in seqs for pos, tok in enumerate(keep[seq])]
         t0 = self.t_target
-        ids, top, feats = self._decode(rows)
+        if rows:
+            ids, top, feats = self._decode(rows)
+        else:
+            feats = np.zeros((0, self.target.width), dtype=np.float32)
         self.t_prefill += self.t_target - t0
         out, at = {}, 0
         for seq in seqs:
-            n = len(self.prompts[seq])
-            out[seq] = (feats[at:at + n], self._sample(seq, ids[at + n - 1], top[at + n - 1]))
+            n = len(keep[seq])
+            first = None if hold_last else self._sample(seq, ids[at + n - 1], top[at + n - 1])
+            out[seq] = (feats[at:at + n], first)
             at += n
         return out
 

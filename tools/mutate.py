@@ -1016,6 +1016,8 @@ MUTATIONS = [
              "del dp.result[dp.n_max:]", "del dp.result[dp.n_max + 1:]", LOOP),
     Mutation("dspark_cutoff_reads_the_next_slots_confidence", "DSparkDrafter.read_draft",
              "conf[i, 0] < F32(p.p_min)", "conf[min(i + 1, conf.shape[0] - 1), 0] < F32(p.p_min)", LOOP),
+    Mutation("speculative_simple_stops_at_n_predict", "run_speculative",
+             'st["generated"] > n_predict if simple else', 'st["generated"] >= n_predict if simple else', LOOP),
     Mutation("loop_compare_skips_the_target_tokens", "graphgen/llamaloop.py",
              'ROUND_KEYS = ("pos0", "id_last", "draft", "target", "n_accepted")',
              'ROUND_KEYS = ("pos0", "id_last", "draft", "n_accepted")', LOOP_UNIT),

@@ -82,7 +82,8 @@ def _run(args, DraftParams, SimulatedVerifier, open_drafter, run_speculative, de
                             "draft with -md; without a target, give --prompt-tokens")
     if args.prompt_tokens is None:
         raise GraphgenError("no prompt: give --prompt-tokens (a draft alone), or -m TARGET -md DRAFT with -p TEXT")
-    for flag, on in (("--no-baseline", args.no_baseline), ("--llama-loop", args.llama_loop)):
+    for flag, on in (("--no-baseline", args.no_baseline), ("--llama-loop", args.llama_loop),
+                     ("--loop-edges simple", args.loop_edges == "simple")):
         if on:
             raise GraphgenError(f"{flag} applies to a run with a target (-m TARGET -md DRAFT)")
     for flag, v in (("-ctkd", args.type_k_draft), ("-ctvd", args.type_v_draft), ("-devd", args.device_draft)):
@@ -218,6 +219,10 @@ def register(subparsers) -> None:
                    file_help="read the prompt text from FILE (with -md)")
     p.add_argument("--no-baseline", action="store_true",
                    help="with -md: skip the run of the target alone (the speed ratio and the greedy check)")
+    p.add_argument("--loop-edges", choices=("server", "simple"), default="server",
+                   help="with -md: whose loop edges to run: llama-server's (the first round drafts from the target's "
+                        "first token, drafts are cut to the tokens left, -n is exact) or llama-speculative-simple's "
+                        "(the prompt's last token drafts the first round, a run stops once past -n) (default server)")
     p.add_argument("--llama-loop", action="store_true",
                    help="with -md: also run llama.cpp's own loop (b11549's common/speculative.cpp and common_sampler, "
                         "tools/build_llama.sh, built once) with the same settings, the target of both on b11549's "

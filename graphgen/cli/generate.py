@@ -172,7 +172,7 @@ def run_target(args) -> int:
                 verifier = TargetVerifier(tg, temp=temp, seed=seed)
                 res = run_speculative(drafter, [(p, None) for p in prompts], n_predict=n_predict,
                                       verifier=verifier, temp=temp, seed=seed, progress=on_round,
-                                      n_ctx=tg.n_ctx)
+                                      n_ctx=tg.n_ctx, edges=args.loop_edges)
                 stream.finish(res.tokens[0])
             finally:
                 session.close()
@@ -181,8 +181,13 @@ def run_target(args) -> int:
                 task.update("the target alone")
                 for s in range(n_seq):
                     tg.seq_rm(s, -1, -1)
-                alone, t_alone = generate_alone(tg, dict(enumerate(prompts)), n_predict, temp=temp, seed=seed,
+                # speculative-simple's edges end a sequence past -n: the target alone generates as far
+                n_alone = max(len(res.tokens[s]) - res.n_prompt[s] for s in range(n_seq)) \
+                    if args.loop_edges == "simple" else n_predict
+                alone, t_alone = generate_alone(tg, dict(enumerate(prompts)), n_alone, temp=temp, seed=seed,
                                                 timing=timing_alone, trace=trace_alone)
+                if args.loop_edges == "simple":
+                    alone = {s: t[:len(res.tokens[s])] for s, t in alone.items()}
             texts_out = {s: b"".join(tg.pieces(res.tokens[s][res.n_prompt[s]:])[0]).decode(errors="replace")
                          for s in range(n_seq)}
             partings = []
@@ -208,7 +213,7 @@ def run_target(args) -> int:
             n_predict=n_predict, n_seq=n_seq, n_ctx=settings["n_ctx"], n_batch=args.n_batch or 256,
             n_ubatch_draft=n_ubatch, flash_attn=flash_attn, type_k=tgt_k, type_v=tgt_v, type_k_draft=type_k,
             type_v_draft=type_v, n_max=res.n_max, n_min=params.n_min, p_min=params.p_min, temp=temp, seed=seed,
-            threads=args.threads or 1)
+            threads=args.threads or 1, edges=args.loop_edges)
         with progress.task("llama.cpp's loop") as task:
             task.update(f"{llamaloop.BUILD} {llamaloop.PROGRAM}")
             theirs = llamaloop.run(loop_build, target, draft, prompts, st)

@@ -67,6 +67,8 @@ SHIPPED = {
                                                     "--spec-draft-p-min", 0.3]),
     "dflash_n_min_equals_n_max": ("smollm2-dflash", ["-n", 40, "--temp", 0, "--spec-draft-n-max", 2,
                                                      "--spec-draft-n-min", 2, "--spec-draft-p-min", 0.05]),
+    "dspark_speculative_simple_edges": ("smollm2-dspark", ["-np", 2, "-n", 24, "--temp", 0,
+                                                           "--loop-edges", "simple"]),
     "dflash_q8_target_cache": ("smollm2-dflash", ["-np", 2, "-n", 32, "--temp", 0, "-fa", "on", "-ctk", "q8_0",
                                                   "-ctv", "q8_0", "--spec-draft-n-max", 5]),
 }
@@ -187,3 +189,20 @@ def test_accept_puts_llama_cpps_loop_beside_graphgens(build, target):
     for k in ("drafts", "drafted_tokens", "accepted_tokens", "mean_acceptance_length", "tokens", "text"):
         assert ours[k] == theirs[k], k
     assert sum(len(t) for t in theirs["tokens"]) == 40 and theirs["prompt_eval"]["seconds"] > 0
+
+
+def test_speculative_simple_edges_start_from_the_prompts_last_token(build, target):
+    rc, s, err = run_both(target, "smollm2-dflash", ["-n", 12, "--temp", 0, "--loop-edges", "simple"], n_prompts=1)
+    assert_identical(rc, s, err)
+    first = s["rounds_detail"][0]
+    n_prompt = first["pos0"] + 1
+    assert first["id_last"] == s["tokens"][0][n_prompt - 1]
+    # past -n, not cut at it; and the target alone's first 12 tokens are the same
+    assert len(s["tokens"][0]) - n_prompt > 12 and s["stop_reasons"] == ["n_predict"]
+
+
+def test_speculative_simple_edges_need_a_target(tmp_path):
+    draft = llamaloop._tools().parent / "drafts" / "smollm2-dflash" / "draft.gguf"
+    p = subprocess.run(CLI + ["draft", str(draft), "--prompt-tokens", "1,2,3", "--loop-edges", "simple"],
+                       capture_output=True, text=True)
+    assert p.returncode == 2 and "--loop-edges simple applies to a run with a target" in p.stderr
