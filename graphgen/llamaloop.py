@@ -138,7 +138,10 @@ class LoopRun:
 
 
 def run(build: Path, target: Path, draft: Path, prompts: list[list[int]], settings: LoopSettings) -> LoopRun:
-    """Run llama.cpp's loop; each sequence s starts from prompts[s % len(prompts)]."""
+    """Run llama.cpp's loop. With at most n_seq prompts, sequence s starts from prompts[s % len(prompts)];
+    with more, they run n_seq at a time from empty caches, as accept runs them. Results are keyed by
+    prompt index (chunk * n_seq + seq; the sequence itself with one chunk), each round carrying its
+    "prompt" too."""
     exe = Path(build) / PROGRAM
     with tempfile.TemporaryDirectory(prefix="graphgen-loop-") as tmp:
         tok = Path(tmp) / "prompts.txt"
@@ -155,13 +158,15 @@ def run(build: Path, target: Path, draft: Path, prompts: list[list[int]], settin
             continue
         ev = json.loads(line)
         kind = ev.pop("event")
+        if "chunk" in ev:
+            ev["prompt"] = ev["chunk"] * settings.n_seq + ev["seq"]
         if kind == "round":
             out.rounds.append(ev)
         elif kind == "end":
-            out.tokens[ev["seq"]] = ev["tokens"]
-            out.generated[ev["seq"]] = ev["generated"]
-            out.stops[ev["seq"]] = ev["stop"]
-            out.texts[ev["seq"]] = ev["text"]
+            out.tokens[ev["prompt"]] = ev["tokens"]
+            out.generated[ev["prompt"]] = ev["generated"]
+            out.stops[ev["prompt"]] = ev["stop"]
+            out.texts[ev["prompt"]] = ev["text"]
         elif kind == "timing":
             out.timing = ev
     if not out.tokens:

@@ -306,6 +306,13 @@ def run_speculative(drafter: DFlashDrafter, sequences, *, n_predict: int = 32, v
         verdicts = verifier.verify(r_idx, {seq: (state[seq]["id_last"], reqs[seq].pos0, drafts.get(seq, []))
                                            for seq in active})
         t_verify = verifier.t_target - t_tgt0
+        # the verified rows of every sequence go into the draft as the one target batch they were,
+        # before any sequence's rejected rows leave it (the server's order: common_speculative_process
+        # on the batch, then acceptance per slot); the draft's cells, and so its numerics, follow it
+        t0 = time.perf_counter()
+        if not drafter.process_multi([(seq, verdicts[seq][2], reqs[seq].pos0) for seq in active]):
+            raise GraphgenError("injecting the verified features failed")
+        t_inject = (time.perf_counter() - t0) / len(active)
         for seq in active:
             st, dp = state[seq], reqs[seq]
             draft = drafts.get(seq, [])
@@ -323,11 +330,9 @@ def run_speculative(drafter: DFlashDrafter, sequences, *, n_predict: int = 32, v
                 st["stop"] = "eog"
             pos0 = dp.pos0
             t0 = time.perf_counter()
-            if not drafter.process(rows, pos0, seq):
-                raise GraphgenError(f"sequence {seq}: injecting the verified features failed")
             drafter.seq_rm(seq, pos0 + n_acc + 1, -1)
             drafter.accept(seq, n_acc)
-            t_proc = time.perf_counter() - t0
+            t_proc = t_inject + time.perf_counter() - t0
             rec = RoundRecord(r_idx, seq, pos0, st["id_last"], list(draft), n_acc,
                               -1 if nxt is None else nxt, t_draft, t_proc, dp.result_q, t_verify)
             rounds.append(rec)

@@ -349,20 +349,19 @@ def _run_llama_loop(target, draft, prompts_text, n_predict, temp, seed, n_seq, t
                                 type_v_draft=flags.type_v_draft, n_max=trained_n_max(draft), temp=temp, seed=seed,
                                 threads=threads)
     out = EngineRun(LLAMA_LOOP, st.n_max, list(prompts_text), [], prompt_tokens=prompts, layers=list(layers))
-    for c in range(0, len(prompts), n_seq):
-        chunk = prompts[c:c + n_seq]
-        if task is not None:
-            task.update(f"{LLAMA_LOOP}: prompts {c + 1}-{c + len(chunk)} of {len(prompts)}")
-        st.n_seq = len(chunk)
-        run = llamaloop.run(build, target, draft, chunk, st)
-        for s in range(len(chunk)):
-            out.rounds.append([{"pos0": r["pos0"], "id_last": r["id_last"], "draft": list(r["draft"]),
-                                "n_drafted": len(r["draft"]), "n_accepted": r["n_kept"], "bonus": r["bonus"]}
-                               for r in run.rounds if r["seq"] == s])
-            out.tokens.append(list(run.generated[s]))
-            out.text.append(run.texts[s])
-        out.seconds += run.timing.get("t_total", 0.0)
-        out.prefill_seconds += run.timing.get("t_prefill", 0.0)
+    if task is not None:
+        task.update(f"{LLAMA_LOOP}: {len(prompts)} prompts, {n_seq} at a time")
+    # one process, the prompts n_seq at a time from empty caches, as _run_engine runs them
+    st.n_seq = min(n_seq, len(prompts))
+    run = llamaloop.run(build, target, draft, prompts, st)
+    for p in range(len(prompts)):
+        out.rounds.append([{"pos0": r["pos0"], "id_last": r["id_last"], "draft": list(r["draft"]),
+                            "n_drafted": len(r["draft"]), "n_accepted": r["n_kept"], "bonus": r["bonus"]}
+                           for r in run.rounds if r.get("prompt", r["seq"]) == p])
+        out.tokens.append(list(run.generated[p]))
+        out.text.append(run.texts[p])
+    out.seconds = run.timing.get("t_total", 0.0)
+    out.prefill_seconds = run.timing.get("t_prefill", 0.0)
     return out
 
 

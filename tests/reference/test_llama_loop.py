@@ -84,6 +84,17 @@ def test_shipped_drafts_round_for_round(case, build, target):
         assert s["accepted_tokens"] > 0
 
 
+def test_every_sequences_rows_go_into_the_draft_before_any_is_removed(build, target):
+    """The server injects a verify batch's rows of every sequence, then removes each one's rejected
+    rows: the draft's cells, and so its last bits, follow that order. Measured: injecting and removing
+    sequence by sequence flips a near tie (0.0024 logits) in sequence 1's eighth round here."""
+    cmd = ["draft", "-m", target, "-md", "smollm2-dspark", "--llama-loop", "--json", "--no-baseline", "-np", 2,
+           "-n", 16, "--spec-draft-n-max", 8, "--temp", 0, "-p", "Our team meeting on Monday will cover",
+           "-p", "To keep a houseplant healthy, you should"]
+    p = subprocess.run(CLI + [str(a) for a in cmd], capture_output=True, text=True)
+    assert_identical(p.returncode, json.loads(p.stdout) if p.stdout.startswith("{") else None, p.stderr)
+
+
 def random_case(seed: int, target, folder):
     """A random draft made for the target and random settings over the ranges llama.cpp accepts."""
     from graphgen.synth import make_model

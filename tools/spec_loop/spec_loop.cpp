@@ -211,219 +211,233 @@ int main(int argc, char ** argv) {
         fail("the prompt gives no tokens");
     }
 
-    std::vector<seq_state> seqs(n_seq);
-    for (int s = 0; s < n_seq; ++s) {
-        seqs[s].prompt = prompts[s % prompts.size()];
-        seqs[s].smpl.reset(common_sampler_init(model_tgt, params.sampling));
-    }
-
     const int  n_predict = params.n_predict;
     const int  n_ctx_seq = (int) llama_n_ctx_seq(ctx_tgt);
     const bool simple    = edges == "simple";
-    double t_tgt = 0, t_inj = 0, t_draft = 0, t_sample = 0;
-    const double t_start = now_s();
+    double t_tgt = 0, t_inj = 0, t_draft = 0, t_sample = 0, t_prefill = 0, t_total = 0;
 
-    // prefill: every sequence's prompt (but its last token, for speculative-simple) in one batch
-    {
-        common_batch batch(ctx_tgt);
-        std::vector<int32_t> last(n_seq, -1);
-        for (int s = 0; s < n_seq; ++s) {
-            auto & st = seqs[s];
-            const size_t n = st.prompt.size() - (simple ? 1 : 0);
-            for (size_t i = 0; i < n; ++i) {
-                batch.add(st.prompt[i], (llama_pos) i, s, true);
+    // more prompts than sequences: -np of them at a time, each batch from empty caches (as graphgen's
+    // accept runs them); else every sequence takes the prompts in turn
+    const bool chunked = prompts.size() > (size_t) n_seq;
+    for (size_t c0 = 0, chunk = 0; chunk == 0 || c0 < prompts.size(); c0 += n_seq, ++chunk) {
+        const int n_act = chunked ? (int) std::min(prompts.size() - c0, (size_t) n_seq) : n_seq;
+        if (chunk > 0) {
+            for (int s = 0; s < n_seq; ++s) {
+                llama_memory_seq_rm(llama_get_memory(ctx_tgt), s, -1, -1);
+                llama_memory_seq_rm(llama_get_memory(ctx_dft), s, -1, -1);
             }
-            last[s] = batch.size() - 1;
         }
-        if (!simple && batch.size() > (int32_t) llama_n_batch(ctx_tgt)) {
-            fail("the prompts' " + std::to_string(batch.size()) + " rows exceed the batch of " +
-                 std::to_string(llama_n_batch(ctx_tgt)) + " (-b)");
+        std::vector<seq_state> seqs(n_act);
+        for (int s = 0; s < n_act; ++s) {
+            seqs[s].prompt = chunked ? prompts[c0 + s] : prompts[s % prompts.size()];
+            seqs[s].smpl.reset(common_sampler_init(model_tgt, params.sampling));
         }
-        if (batch.size() > 0) {
-            decode_target(ctx_tgt, spec, batch, t_tgt, t_inj);
-        }
-        for (int s = 0; s < n_seq; ++s) {
-            auto & st = seqs[s];
-            if (simple) {
-                st.tokens.assign(st.prompt.begin(), st.prompt.end() - 1);
-                st.id_last = st.prompt.back();
-            } else {
-                const double t0 = now_s();
-                st.id_last = common_sampler_sample(st.smpl.get(), ctx_tgt, last[s]);
-                common_sampler_accept(st.smpl.get(), st.id_last, true);
-                t_sample += now_s() - t0;
-                st.tokens = st.prompt;
-                st.n_gen  = 1;
-                if (llama_vocab_is_eog(vocab, st.id_last)) {
-                    st.done = true, st.stop = "eog";
-                } else if (n_predict >= 0 && st.n_gen >= n_predict) {
-                    st.done = true, st.stop = "n_predict";
+        const std::string chunk_json = "\"chunk\":" + std::to_string(chunk) + ",";
+        const double t_start = now_s();
+
+        // prefill: every sequence's prompt (but its last token, for speculative-simple) in one batch
+        {
+            common_batch batch(ctx_tgt);
+            std::vector<int32_t> last(n_act, -1);
+            for (int s = 0; s < n_act; ++s) {
+                auto & st = seqs[s];
+                const size_t n = st.prompt.size() - (simple ? 1 : 0);
+                for (size_t i = 0; i < n; ++i) {
+                    batch.add(st.prompt[i], (llama_pos) i, s, true);
                 }
+                last[s] = batch.size() - 1;
             }
-            common_speculative_begin(spec, s, st.tokens);
-            emit("{\"event\":\"prefill\",\"seq\":" + std::to_string(s) + ",\"n_prompt\":" +
-                 std::to_string(st.prompt.size()) + ",\"first\":" + std::to_string(simple ? -1 : st.id_last) + "}");
-        }
-    }
-
-    const double t_prefill = now_s() - t_start;
-
-    for (int round = 0;; ++round) {
-        std::vector<int> active;
-        for (int s = 0; s < n_seq; ++s) {
-            if (!seqs[s].done) {
-                active.push_back(s);
+            if (!simple && batch.size() > (int32_t) llama_n_batch(ctx_tgt)) {
+                fail("the prompts' " + std::to_string(batch.size()) + " rows exceed the batch of " +
+                     std::to_string(llama_n_batch(ctx_tgt)) + " (-b)");
             }
-        }
-        if (active.empty()) {
-            break;
-        }
-        // draft: every active sequence that has room, in one call
-        std::vector<int> pos_max(n_seq, -1);
-        for (int s : active) {
-            auto & st = seqs[s];
-            auto & dp = common_speculative_get_draft_params(spec, s);
-            dp.drafting = false;
-            st.draft.clear();
-            int n_draft_max = n_ctx_seq - (int) st.tokens.size() - 2;
-            if (n_predict >= 0) {
-                const int left = n_predict - st.n_gen;
-                // the server caps only while tokens are left; speculative-simple always
-                if (simple || left > 0) {
-                    n_draft_max = std::min(n_draft_max, left - 1);
-                }
+            if (batch.size() > 0) {
+                decode_target(ctx_tgt, spec, batch, t_tgt, t_inj);
             }
-            n_draft_max = std::max(n_draft_max, 0);
-            pos_max[s] = llama_memory_seq_pos_max(llama_get_memory(ctx_tgt), s);
-            if (n_draft_max > 0) {
-                st.spec_prompt = st.tokens;
-                dp = {
-                    /* .drafting = */ true,
-                    /* .n_max    = */ n_draft_max,
-                    /* .pos0     = */ (llama_pos) st.tokens.size(),
-                    /* .id_last  = */ st.id_last,
-                    /* .prompt   = */ &st.spec_prompt,
-                    /* .result   = */ &st.draft,
-                    /* .result_q = */ nullptr,
-                    /* .temp     = */ params.sampling.temp,
-                    /* .seed     = */ params.sampling.seed,
-                };
-            }
-        }
-        double t0 = now_s();
-        common_speculative_draft(spec);
-        const double t_round_draft = now_s() - t0;
-        t_draft += t_round_draft;
-        for (int s : active) {
-            // the draft's noise block leaves the draft's cache again before verification
-            llama_memory_seq_rm(llama_get_memory(ctx_dft), s, pos_max[s] + 1, -1);
-        }
-
-        // verify: [id_last, draft...] of every active sequence in one target batch
-        common_batch batch(ctx_tgt);
-        for (int s : active) {
-            auto & st = seqs[s];
-            const llama_pos p0 = (llama_pos) st.tokens.size();
-            st.i_batch.clear();
-            st.i_batch.push_back(batch.size());
-            batch.add(st.id_last, p0, s, true);
-            for (size_t i = 0; i < st.draft.size(); ++i) {
-                st.i_batch.push_back(batch.size());
-                batch.add(st.draft[i], p0 + 1 + (llama_pos) i, s, true);
-            }
-        }
-        if (batch.size() > (int32_t) llama_n_batch(ctx_tgt)) {
-            fail("a round's " + std::to_string(batch.size()) + " rows exceed the batch of " +
-                 std::to_string(llama_n_batch(ctx_tgt)) + " (-b)");
-        }
-        const double t_tgt0 = t_tgt, t_inj0 = t_inj;
-        decode_target(ctx_tgt, spec, batch, t_tgt, t_inj);
-
-        for (int s : active) {
-            auto & st = seqs[s];
-            const llama_pos pos0 = (llama_pos) st.tokens.size();
-            t0 = now_s();
-            auto ids = common_sampler_sample_and_accept_n(st.smpl.get(), ctx_tgt, st.i_batch, st.draft);
-            t_sample += now_s() - t0;
-            if (ids.empty()) {
-                fail("the target accepted nothing, not even its own token");
-            }
-            const int n_acc = (int) ids.size() - 1;
-            common_speculative_accept(spec, s, (uint16_t) n_acc);
-            // the tokens this round adds: id_last, then the accepted run; the target's own token
-            // is the next id_last. An end of generation or -n ends the sequence inside the run.
-            st.tokens.push_back(st.id_last);
-            int bonus = -1, n_kept = 0;
-            for (size_t i = 0; i < ids.size(); ++i) {
-                st.n_gen++;
-                const bool last = i + 1 == ids.size();
-                if (!last) {
-                    st.tokens.push_back(ids[i]);
-                    n_kept++;
+            for (int s = 0; s < n_act; ++s) {
+                auto & st = seqs[s];
+                if (simple) {
+                    st.tokens.assign(st.prompt.begin(), st.prompt.end() - 1);
+                    st.id_last = st.prompt.back();
                 } else {
-                    bonus = ids[i];
-                }
-                if (llama_vocab_is_eog(vocab, ids[i])) {
-                    st.done = true, st.stop = "eog";
-                } else if (!simple && n_predict >= 0 && st.n_gen >= n_predict) {
-                    // the server stops at -n inside the run: the rest of it is dropped
-                    st.done = true, st.stop = "n_predict";
-                }
-                if (st.done) {
-                    if (last) {
-                        st.tokens.push_back(ids[i]);
-                    } else {
-                        bonus = -1;  // cut inside the accepted run: the target's own token is dropped
+                    const double t0 = now_s();
+                    st.id_last = common_sampler_sample(st.smpl.get(), ctx_tgt, last[s]);
+                    common_sampler_accept(st.smpl.get(), st.id_last, true);
+                    t_sample += now_s() - t0;
+                    st.tokens = st.prompt;
+                    st.n_gen  = 1;
+                    if (llama_vocab_is_eog(vocab, st.id_last)) {
+                        st.done = true, st.stop = "eog";
+                    } else if (n_predict >= 0 && st.n_gen >= n_predict) {
+                        st.done = true, st.stop = "n_predict";
                     }
-                    break;
+                }
+                common_speculative_begin(spec, s, st.tokens);
+                emit("{\"event\":\"prefill\"," + chunk_json + "\"seq\":" + std::to_string(s) + ",\"n_prompt\":" +
+                     std::to_string(st.prompt.size()) + ",\"first\":" + std::to_string(simple ? -1 : st.id_last) + "}");
+            }
+        }
+
+        t_prefill += now_s() - t_start;
+
+        for (int round = 0;; ++round) {
+            std::vector<int> active;
+            for (int s = 0; s < n_act; ++s) {
+                if (!seqs[s].done) {
+                    active.push_back(s);
                 }
             }
-            if (simple && !st.done && n_predict >= 0 && st.n_gen > n_predict) {
-                // speculative-simple keeps the whole round and stops once past -n
-                st.done = true, st.stop = "n_predict";
-                st.tokens.push_back(bonus);
+            if (active.empty()) {
+                break;
             }
-            st.id_last = st.done ? -1 : bonus;
-            const int bonus_out = bonus;
-            emit("{\"event\":\"round\",\"round\":" + std::to_string(round) + ",\"seq\":" + std::to_string(s) +
-                 ",\"pos0\":" + std::to_string(pos0) + ",\"id_last\":" +
-                 std::to_string(st.tokens[pos0]) + ",\"draft\":" + ids_json(st.draft) +
-                 ",\"target\":" + ids_json(ids) + ",\"n_accepted\":" + std::to_string(n_acc) +
-                 ",\"n_kept\":" + std::to_string(n_kept) + ",\"bonus\":" + std::to_string(bonus_out) +
-                 ",\"t_draft\":" + std::to_string(t_round_draft) + ",\"t_target\":" +
-                 std::to_string(t_tgt - t_tgt0) + ",\"t_inject\":" + std::to_string(t_inj - t_inj0) + "}");
-            // the rejected rows leave both caches
-            llama_memory_seq_rm(llama_get_memory(ctx_tgt), s, pos0 + 1 + n_acc, -1);
-            llama_memory_seq_rm(llama_get_memory(ctx_dft), s, pos0 + 1 + n_acc, -1);
-        }
-    }
-    const double t_total = now_s() - t_start;
+            // draft: every active sequence that has room, in one call
+            std::vector<int> pos_max(n_seq, -1);
+            for (int s : active) {
+                auto & st = seqs[s];
+                auto & dp = common_speculative_get_draft_params(spec, s);
+                dp.drafting = false;
+                st.draft.clear();
+                int n_draft_max = n_ctx_seq - (int) st.tokens.size() - 2;
+                if (n_predict >= 0) {
+                    const int left = n_predict - st.n_gen;
+                    // the server caps only while tokens are left; speculative-simple always
+                    if (simple || left > 0) {
+                        n_draft_max = std::min(n_draft_max, left - 1);
+                    }
+                }
+                n_draft_max = std::max(n_draft_max, 0);
+                pos_max[s] = llama_memory_seq_pos_max(llama_get_memory(ctx_tgt), s);
+                if (n_draft_max > 0) {
+                    st.spec_prompt = st.tokens;
+                    dp = {
+                        /* .drafting = */ true,
+                        /* .n_max    = */ n_draft_max,
+                        /* .pos0     = */ (llama_pos) st.tokens.size(),
+                        /* .id_last  = */ st.id_last,
+                        /* .prompt   = */ &st.spec_prompt,
+                        /* .result   = */ &st.draft,
+                        /* .result_q = */ nullptr,
+                        /* .temp     = */ params.sampling.temp,
+                        /* .seed     = */ params.sampling.seed,
+                    };
+                }
+            }
+            double t0 = now_s();
+            common_speculative_draft(spec);
+            const double t_round_draft = now_s() - t0;
+            t_draft += t_round_draft;
+            for (int s : active) {
+                // the draft's noise block leaves the draft's cache again before verification
+                llama_memory_seq_rm(llama_get_memory(ctx_dft), s, pos_max[s] + 1, -1);
+            }
 
-    for (int s = 0; s < n_seq; ++s) {
-        auto & st = seqs[s];
-        llama_tokens gen(st.tokens.begin() + (long) st.prompt.size() - (simple ? 1 : 0), st.tokens.end());
-        if (simple && !gen.empty()) {
-            gen.erase(gen.begin());  // the prompt's last token, which drafted the first round
-        }
-        std::string text;
-        for (auto t : gen) {
-            text += common_token_to_piece(ctx_tgt, t);
-        }
-        std::string esc;
-        for (unsigned char c : text) {
-            if (c == '"' || c == '\\') {
-                esc += '\\', esc += (char) c;
-            } else if (c < 0x20) {
-                char buf[8];
-                std::snprintf(buf, sizeof buf, "\\u%04x", c);
-                esc += buf;
-            } else {
-                esc += (char) c;
+            // verify: [id_last, draft...] of every active sequence in one target batch
+            common_batch batch(ctx_tgt);
+            for (int s : active) {
+                auto & st = seqs[s];
+                const llama_pos p0 = (llama_pos) st.tokens.size();
+                st.i_batch.clear();
+                st.i_batch.push_back(batch.size());
+                batch.add(st.id_last, p0, s, true);
+                for (size_t i = 0; i < st.draft.size(); ++i) {
+                    st.i_batch.push_back(batch.size());
+                    batch.add(st.draft[i], p0 + 1 + (llama_pos) i, s, true);
+                }
+            }
+            if (batch.size() > (int32_t) llama_n_batch(ctx_tgt)) {
+                fail("a round's " + std::to_string(batch.size()) + " rows exceed the batch of " +
+                     std::to_string(llama_n_batch(ctx_tgt)) + " (-b)");
+            }
+            const double t_tgt0 = t_tgt, t_inj0 = t_inj;
+            decode_target(ctx_tgt, spec, batch, t_tgt, t_inj);
+
+            for (int s : active) {
+                auto & st = seqs[s];
+                const llama_pos pos0 = (llama_pos) st.tokens.size();
+                t0 = now_s();
+                auto ids = common_sampler_sample_and_accept_n(st.smpl.get(), ctx_tgt, st.i_batch, st.draft);
+                t_sample += now_s() - t0;
+                if (ids.empty()) {
+                    fail("the target accepted nothing, not even its own token");
+                }
+                const int n_acc = (int) ids.size() - 1;
+                common_speculative_accept(spec, s, (uint16_t) n_acc);
+                // the tokens this round adds: id_last, then the accepted run; the target's own token
+                // is the next id_last. An end of generation or -n ends the sequence inside the run.
+                st.tokens.push_back(st.id_last);
+                int bonus = -1, n_kept = 0;
+                for (size_t i = 0; i < ids.size(); ++i) {
+                    st.n_gen++;
+                    const bool last = i + 1 == ids.size();
+                    if (!last) {
+                        st.tokens.push_back(ids[i]);
+                        n_kept++;
+                    } else {
+                        bonus = ids[i];
+                    }
+                    if (llama_vocab_is_eog(vocab, ids[i])) {
+                        st.done = true, st.stop = "eog";
+                    } else if (!simple && n_predict >= 0 && st.n_gen >= n_predict) {
+                        // the server stops at -n inside the run: the rest of it is dropped
+                        st.done = true, st.stop = "n_predict";
+                    }
+                    if (st.done) {
+                        if (last) {
+                            st.tokens.push_back(ids[i]);
+                        } else {
+                            bonus = -1;  // cut inside the accepted run: the target's own token is dropped
+                        }
+                        break;
+                    }
+                }
+                if (simple && !st.done && n_predict >= 0 && st.n_gen > n_predict) {
+                    // speculative-simple keeps the whole round and stops once past -n
+                    st.done = true, st.stop = "n_predict";
+                    st.tokens.push_back(bonus);
+                }
+                st.id_last = st.done ? -1 : bonus;
+                const int bonus_out = bonus;
+                emit("{\"event\":\"round\"," + chunk_json + "\"round\":" + std::to_string(round) + ",\"seq\":" + std::to_string(s) +
+                     ",\"pos0\":" + std::to_string(pos0) + ",\"id_last\":" +
+                     std::to_string(st.tokens[pos0]) + ",\"draft\":" + ids_json(st.draft) +
+                     ",\"target\":" + ids_json(ids) + ",\"n_accepted\":" + std::to_string(n_acc) +
+                     ",\"n_kept\":" + std::to_string(n_kept) + ",\"bonus\":" + std::to_string(bonus_out) +
+                     ",\"t_draft\":" + std::to_string(t_round_draft) + ",\"t_target\":" +
+                     std::to_string(t_tgt - t_tgt0) + ",\"t_inject\":" + std::to_string(t_inj - t_inj0) + "}");
+                // the rejected rows leave both caches
+                llama_memory_seq_rm(llama_get_memory(ctx_tgt), s, pos0 + 1 + n_acc, -1);
+                llama_memory_seq_rm(llama_get_memory(ctx_dft), s, pos0 + 1 + n_acc, -1);
             }
         }
-        emit("{\"event\":\"end\",\"seq\":" + std::to_string(s) + ",\"stop\":\"" + st.stop + "\",\"tokens\":" +
-             ids_json(st.tokens) + ",\"generated\":" + ids_json(gen) + ",\"text\":\"" + esc + "\"}");
+        t_total += now_s() - t_start;
+
+        for (int s = 0; s < n_act; ++s) {
+            auto & st = seqs[s];
+            llama_tokens gen(st.tokens.begin() + (long) st.prompt.size() - (simple ? 1 : 0), st.tokens.end());
+            if (simple && !gen.empty()) {
+                gen.erase(gen.begin());  // the prompt's last token, which drafted the first round
+            }
+            std::string text;
+            for (auto t : gen) {
+                text += common_token_to_piece(ctx_tgt, t);
+            }
+            std::string esc;
+            for (unsigned char c : text) {
+                if (c == '"' || c == '\\') {
+                    esc += '\\', esc += (char) c;
+                } else if (c < 0x20) {
+                    char buf[8];
+                    std::snprintf(buf, sizeof buf, "\\u%04x", c);
+                    esc += buf;
+                } else {
+                    esc += (char) c;
+                }
+            }
+            emit("{\"event\":\"end\"," + chunk_json + "\"seq\":" + std::to_string(s) + ",\"stop\":\"" + st.stop + "\",\"tokens\":" +
+                 ids_json(st.tokens) + ",\"generated\":" + ids_json(gen) + ",\"text\":\"" + esc + "\"}");
+        }
     }
+
     emit("{\"event\":\"timing\",\"t_total\":" + std::to_string(t_total) + ",\"t_prefill\":" +
          std::to_string(t_prefill) + ",\"t_target\":" + std::to_string(t_tgt) +
          ",\"t_draft\":" + std::to_string(t_draft) + ",\"t_inject\":" + std::to_string(t_inj) +
