@@ -690,8 +690,8 @@ def check_batch(model, n_seqs=DEFAULT_N_SEQ, block: int | None = None, prompt: i
                 fail_on: str = "batch") -> Report:
     """Run every case in each engine and compare; `progress(text)` is told what runs.
     flash_attn: a bool, or -fa's "on", "off" or "auto" (b11739 then decides itself, graphgen as
-    llamaflags.resolve_fa does; the engines' parity shows a disagreement)."""
-    from .cli.llamaflags import resolve_fa
+    scenario.resolve_fa does; the engines' parity shows a disagreement)."""
+    from .scenario import resolve_fa
     from .runtime.model import load
     from .runtime.kvcache import check_kv_types
 

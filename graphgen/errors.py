@@ -27,3 +27,8 @@ class PairError(GraphgenError, ValueError):
     def __init__(self, problems: list[str]):
         super().__init__("\n".join(problems))
         self.problems = list(problems)
+
+
+class AuthorsLoopError(GraphgenError, ValueError):
+    """A target, draft folder or prompt the authors' loop cannot take (accept/authors_loop.py,
+    accept/speculators_loop.py); the message names it."""

@@ -354,3 +354,11 @@ def default_scenario(block_size: int = 4, mask_token: int = 255, n_prompt: int =
         "type_k": type_k or type_kv, "type_v": type_v or type_kv, "seed": 1,
         "steps": [{"inject": {"n_tokens": n_prompt, "pos0": 0}},
                   {"block": {"tokens": [7] + [mask_token] * (block_size - 1), "pos0": n_prompt}}]})
+
+
+def resolve_fa(value: str | None) -> bool | None:
+    """-fa auto as llama.cpp resolves it: on when the device runs the attention kernels, which
+    every ggml backend graphgen computes on does for these drafts."""
+    if value is None:
+        return None
+    return value != "off"

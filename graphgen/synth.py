@@ -259,7 +259,7 @@ def _make_model(path, variant="dflash", backbone="base", *, output: _Output, n_e
     """
     lend = None
     if target is not None:
-        from .pair import default_target_layers, target_info, tokenizer_fields
+        from .speculative.pair import default_target_layers, target_info, tokenizer_fields
         _check(backbone == "base", "a draft for a target (--target) is made on the base backbone only")
         info = target_info(target)
         n_embd, n_vocab = info.n_embd, info.n_vocab

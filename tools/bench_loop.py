@@ -34,7 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from graphgen import llamaloop  # noqa: E402
+from graphgen.speculative import llamaloop  # noqa: E402
 
 PROMPT = "The capital of France is"
 
@@ -62,7 +62,7 @@ def completion_ms_per_token(build: Path, target: Path, n: int, threads: int) -> 
 
 def graphgen_alone_ms_per_token(target: Path, layers, n: int, threads: int) -> float:
     from graphgen.reference.session import ReferenceTarget
-    from graphgen.verifier import generate_alone
+    from graphgen.speculative.verifier import generate_alone
     with ReferenceTarget(target, layers, n_ctx=4096, n_batch=256, n_threads=threads, flash_attn="on") as tg:
         prompt = tg.tokenize(PROMPT)
         timing = {}
@@ -73,10 +73,10 @@ def graphgen_alone_ms_per_token(target: Path, layers, n: int, threads: int) -> f
 def graphgen_loop(target: Path, draft: Path, layers, n: int, n_max: int, threads: int):
     """(per-round ms split, rounds as llamaloop.compare reads them, tokens)."""
     from graphgen.reference.session import ReferenceTarget
-    from graphgen.runtime.drafters import DraftParams, create_drafter
+    from graphgen.speculative.drafters import DraftParams, create_drafter
     from graphgen.runtime.session import Session
-    from graphgen.speculate import run_speculative
-    from graphgen.verifier import TargetVerifier
+    from graphgen.speculative.loop import run_speculative
+    from graphgen.speculative.verifier import TargetVerifier
     with ReferenceTarget(target, layers, n_ctx=4096, n_batch=256, n_threads=threads, flash_attn="on") as tg:
         prompt = tg.tokenize(PROMPT)
         with Session(draft, target=target, n_ctx=tg.n_ctx, n_ubatch=64, flash_attn=True, n_threads=threads) as s:
@@ -124,8 +124,8 @@ def main() -> int:
 
     build = llamaloop.ensure_build(lambda m: print(m, file=sys.stderr))
     llamaloop.share_build(build, "tools/bench_loop.py")
-    from graphgen.pair import draft_info
-    from graphgen.targets import resolve, resolve_draft
+    from graphgen.speculative.pair import draft_info
+    from graphgen.speculative.targets import resolve, resolve_draft
     target, draft = resolve(args.target), resolve_draft(args.draft)
     layers = draft_info(draft).target_layers
 

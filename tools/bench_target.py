@@ -28,14 +28,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from graphgen.pair import check_pair  # noqa: E402
+from graphgen.speculative.pair import check_pair  # noqa: E402
 from graphgen.reference.session import ReferenceTarget  # noqa: E402
-from graphgen.runtime.drafters import DraftParams, create_drafter  # noqa: E402
+from graphgen.speculative.drafters import DraftParams, create_drafter  # noqa: E402
 from graphgen.runtime.model import load  # noqa: E402
 from graphgen.runtime.session import Session  # noqa: E402
-from graphgen.speculate import run_speculative  # noqa: E402
-from graphgen.targets import resolve  # noqa: E402
-from graphgen.verifier import TargetVerifier, generate_alone  # noqa: E402
+from graphgen.speculative.loop import run_speculative  # noqa: E402
+from graphgen.speculative.targets import resolve  # noqa: E402
+from graphgen.speculative.verifier import TargetVerifier, generate_alone  # noqa: E402
 
 PROMPTS = ["The capital of France is", "Write a short poem about the sea.\n"]
 

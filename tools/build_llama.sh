@@ -8,7 +8,7 @@
 # `graphgen --llama DIR` loads), llama-completion and llama-speculative-simple (llama.cpp's own
 # tools, for the benchmark and by hand), and graphgen-spec-loop, built from
 # tools/spec_loop/spec_loop.cpp: llama.cpp's speculative loop driven by common/speculative.cpp,
-# printing each round as a JSON line (graphgen/llamaloop.py reads them).
+# printing each round as a JSON line (graphgen/speculative/llamaloop.py reads them).
 #
 # The source is the llama.cpp tree inside the PyPI sdist xllamacpp==2026.10.11549 (the same
 # sdist tools/build_ggml.sh builds ggml from), checked against a pinned sha256 and kept under

@@ -57,7 +57,7 @@ def main(argv=None) -> int:
 
     t0 = time.perf_counter()
     try:
-        from graphgen.targets import resolve_draft
+        from graphgen.speculative.targets import resolve_draft
         drafts = [resolve_draft(d) for d in args.drafts] or shipped_drafts()
         if not drafts:
             raise GraphgenError(f"no drafts named and none in {ROOT / 'drafts'}")

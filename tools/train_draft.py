@@ -274,7 +274,7 @@ def _measured(draft: Path, target: str, threads: int) -> dict:
 def main(argv=None) -> int:
     args = _args(argv)
     log = T.stderr_log
-    from graphgen.targets import resolve
+    from graphgen.speculative.targets import resolve
     target = resolve(args.target)
     out = Path(args.out or ROOT / "drafts" / f"smollm2-{args.variant}")
     command = ".venv/bin/python tools/train_draft.py " + " ".join(

@@ -52,11 +52,7 @@ import json
 import time
 from pathlib import Path
 
-from ..errors import GraphgenError
-
-
-class AuthorsLoopError(GraphgenError, ValueError):
-    """A target, draft folder or prompt the authors' loop cannot take; the message names it."""
+from ..errors import AuthorsLoopError
 
 
 # -- input ----------------------------------------------------------------------------------------
@@ -147,7 +143,7 @@ def _load(target_gguf, draft_dir):
         raise AuthorsLoopError(f"draft {path}/config.json: {key} {width.get('hidden_size')}, the target "
                                f"{tpath.name} is {n_embd} wide")
     from ..authors.folder import authors_class
-    from ..authors.forward import quiet_transformers
+    from ..authors import quiet_transformers
     quiet_transformers()
     target = transformers_model(tpath, torch.float32)
     if authors == "zlab":

@@ -20,13 +20,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..errors import GraphgenError
-from ..targets import draft_label, resolve_draft  # noqa: F401  (re-exported)
+from ..speculative.drafters import DraftParams
+from ..speculative.loop import open_drafter
+from ..speculative.targets import draft_label, resolve_draft  # noqa: F401  (re-exported)
 
 ENGINES = ("llama.cpp", "graphgen")
 # the authors' own loop (graphgen.accept.authors_loop): the target in transformers, the draft from its
 # checkpoint; needs the graphgen[torch] extra
 AUTHORS = "authors"
-# llama.cpp's own loop (graphgen.llamaloop): b11549's common/speculative.cpp, common_sampler and
+# llama.cpp's own loop (graphgen.speculative.llamaloop): b11549's common/speculative.cpp, common_sampler and
 # loop, tools/build_llama.sh's graphgen-spec-loop; the other engines' target then runs on b11549 too
 LLAMA_LOOP = "llama.cpp-loop"
 ROOT = Path(__file__).resolve().parents[2]
@@ -191,24 +193,6 @@ def _tok(t) -> str:
     return "nothing" if t is None else f"token {t}"
 
 
-def open_drafter(engine: str, tg, draft: Path, target: Path, **settings):
-    """The draft session of `engine` beside the open target `tg`, and its driver (the draft's own
-    head, its whole block drafted): (session, drafter)."""
-    from ..runtime.drafters import DraftParams, create_drafter
-    if engine == "llama.cpp":
-        session = tg.open_draft(draft, **settings)
-    elif engine == "graphgen":
-        from ..runtime.session import Session
-        session = Session(draft, target=target, **settings)
-    else:
-        raise GraphgenError(f"unknown engine {engine!r}: the engines are {', '.join(ENGINES)}")
-    try:
-        return session, create_drafter(session, None, DraftParams(n_max=None))
-    except BaseException:
-        session.close()
-        raise
-
-
 @dataclass
 class ContextFlags:
     """llama.cpp's context flags as accept takes them for the llama.cpp and graphgen engines, with
@@ -239,8 +223,8 @@ class ContextFlags:
 def _run_engine(engine, target, draft, prompts_text, n_predict, temp, seed, n_seq, threads, layers, block,
                 task=None, flags: ContextFlags | None = None) -> EngineRun:
     from ..reference.session import ReferenceTarget
-    from ..speculate import check_block_fits, run_speculative
-    from ..verifier import TargetVerifier
+    from ..speculative.loop import check_block_fits, run_speculative
+    from ..speculative.verifier import TargetVerifier
 
     flags = flags or ContextFlags()
     # a byte-level BPE gives at most a token per byte (and a BOS): a context bound before tokenizing
@@ -256,9 +240,11 @@ def _run_engine(engine, target, draft, prompts_text, n_predict, temp, seed, n_se
     runs = []
     with ReferenceTarget(target, layers, n_ctx=n_ctx, n_batch=flags.n_batch or 256, n_seq=n_seq, n_threads=threads,
                          flash_attn=flags.flash_attn, type_k=flags.type_k, type_v=flags.type_v) as tg:
-        session, drafter = open_drafter(engine, tg, draft, target, n_ctx=n_ctx, n_ubatch=n_ubatch,
-                                        flash_attn=flags.flash_attn != "off", n_seq=n_seq, n_threads=threads,
-                                        type_k=flags.type_k_draft, type_v=flags.type_v_draft)
+        # the draft's whole trained block, as accept drafts
+        drafter = open_drafter(draft, None, DraftParams(n_max=None), engine=engine, tg=tg, target=target,
+                               n_ctx=n_ctx, n_ubatch=n_ubatch, flash_attn=flags.flash_attn != "off", n_seq=n_seq,
+                               n_threads=threads, type_k=flags.type_k_draft, type_v=flags.type_v_draft)
+        session = drafter.session
         try:
             prompts = [tg.tokenize(t) for t in prompts_text]
             for i, p in enumerate(prompts):
@@ -312,7 +298,7 @@ def trained_n_max(draft: Path) -> int:
     """What one block of the draft drafts: its block size, less the anchor slot unless a DSpark
     head predicts from it (the cap the drivers put on n_max)."""
     from ..ggufile import field_value, open_reader
-    from ..pair import draft_info
+    from ..speculative.pair import draft_info
     info = draft_info(draft)
     block = info.block_size or 16
     if info.head == "dspark":
@@ -326,7 +312,8 @@ def _run_llama_loop(target, draft, prompts_text, n_predict, temp, seed, n_seq, t
                     flags: ContextFlags | None = None, build=None) -> EngineRun:
     """llama.cpp's own loop over the prompts, n_seq at a time, with the settings _run_engine gives
     the other engines (the draft's whole block drafted, as accept drafts)."""
-    from .. import llamaloop, progress
+    from ..speculative import llamaloop
+    from .. import progress
     from ..reference.session import ReferenceTarget
     flags = flags or ContextFlags()
     build = build or llamaloop.ensure_build(progress.note)
@@ -421,12 +408,12 @@ def run_engines(target, draft, prompts_text=None, n_predict: int = 64, engines=E
                 seed: int = 0, n_seq: int = 1, threads: int = 1, authors_draft=None,
                 flags: ContextFlags | None = None, label: str | None = None) -> dict:
     """Every prompt (default DEFAULT_PROMPTS) through the speculative loop once per engine:
-    {engine: EngineRun}. The pair is checked first (graphgen.pair.check_pair, PairError).
+    {engine: EngineRun}. The pair is checked first (graphgen.speculative.pair.check_pair, PairError).
     Engine "authors" runs the authors' loop on the checkpoint beside the GGUF (or `authors_draft`),
     one prompt at a time whatever n_seq."""
     from .. import progress
     from ..errors import PairError
-    from ..pair import check_pair
+    from ..speculative.pair import check_pair
     from ..runtime.model import load
 
     target, draft = Path(target), Path(draft)

@@ -45,7 +45,7 @@ class FeaturesError(GraphgenError, ValueError):
 # -- input --------------------------------------------------------------------------------------
 
 def _target_path(target) -> Path:
-    from ..targets import resolve
+    from ..speculative.targets import resolve
     path = resolve(target) if isinstance(target, str) else Path(target)
     if not path.is_file():
         raise FileNotFoundError(f"target {path}: no such file")
@@ -241,7 +241,7 @@ def _hf_model(path: str, mtime: float, dtype_name: str):
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.initialization import no_init_weights
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
-    from ..authors.forward import quiet_transformers
+    from ..authors import quiet_transformers
     quiet_transformers()
     p = Path(path)
     dtype = getattr(torch, dtype_name)

@@ -76,7 +76,7 @@ def target_copies(target, types=DEFAULT_TYPES) -> dict[str, Path]:
 
 def draft_layers(draft) -> list[int]:
     """The target layer inputs the draft GGUF reads (dflash.target_layers)."""
-    from ..pair import LAYERS_KEY, draft_info
+    from ..speculative.pair import LAYERS_KEY, draft_info
     layers = draft_info(Path(draft)).target_layers
     if not layers:
         raise QuantizedError(f"{draft}: no key {LAYERS_KEY!r}; not a DFlash-family draft")

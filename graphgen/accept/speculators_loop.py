@@ -46,7 +46,7 @@ from pathlib import Path
 
 
 def _error(msg: str):
-    from .authors_loop import AuthorsLoopError
+    from ..errors import AuthorsLoopError
     return AuthorsLoopError(msg)
 
 

@@ -240,7 +240,7 @@ def generate_corpus(target_path, layers: list[int], prompts: list[str], *, n_pre
                     n_threads: int, log=None) -> Corpus:
     """Greedy continuations of every prompt by the target, `n_seq` sequences per batch."""
     from ..reference.session import ReferenceTarget
-    from ..verifier import generate_alone
+    from ..speculative.verifier import generate_alone
     log = log or (lambda s: None)
     t0 = time.perf_counter()
     tokens, starts, feats, top_ids, top_logits = [], [], [], [], []
@@ -780,7 +780,7 @@ def save_checkpoint(model, out_dir, dtype: str = "bfloat16", verifier: str | Non
     """The authors' save_pretrained, weights in `dtype` to stay small; a speculators config names
     `verifier` as its verifier (the training's target folder was temporary)."""
     import torch
-    from ..authors.forward import quiet_transformers
+    from ..authors import quiet_transformers
     quiet_transformers()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -53,3 +53,15 @@ def require_torch() -> None:
     if missing:
         raise AuthorsError(f"the authors' models need the graphgen[torch] extra: missing {', '.join(missing)}; "
                            + EXTRA_HINT)
+
+
+def quiet_transformers() -> None:
+    """transformers' (and loguru's) logging and progress bars off: graphgen says what it loads and writes."""
+    from transformers.utils import logging as hf_logging
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        from loguru import logger
+        logger.remove()
+    except ImportError:
+        pass

@@ -280,7 +280,7 @@ def make_hf(out_dir: str | os.PathLike, spec: HFSpec, force: bool = False) -> Pa
     or with `force` one that holds an earlier such checkpoint). Written under a temporary name and
     renamed at the end, so an interrupted run leaves nothing that looks complete."""
     require_torch()
-    from .forward import quiet_transformers
+    from . import quiet_transformers
     quiet_transformers()  # no "Writing model shards" bars: graphgen says what it wrote
     s = spec.resolved()
     out = Path(out_dir)

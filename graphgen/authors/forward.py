@@ -39,7 +39,7 @@ from .. import __version__
 from ..compare.dump import Node, provenance, write_dump
 from ..scenario import Scenario
 from ..player import Engine, play
-from . import AuthorsError, require_torch
+from . import AuthorsError, quiet_transformers, require_torch
 from .folder import authors_class, inspect, shape_mismatch
 from .tensormap import entries
 
@@ -58,17 +58,6 @@ def _require_authors(ck) -> None:
         raise AuthorsError(f"{ck.path / 'config.json'}: key 'architectures' = {ck.config.get('architectures')!r} has no "
                            "authors' class on PyPI: graphgen convert converts it, check and dump --engine torch "
                            "run z-lab's and speculators' formats only")
-
-
-def quiet_transformers() -> None:
-    from transformers.utils import logging as hf_logging
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    try:
-        from loguru import logger
-        logger.remove()
-    except ImportError:
-        pass
 
 
 class AuthorsDraft:

@@ -39,8 +39,8 @@ EMBD, HEAD, NORM = "token_embd.weight", "output.weight", "output_norm.weight"
 
 def target_gguf(value) -> Path:
     """The target GGUF `value` names (a file, or a known target such as smollm2, fetched once)."""
-    from ..pair import target_info
-    from ..targets import resolve
+    from ..speculative.pair import target_info
+    from ..speculative.targets import resolve
     path = resolve(str(value))
     if not path.exists():
         raise AuthorsError(f"-m {value}: no such target GGUF file")

@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 
 from ..errors import GraphgenError
-from ..runtime.drafters import draw_seed
+from ..speculative.drafters import draw_seed
 from .generate import plural as _plural
 from .llamaflags import count_arg
 
@@ -64,9 +64,9 @@ def _context_flags(args):
 
 def _cmd_accept(args) -> int:
     from ..accept.compare import AUTHORS, LLAMA_LOOP, acceptance_svg, first_divergence, run_engines
-    from ..pair import draft_info
+    from ..speculative.pair import draft_info
     from ..staging import check_output, is_svg
-    from ..targets import draft_label, resolve, resolve_draft
+    from ..speculative.targets import draft_label, resolve, resolve_draft
 
     from .llamaflags import check_spec_flags, model_path
     model_path(args)
@@ -88,7 +88,8 @@ def _cmd_accept(args) -> int:
     draft = resolve_draft(args.model_draft)
     label = draft_label(args.model_draft)
     if LLAMA_LOOP in engines:
-        from .. import llamaloop, progress
+        from ..speculative import llamaloop
+        from .. import progress
         if draft_info(draft).head == "lilicorr":
             raise GraphgenError(f"--engines {LLAMA_LOOP}: llama.cpp {llamaloop.BUILD} has no LiliCorr driver")
         # every engine's target on the loop's build, before any of them loads a libllama

@@ -139,7 +139,7 @@ def _cache_of(sc) -> str:
 def _pair_problems(target: Path, draft: Path) -> list[str]:
     """check_pair's problems with the pair, but for the target's layer inputs: check hands the draft
     its features, and the target only lends its tables (as convert says of such targets)."""
-    from ..pair import check_pair, target_info
+    from ..speculative.pair import check_pair, target_info
     problems = check_pair(target, draft)
     try:
         lends_only = not target_info(target).publishes_layer_inputs
@@ -151,7 +151,7 @@ def _pair_problems(target: Path, draft: Path) -> list[str]:
 def _width_problem(ck, target: Path) -> str | None:
     """A draft made for another target, told from its config before anything is converted: the
     width of the embeddings it borrows."""
-    from ..pair import target_info
+    from ..speculative.pair import target_info
     t = target_info(target)
     key = "transformer_layer_config.hidden_size" if ck.authors == "speculators" else "hidden_size"
     width = (ck.config.get("transformer_layer_config") or {}) if ck.authors == "speculators" else ck.config
@@ -339,7 +339,7 @@ def _max_data(sc, n_vocab: int) -> int:
 
 
 def _target_arch(path: Path) -> str:
-    from ..pair import target_info
+    from ..speculative.pair import target_info
     return target_info(path).arch
 
 

@@ -14,7 +14,7 @@ from .llamaflags import count_arg
 def _cmd_bench(args) -> int:
     from ..bench import ScalePoint, context_scenario, machine_description, multi_seq_scenario, run_bench
     from ..progress import task as progress_task
-    from ..targets import draft_label, resolve_draft
+    from ..speculative.targets import draft_label, resolve_draft
     from .llamaflags import backend_of, model_path, scenario_from_args
 
     model_path(args)

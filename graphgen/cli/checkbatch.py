@@ -12,7 +12,7 @@ def _cmd_check_batch(args) -> int:
     from ..checkbatch import DEFAULT_N_SEQ, ENGINES, THOROUGH_N_SEQ, check_batch, parse_n_seq
     from ..errors import GraphgenError
     from ..progress import task as progress_task
-    from ..targets import draft_label, resolve_draft
+    from ..speculative.targets import draft_label, resolve_draft
     from .llamaflags import model_path, resolve_fa
 
     given = model_path(args)

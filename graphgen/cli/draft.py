@@ -52,8 +52,8 @@ def _features(args, n_rows: int, width: int, seq: int = 0):
 
 
 def _cmd_draft(args) -> int:
-    from ..runtime.drafters import LLAMA_DEFAULT_SEED, DraftParams
-    from ..speculate import SimulatedVerifier, open_drafter, run_speculative
+    from ..speculative.drafters import LLAMA_DEFAULT_SEED, DraftParams
+    from ..speculative.loop import SimulatedVerifier, open_drafter, run_speculative
 
     # --verbose: the drivers' info log (upstream's LOG_INF lines), with a target or without
     handler = logging.StreamHandler(sys.stderr)
@@ -71,7 +71,7 @@ def _cmd_draft(args) -> int:
 
 
 def _run(args, DraftParams, SimulatedVerifier, open_drafter, run_speculative, default_seed) -> int:
-    from ..speculate import check_block_fits
+    from ..speculative.loop import check_block_fits
     from .llamaflags import backend_of, check_spec_flags, model_path, resolve_fa
     model_path(args)
     args.backend = backend_of(args.backend)

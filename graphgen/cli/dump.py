@@ -39,7 +39,7 @@ def _cmd_dump(args) -> int:
     if given:
         raise ValueError(f"{given[0]} applies to a run on a real target: give -m TARGET -md DRAFT")
     # a file, a folder holding draft.gguf, or a shipped draft's name
-    from ..targets import draft_label, resolve_draft
+    from ..speculative.targets import draft_label, resolve_draft
     label = draft_label(model)
     model = args.model = str(resolve_draft(model))
     sc = scenario_from_args(args, model)
@@ -50,7 +50,7 @@ def _cmd_dump(args) -> int:
     apply_to_scenario(args, sc)
     if args.target is not None:
         # the target GGUF lending a draft without them its embeddings and lm head (ctx_other)
-        from ..targets import resolve
+        from ..speculative.targets import resolve
         lender = resolve(args.target)
         if not lender.is_file():
             raise FileNotFoundError(f"{lender}: no such target model file (--target)")
@@ -100,7 +100,7 @@ def _dump_on_target(args) -> int:
     """-m TARGET -md DRAFT: the speculative loop on the real target is recorded as a scenario (with
     the target's features), then replayed by the chosen engine, dumping every draft graph."""
     from ..staging import staged_dump_dir
-    from ..targets import draft_label, resolve, resolve_draft
+    from ..speculative.targets import draft_label, resolve, resolve_draft
     from .llamaflags import backend_of
     if args.scenario:
         raise ValueError("-md records its own scenario on the target; drop --scenario")
@@ -307,7 +307,7 @@ def _diff_on_target(args) -> int:
     from ..reference.runner import STDERR_LOG, run_reference
     from ..scenario import load_scenario
     from ..staging import staged_dump_dir
-    from ..targets import draft_label, resolve, resolve_draft
+    from ..speculative.targets import draft_label, resolve, resolve_draft
     if args.target_model is None or args.model_draft is None:
         raise ValueError("a diff on a target takes both -m TARGET and -md DRAFT")
     if args.ref is not None or args.ours is not None:

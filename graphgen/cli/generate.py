@@ -46,7 +46,7 @@ def open_pair(args, target: Path, draft: Path, n_seq: int, n_predict: int | None
     n_predict). -c defaults to llama.cpp's 4096, -c 0 takes the target's trained context; -n -1
     generates what the context holds (until the text ends). The caller closes the target."""
     from .. import progress
-    from ..pair import check_pair
+    from ..speculative.pair import check_pair
     from ..reference.session import ReferenceTarget
     from ..runtime.model import load
 
@@ -100,10 +100,10 @@ SIMULATED_ONLY = (("--prompt-tokens", "prompt_tokens", "give the prompt as text 
 
 def run_target(args) -> int:
     from .. import progress
-    from ..runtime.drafters import LLAMA_DEFAULT_SEED, DraftParams, create_drafter, draw_seed
-    from ..speculate import check_block_fits, run_speculative
-    from ..targets import draft_label, resolve, resolve_draft
-    from ..verifier import TargetVerifier, first_partings, generate_alone
+    from ..speculative.drafters import LLAMA_DEFAULT_SEED, DraftParams, draw_seed
+    from ..speculative.loop import check_block_fits, open_drafter, run_speculative
+    from ..speculative.targets import draft_label, resolve, resolve_draft
+    from ..speculative.verifier import TargetVerifier, first_partings, generate_alone
     from ..scenario import KV_QUANTIZED
     from .kvtypes import kv_types
     from .llamaflags import backend_of, check_spec_flags, model_path, resolve_fa
@@ -154,13 +154,10 @@ def run_target(args) -> int:
             task.update("loading the draft")
             settings = dict(n_ctx=tg.n_ctx, n_ubatch=n_ubatch, flash_attn=flash_attn, n_seq=n_seq,
                             n_threads=args.threads or 1, type_k=type_k, type_v=type_v)
-            if args.engine == "llama.cpp":
-                session = tg.open_draft(draft, **settings)
-            else:
-                from ..runtime.session import Session
-                session = Session(draft, target=target, backend=backend, **settings)
+            drafter = open_drafter(draft, args.spec_type or None, params, engine=args.engine, tg=tg, target=target,
+                                   backend=backend, **settings)
+            session = drafter.session
             try:
-                drafter = create_drafter(session, args.spec_type or None, params)
                 check_block_fits(drafter, args.n_batch)
                 task.update("generating")
                 stream = StreamPrinter(tg, prompts[0], enabled=not args.json and n_seq == 1)
@@ -208,7 +205,7 @@ def run_target(args) -> int:
     bad = [line for p, line in zip(partings, parting_lines) if not p.near_tie]
     loop_cmp = None
     if loop_build is not None:
-        from .. import llamaloop
+        from ..speculative import llamaloop
         st = llamaloop.LoopSettings(
             n_predict=n_predict, n_seq=n_seq, n_ctx=settings["n_ctx"], n_batch=args.n_batch or 256,
             n_ubatch_draft=n_ubatch, flash_attn=flash_attn, type_k=tgt_k, type_v=tgt_v, type_k_draft=type_k,
@@ -248,8 +245,9 @@ def run_target(args) -> int:
 
 def _llama_loop_build(args, draft: Path):
     """--llama-loop: llama.cpp's loop program (built once), and both targets on its libllama."""
-    from .. import llamaloop, progress
-    from ..pair import draft_info
+    from ..speculative import llamaloop
+    from .. import progress
+    from ..speculative.pair import draft_info
     if args.spec_type and "lilicorr" in args.spec_type or draft_info(draft).head == "lilicorr":
         raise GraphgenError(f"--llama-loop: llama.cpp {llamaloop.BUILD} has no LiliCorr driver to compare with (its "
                             "common/speculative.cpp has DFlash, DFlash2 and DSpark); LiliCorr's driver is checked "
@@ -436,10 +434,10 @@ def record_run(args, target: Path, draft: Path, folder: Path) -> Path:
     features (an .npz beside it), every block and seq_rm. Returns the scenario file."""
     import numpy as np
 
-    from ..runtime.drafters import DraftParams, create_drafter
+    from ..speculative.drafters import DraftParams, create_drafter
     from ..runtime.session import Session
-    from ..speculate import RecordingSession, run_speculative
-    from ..verifier import TargetVerifier
+    from ..speculative.loop import RecordingSession, run_speculative
+    from ..speculative.verifier import TargetVerifier
 
     n_seq = args.n_parallel or 1
     n_ubatch = args.n_ubatch or 64
@@ -456,7 +454,7 @@ def record_run(args, target: Path, draft: Path, folder: Path) -> Path:
         sess = RecordingSession(Session(draft, target=target, **settings))
         try:
             drafter = create_drafter(sess, None, DraftParams(n_max=None))
-            from ..speculate import check_block_fits
+            from ..speculative.loop import check_block_fits
             check_block_fits(drafter)
             run_speculative(drafter, [(p, None) for p in prompts], n_predict=n_predict,
                             verifier=TargetVerifier(tg, temp=temp, seed=seed), n_ctx=tg.n_ctx)

@@ -16,6 +16,7 @@ import argparse
 import re
 
 from ..errors import GraphgenError
+from ..scenario import resolve_fa  # noqa: F401  (-fa auto, for the commands)
 
 FA_CHOICES = ("on", "off", "auto")
 DEFAULT_PROMPT = 6
@@ -123,7 +124,7 @@ def check_spec_flags(args) -> None:
         raise GraphgenError(f"--spec-draft-p-min must be in [0, 1], got {p_min}")
     seed = getattr(args, "seed", None)
     if seed is not None:
-        from ..runtime.drafters import LLAMA_DEFAULT_SEED
+        from ..speculative.drafters import LLAMA_DEFAULT_SEED
         if seed == -1:
             args.seed = seed = LLAMA_DEFAULT_SEED  # llama.cpp reads -1 as 0xFFFFFFFF: draw a seed
         if not 0 <= seed <= 0xFFFFFFFF:
@@ -230,14 +231,6 @@ class _FromDump(argparse.Action):
 def scenario_flag(args) -> str:
     """How the run's scenario was given, for messages: --scenario or --scenario-from."""
     return getattr(args, "scenario_flag", None) or "--scenario"
-
-
-def resolve_fa(value: str | None) -> bool | None:
-    """-fa auto as llama.cpp resolves it: on when the device runs the attention kernels, which
-    every ggml backend graphgen computes on does for these drafts."""
-    if value is None:
-        return None
-    return value != "off"
 
 
 def _draft_shape(model: str) -> tuple[int, int]:

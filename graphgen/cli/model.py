@@ -169,8 +169,8 @@ def make_model_from_args(args: argparse.Namespace, progress=None, path=None) -> 
 
 def _check_target_args(args, target) -> Path:
     """The target's path, once the flags that size the draft agree with it (ValueError otherwise)."""
-    from ..pair import layers_problem, target_info
-    from ..targets import resolve
+    from ..speculative.pair import layers_problem, target_info
+    from ..speculative.targets import resolve
     path = resolve(target)
     info = target_info(path)
     for flag, given, own, key in (("--n-embd", args.n_embd, info.n_embd, f"{info.arch}.embedding_length"),
@@ -196,7 +196,7 @@ def _cmd_make_model(args) -> int:
     from ..errors import GGUFModelError
     from ..runtime.model import load
     from ..staging import staged_file
-    from ..targets import resolve
+    from ..speculative.targets import resolve
     # the draft borrows the target's embeddings and lm head: graphgen loads it with them
     target = resolve(args.target) if args.target is not None else None
     hf_only = [d for d in _HF_ONLY if getattr(args, d, None) not in (None, False)]
@@ -221,7 +221,7 @@ def _cmd_make_model(args) -> int:
                              + str(e).replace(str(tmp), str(out))) from None
     extra = ""
     if target is not None:
-        from ..pair import LENT
+        from ..speculative.pair import LENT
         lent = [n for n in LENT if n not in info["tensors"]]
         extra = (f"; for the target {Path(target).name}: target layers "
                  f"{','.join(map(str, info['keys']['dflash.target_layers']))}, borrows "
@@ -245,7 +245,7 @@ def _cmd_info(args) -> int:
     from ..models.loader import BaseHParams
     from ..ops.runtime import activate
     from ..runtime.model import load
-    from ..targets import draft_label, resolve_draft
+    from ..speculative.targets import draft_label, resolve_draft
     if args.model is not None and args.model_draft is not None and \
             _draft_or_given(args.model).resolve() != _draft_or_given(args.model_draft).resolve():
         raise ValueError(f"two drafts given ({args.model} and -md {args.model_draft}): give one")
@@ -299,7 +299,7 @@ def _cmd_info(args) -> int:
 def _draft_or_given(value) -> Path:
     """-md's value as the draft GGUF it names (a file, a folder holding draft.gguf, a shipped draft's
     name); one that names none as the path it is, for the check that reads it to name."""
-    from ..targets import resolve_draft
+    from ..speculative.targets import resolve_draft
     try:
         return resolve_draft(value)
     except FileNotFoundError:
@@ -309,7 +309,7 @@ def _draft_or_given(value) -> Path:
 def relabel_pair(problems: list[str], target, draft, label: str) -> list[str]:
     """The pair check's lines naming the draft as the user knows it: a shipped draft's file is
     draft.gguf, which names none of them."""
-    from ..pair import pair_label
+    from ..speculative.pair import pair_label
     said, shown = pair_label(target, draft), pair_label(target, Path(label))
     return [shown + p[len(said):] if p.startswith(said) else p for p in problems]
 
@@ -332,8 +332,8 @@ def _print_target(t) -> None:
 
 def _info_target(args) -> int:
     """-m alone: what a draft needs of the target."""
-    from ..pair import target_info
-    from ..targets import resolve
+    from ..speculative.pair import target_info
+    from ..speculative.targets import resolve
     t = target_info(resolve(args.model_flag))
     if args.json:
         print(json.dumps({"target": _target_fields(t)}, indent=1))
@@ -345,9 +345,9 @@ def _info_target(args) -> int:
 def _info_pair(args, given) -> int:
     """-m TARGET -md DRAFT: what the pair is, then `pair: OK` or each problem as an error line (exit 2)."""
     from ..errors import GGUFModelError
-    from ..pair import check_pair, draft_info, pair_label, target_info
+    from ..speculative.pair import check_pair, draft_info, pair_label, target_info
     from ..runtime.model import load
-    from ..targets import draft_label, resolve
+    from ..speculative.targets import draft_label, resolve
     target, draft = resolve(args.model_flag), _draft_or_given(given)
     label = draft_label(given) if draft.is_file() else str(given)
     problems = check_pair(target, draft)

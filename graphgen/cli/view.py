@@ -235,7 +235,7 @@ def _cmd_trace(args) -> int:
             re.compile(p)
         except re.error as e:
             raise ValueError(f"bad --filter regex {p!r}: {e}") from None
-    from ..targets import resolve_draft
+    from ..speculative.targets import resolve_draft
     # a file, a folder holding draft.gguf, or a shipped draft's name
     model = args.model = str(resolve_draft(model_path(args)))
     args.backend = backend_of(args.backend)

@@ -1,4 +1,4 @@
-"""The session child: b11739 contexts driven call by call (`python -m graphgen.reference.runner --session`).
+"""The session child: b11739 contexts driven call by call (`python -m graphgen.reference.child`).
 
 The first line opens what the parent asks for: a draft context (`model`, `settings`), a real
 target (`target`), or both, the draft then borrowing the target's token embeddings and lm head
@@ -20,7 +20,8 @@ import numpy as np
 from ..libload import ReferenceUnavailable, load_llama
 from ..scenario import KV_TYPE_IDS, Scenario, SeqBlock, Step
 from .protocol import decode_rows, encode_rows, write_reply
-from .runner import ReferenceContext, ReferenceFailed, _LogCapture
+from .logcapture import _LogCapture
+from .runner import ReferenceContext, ReferenceFailed
 from .target import TargetContext, TargetFailed
 
 # rows of target logits the parent gets per decoded row: the best ones, enough for greedy reading
@@ -112,7 +113,7 @@ def _target_call(tc: TargetContext, req: dict, reply) -> None:
     op = req["op"]
     if op == "t_generate":
         # the target alone, the whole loop here: a decode per token without a round trip to the parent
-        from ..verifier import run_alone
+        from ..speculative.verifier import run_alone
 
         def decode(rows):
             ids, top = [], []
@@ -213,3 +214,7 @@ def serve_session(stdin=None, stdout=None) -> int:
         if target is not None:
             target.close()
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(serve_session())

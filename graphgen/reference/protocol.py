@@ -1,9 +1,9 @@
 """The reference runner's wire protocol, public in one place: what its child processes and their
 clients say to each other.
 
-A server (`python -m graphgen.reference.runner --serve`, one scenario a request, or `--session`, one
-context driven call by call; tests/support/workers.py's graphgen server speaks it too) reads one JSON request
-a line and writes `S <id>` before a case and `R <json>` after it (`write_start`, `write_reply`).
+A server (`python -m graphgen.reference.runner --serve`, one scenario a request, or
+`python -m graphgen.reference.child`, one context driven call by call; tests/support/workers.py's
+graphgen server speaks it too) reads one JSON request a line and writes `S <id>` before a case and `R <json>` after it (`write_start`, `write_reply`).
 Arrays travel as base64 float32 rows (`encode_rows`, `decode_rows`). A child that fails, or dies
 inside llama.cpp, is explained by `error_text` from its phase-tagged log and its standard error.
 `LineWorker` is the one client: a long-lived child, restarted after it dies or hangs.

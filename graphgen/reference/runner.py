@@ -5,7 +5,7 @@ in llama.cpp aborts the whole process, and the parent then reports "no reference
 dying with it. The parent side is `run_reference()`.
 
 Long because the child process and its parent share the log capture, the error text and the context
-class across the three ways the child serves (one case, --serve, --session).
+class across the three ways a child serves (one case, --serve, and the session child, child.py).
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from ..player import Engine, play
-from .protocol import error_text, logged_reason, write_reply, write_start
+from .logcapture import ENV_ERROR_LOG, _LogCapture  # noqa: F401  (the runner's names)
+from .protocol import error_text, write_reply, write_start
 from ..compare.record import NodeRecorder, cpu_features, n_kv_from_nodes
 from ..scenario import KV_TYPE_IDS, Scenario, load_scenario
 from ..runtime.mmapfile import llama_model_params
@@ -33,8 +34,6 @@ GGML_TYPE_IDS = KV_TYPE_IDS
 LLAMA_TOKEN_NULL = -1
 # the child appends llama.cpp's warnings and errors here (one JSON object a line), so that the
 # parent has them even when the child dies in an assertion
-ENV_ERROR_LOG = "GRAPHGEN_REFERENCE_ERROR_LOG"
-LOG_WARN, LOG_ERROR, LOG_CONT = 3, 4, 5
 
 
 class ReferenceFailed(RuntimeError):
@@ -67,69 +66,6 @@ def model_meta(path: Path) -> dict:
         "mrope": get("dflash.rope.dimension_sections") is not None,
         "lilicorr": get("dflash.lilicorr.hidden_size", get("lilicorr.hidden_size")) is not None,
     }
-
-
-class _LogCapture:
-    """llama.cpp's log, written to stderr as its default logger does, with the warnings and
-    errors also appended to the file named by $GRAPHGEN_REFERENCE_ERROR_LOG, tagged with the
-    phase (load, context, step N) they were logged in. The error lines since `mark()` are kept
-    here too, so that a refusal raised in this process can say llama.cpp's reason (`explain`)."""
-
-    # the capture libllama calls now, kept alive while it may still call it
-    installed = None
-    KEEP = 64  # error lines kept between marks
-
-    def __init__(self, ffi, lib):
-        self.phase = "load"
-        self.level = None
-        self.errors: list[str] = []
-        path = os.environ.get(ENV_ERROR_LOG)
-        self.file = open(path, "a", encoding="utf-8") if path else None
-
-        @ffi.callback("void(enum ggml_log_level, const char *, void *)")
-        def cb(level, text, _ud):
-            try:
-                raw = ffi.string(text)
-                os.write(2, raw)
-                level = int(level)
-                cont = level == LOG_CONT
-                if cont:
-                    level = self.level
-                else:
-                    self.level = level
-                if level == LOG_ERROR:
-                    line = raw.decode(errors="replace")
-                    if cont and self.errors:
-                        self.errors[-1] += line
-                    else:
-                        self.errors.append(line)
-                        del self.errors[:-self.KEEP]
-                if self.file is not None and level in (LOG_WARN, LOG_ERROR):
-                    self.file.write(json.dumps({"phase": self.phase, "level": "error" if level == LOG_ERROR else "warn",
-                                                "text": raw.decode(errors="replace")}) + "\n")
-                    self.file.flush()
-            except Exception:  # noqa: BLE001 - a logging failure must not unwind into C
-                pass
-
-        self.cb = cb
-        lib.llama_log_set(cb, ffi.NULL)
-        _LogCapture.installed = self
-
-    def mark(self) -> None:
-        """Forget the error lines so far: what is logged next explains the next call."""
-        self.errors = []
-
-    def explain(self, message: str) -> str:
-        """`message`, then llama.cpp's own reason for the failure logged since `mark()`, if it gave one."""
-        reason = logged_reason(self.errors)
-        return f"{message}: {reason}" if reason else message
-
-    def enter(self, phase: str) -> None:
-        """A new phase: the parent keeps only the warnings of the phase that failed."""
-        self.phase = phase
-        if self.file is not None:
-            self.file.write(json.dumps({"phase": phase, "level": "phase", "text": ""}) + "\n")
-            self.file.flush()
 
 
 class ReferenceContext:
@@ -562,9 +498,6 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--serve"]:
         return serve()
-    if argv[:1] == ["--session"]:
-        from .child import serve_session
-        return serve_session()
     ap = argparse.ArgumentParser(prog="python -m graphgen.reference.runner", allow_abbrev=False)
     ap.add_argument("model")
     ap.add_argument("scenario")

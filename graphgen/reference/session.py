@@ -1,8 +1,8 @@
 """The llama.cpp engine for graphgen's drivers: a Session-like object whose batches run in b11739.
 
-`ReferenceSession` offers what the drivers of graphgen.runtime.drafters use of a Session
+`ReferenceSession` offers what the drivers of graphgen.speculative.drafters use of a Session
 (inject, block_multi, seq_rm, seq_pos_max, n_batch, the model's metadata) and runs each call in a
-child process holding one b11739 context (`python -m graphgen.reference.runner --session`): the
+child process holding one b11739 context (`python -m graphgen.reference.child`): the
 same drivers, the same steps, the reference's graphs. An abort in llama.cpp ends the child, and
 the call raises ReferenceFailed with llama.cpp's error.
 """
@@ -59,7 +59,7 @@ class Child:
         os.close(fd)
         self._log = Path(name)
         self._err = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen([sys.executable, "-m", "graphgen.reference.runner", "--session"],
+        self.proc = subprocess.Popen([sys.executable, "-m", "graphgen.reference.child"],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err, text=True,
                                      bufsize=1, env=dict(os.environ, **{ENV_ERROR_LOG: name}))
         try:

@@ -41,13 +41,13 @@ class TargetContext:
 
     def __init__(self, path: Path, layers, *, n_ctx: int, n_batch: int, n_seq: int, n_threads: int,
                  flash_attn: int = -1, type_k: int = 1, type_v: int = 1, log=None):
-        """`log`: the process's llama.cpp log capture (reference.runner._LogCapture), one of its own
+        """`log`: the process's llama.cpp log capture (reference.logcapture._LogCapture), one of its own
         when None; a refusal's message carries llama.cpp's reason from it."""
         ffi, lib, libdir = load_llama()
         self.ffi, self.lib = ffi, lib
         self.mdl, self.ctx = ffi.NULL, ffi.NULL
         if log is None:
-            from .runner import _LogCapture
+            from .logcapture import _LogCapture
             log = _LogCapture(ffi, lib)
         self.log = log
         lib.llama_backend_init()

@@ -113,9 +113,9 @@ def test_a_planted_draft_token_is_found_at_its_round(monkeypatch, capsys):
     planted_round = 3
     real = compare.open_drafter
 
-    def faulty(engine, *a, **kw):
-        session, drafter = real(engine, *a, **kw)
-        if engine == "graphgen":
+    def faulty(*a, **kw):
+        drafter = real(*a, **kw)
+        if kw["engine"] == "graphgen":
             calls = {"n": 0}
             draft = drafter.draft
 
@@ -126,7 +126,7 @@ def test_a_planted_draft_token_is_found_at_its_round(monkeypatch, capsys):
                 calls["n"] += 1
                 return out
             drafter.draft = planted
-        return session, drafter
+        return drafter
     monkeypatch.setattr(compare, "open_drafter", faulty)
     assert main(_args()) == 1
     doc = json.loads(capsys.readouterr().out)
@@ -291,13 +291,13 @@ def test_a_binary_prompt_file_is_refused_naming_it_and_the_byte(tmp_path, capsys
 
 
 def test_a_micro_batch_under_the_draft_block_is_refused_before_any_round(monkeypatch, capsys):
-    import graphgen.speculate
+    import graphgen.speculative.loop
     rounds = []
 
     def a_round(*a, **kw):
         rounds.append(a)
         raise AssertionError("a round ran before the refusal")
-    monkeypatch.setattr(graphgen.speculate, "run_speculative", a_round)
+    monkeypatch.setattr(graphgen.speculative.loop, "run_speculative", a_round)
     assert main(_one("-ub", "4")) == 2
     err = capsys.readouterr().err
     assert "a draft block of 8 tokens (n_max 7) does not fit the draft's micro-batch of 4:" in err and "-ub" in err, err
@@ -321,9 +321,9 @@ def test_the_context_flags_reach_both_engines_contexts(monkeypatch, capsys):
             super().__init__(*a, **kw)
     real = compare.open_drafter
 
-    def opened(engine, *a, **kw):
-        drafts.append((engine, kw))
-        return real(engine, *a, **kw)
+    def opened(*a, **kw):
+        drafts.append((kw["engine"], kw))
+        return real(*a, **kw)
     monkeypatch.setattr(RS, "ReferenceTarget", Recorded)
     monkeypatch.setattr(compare, "open_drafter", opened)
     assert main(_one("-fa", "off", "-c", "512", "-b", "128", "-ub", "16", "--seed", "-1", "--json")) == 0
@@ -344,8 +344,8 @@ def test_a_round_that_drafted_nothing_is_no_draft(monkeypatch, capsys):
     from graphgen.accept import compare
     real = compare.open_drafter
 
-    def one_empty(engine, *a, **kw):
-        session, drafter = real(engine, *a, **kw)
+    def one_empty(*a, **kw):
+        drafter = real(*a, **kw)
         calls = {"n": 0}
         draft = drafter.draft
 
@@ -356,7 +356,7 @@ def test_a_round_that_drafted_nothing_is_no_draft(monkeypatch, capsys):
             calls["n"] += 1
             return out
         drafter.draft = planted
-        return session, drafter
+        return drafter
     monkeypatch.setattr(compare, "open_drafter", one_empty)
     assert main(_one("--engines", "graphgen", "--json", n=8)) == 0
     e = json.loads(capsys.readouterr().out)["engines"]["graphgen"]

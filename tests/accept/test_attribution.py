@@ -35,7 +35,7 @@ N = 24
 
 @pytest.fixture(scope="module")
 def target():
-    from graphgen.targets import resolve
+    from graphgen.speculative.targets import resolve
     before = torch.get_num_threads()
     torch.set_num_threads(1)  # two shared cores: one torch thread beside b11739's child
     yield resolve("smollm2")

@@ -32,7 +32,7 @@ N = 16
 
 @pytest.fixture(scope="module")
 def target():
-    from graphgen.targets import resolve
+    from graphgen.speculative.targets import resolve
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield resolve("smollm2")

@@ -36,7 +36,7 @@ def threads():
 
 @pytest.fixture(scope="module")
 def target():
-    from graphgen.targets import resolve
+    from graphgen.speculative.targets import resolve
     return resolve("smollm2")
 
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import gguf
-from graphgen import targets
+from graphgen.speculative import targets
 from graphgen.accept import features as F
 from target_numerics import EXACT, TEXT
 

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 import gguf
-from graphgen import targets
+from graphgen.speculative import targets
 from graphgen.accept import features as F
 from graphgen.accept import quantized as Q
 from graphgen.accept.compare import DEFAULT_PROMPTS, EngineRun

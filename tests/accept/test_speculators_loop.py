@@ -33,7 +33,7 @@ PROMPTS = [[504, 3575, 282, 4649, 314], [49, 1123, 13848, 868, 1453]]
 
 @pytest.fixture(scope="module")
 def loaded():
-    from graphgen.targets import resolve
+    from graphgen.speculative.targets import resolve
     before = torch.get_num_threads()
     torch.set_num_threads(1)  # two shared cores
     target = resolve("smollm2")

@@ -36,7 +36,7 @@ def _prompts():
 
 @pytest.fixture(scope="module")
 def target():
-    from graphgen.targets import resolve
+    from graphgen.speculative.targets import resolve
     return resolve("smollm2")
 
 
@@ -85,7 +85,7 @@ def _shuffled_layer(src: Path, dst: Path, layer: int = 0, seed: int = 0) -> Path
 
 
 def test_the_shipped_drafts_are_small_and_pair_with_their_target(target):
-    from graphgen.pair import check_pair
+    from graphgen.speculative.pair import check_pair
     total = 0
     for name in DRAFTS:
         folder = ROOT / "drafts" / name

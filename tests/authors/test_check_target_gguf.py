@@ -185,7 +185,7 @@ def test_the_tables_are_what_transformers_reads():
     import torch
     from graphgen.accept.features import transformers_model
     from graphgen.authors.gguf_target import read_tables
-    from graphgen.targets import resolve
+    from graphgen.speculative.targets import resolve
     target = resolve("smollm2")
     tables = read_tables(target)
     model = transformers_model(target, torch.float32)
@@ -252,7 +252,7 @@ def test_a_target_without_layer_inputs_still_lends_its_tables(made, tmp_path):
     """check hands the draft its features: a target architecture whose b11739 graph publishes no
     layer inputs (speculative decoding's problem) is no problem here; every other problem still is."""
     from graphgen.cli.authors import _pair_problems
-    from graphgen.pair import check_pair
+    from graphgen.speculative.pair import check_pair
     hf, target = made["zlab-dflash"]
     draft = hf.parent / "zlab-dflash-draft.gguf"
     assert check_pair(target, draft) == []

@@ -16,7 +16,7 @@ PROMPT = "The capital of France is"
 
 @pytest.fixture(scope="module")
 def target():
-    from graphgen.targets import resolve
+    from graphgen.speculative.targets import resolve
     return resolve("smollm2")
 
 
@@ -324,7 +324,7 @@ def test_a_parting_from_the_target_alone_is_named_with_its_margins(target):
         assert pt["near_tie"] and 0 <= pt["margin_alone"] and 0 <= pt["margin_drafted"]
     pt = partings[0]
     seq, k = pt["seq"], pt["index"]
-    from graphgen.verifier import TIE_BAND
+    from graphgen.speculative.verifier import TIE_BAND
     assert pt["margin_alone"] + pt["margin_drafted"] <= TIE_BAND
     q = run(args)
     assert q.returncode == 0
@@ -332,7 +332,7 @@ def test_a_parting_from_the_target_alone_is_named_with_its_margins(target):
     assert f"sequence {seq}, generated token {k}" in line and "a near tie" in line, line
     assert f"drafting gave {pt['drafted']} " in line and f"the target alone {pt['alone']} " in line, line
     # with no band, the same parting fails the run, naming it
-    code = subprocess.run([sys.executable, "-c", "import sys, graphgen.verifier as v; v.TIE_BAND = 0.0; "
+    code = subprocess.run([sys.executable, "-c", "import sys, graphgen.speculative.verifier as v; v.TIE_BAND = 0.0; "
                            "from graphgen.cli import main; sys.exit(main(sys.argv[1:]))"] + [str(a) for a in args],
                           capture_output=True, text=True)
     assert code.returncode == 1, code.stderr[-2000:]

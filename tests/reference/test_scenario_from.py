@@ -313,7 +313,7 @@ def test_missing_recorded_features_are_named_where_they_were_looked_for(model, t
 def borrowing(tmp_path_factory):
     """A draft without embeddings or lm head, and its target (SmolLM2) as rec/target.gguf."""
     from graphgen.synth import make_model
-    from graphgen.targets import resolve
+    from graphgen.speculative.targets import resolve
     tmp = tmp_path_factory.mktemp("borrowing")
     make_model(tmp / "d.gguf", "dflash", target=resolve("smollm2"), n_layer=1, block_size=4, seed=3)
     (tmp / "rec").mkdir()

@@ -103,7 +103,7 @@ MISSING = ["blk.0.attn_norm.weight", "blk.2.ffn_up.weight"]
 
 @pytest.fixture(scope="module")
 def broken(tmp_path_factory):
-    from graphgen.targets import resolve
+    from graphgen.speculative.targets import resolve
     src = resolve("smollm2")
     folder = tmp_path_factory.mktemp("targets")
     return {name: without(src, folder / f"without-{name}.gguf", name) for name in MISSING}

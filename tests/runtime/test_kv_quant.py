@@ -192,8 +192,8 @@ def test_draft_with_quantized_cache(d128):
 
 
 def test_drafter_session_keeps_its_cache_types(d128):
-    from graphgen.runtime.drafters import DraftParams
-    from graphgen.speculate import SimulatedVerifier, open_drafter, run_speculative
+    from graphgen.speculative.drafters import DraftParams
+    from graphgen.speculative.loop import SimulatedVerifier, open_drafter, run_speculative
     drafter = open_drafter(d128, None, DraftParams(), flash_attn=True, type_k="q4_1", type_v="q8_0")
     try:
         cache = drafter.session.caches["base"]

@@ -18,13 +18,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from graphgen.pair import default_target_layers
+from graphgen.speculative.pair import default_target_layers
 from graphgen.reference.session import ReferenceTarget
-from graphgen.runtime.drafters import DraftParams, create_drafter
+from graphgen.speculative.drafters import DraftParams, create_drafter
 from graphgen.runtime.session import Session
-from graphgen.speculate import run_speculative
+from graphgen.speculative.loop import run_speculative
 from graphgen.synth import make_model
-from graphgen.verifier import TargetVerifier
+from graphgen.speculative.verifier import TargetVerifier
 
 TARGET_N_LAYER = 30
 LAYERS = default_target_layers(TARGET_N_LAYER)

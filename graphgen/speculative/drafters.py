@@ -14,7 +14,7 @@ is the top logit and its p is the softmax over the 10 best logits; graphgen read
 
 Long because it follows one seed file whole (common/speculative.cpp's DFlash family: the base
 driver, the three that derive from it, the spec-type rules), so that it reads beside the seed. The
-loop that runs the drivers against a simulated verifier is graphgen/speculate.py.
+loop that runs the drivers against a simulated verifier is graphgen/speculative/loop.py.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import numpy as np
 from ..errors import GraphgenError
 from ..ggufile import field_value, try_open
 from ..ops.cmath import expf, softmaxf
-from .mt19937 import MT19937, uniform_real
+from ..runtime.mt19937 import MT19937, uniform_real
 
 log = logging.getLogger("graphgen.drafters")
 

@@ -18,9 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import GGUFModelError
-from .ggufile import field_value, open_reader
-from .reference.target import LAYER_INPUT_ARCHS
+from ..errors import GGUFModelError
+from ..ggufile import field_value, open_reader
+from ..reference.target import LAYER_INPUT_ARCHS
 
 TOKENIZER_PREFIX = "tokenizer."
 ARCH_KEY = "general.architecture"
@@ -110,7 +110,7 @@ def target_info(path) -> TargetInfo:
 
 
 def _draft_info(path: Path, reader) -> DraftInfo:
-    from .models.arch import detect_head
+    from ..models.arch import detect_head
     tensors = {t.name: [int(x) for x in t.shape] for t in reader.tensors}
     head = detect_head(set(tensors), set(reader.fields)).name
 

@@ -1,4 +1,4 @@
-"""The real target's verification (graphgen/verifier.py): acceptance against drafts whose right tokens
+"""The real target's verification (graphgen/speculative/verifier.py): acceptance against drafts whose right tokens
 are known, the end of generation, and the sampler chain against a float64 reading of its rules."""
 
 import math
@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 from graphgen.reference.session import ReferenceTarget
-from graphgen.runtime.drafters import DraftParams, create_drafter
+from graphgen.speculative.drafters import DraftParams, create_drafter
 from graphgen.runtime.mt19937 import MT19937, uniform_real
 from graphgen.runtime.session import Session
-from graphgen.speculate import run_speculative
-from graphgen.verifier import MIN_P, TOP_K, TOP_P, TargetSampler, TargetVerifier, generate_alone
+from graphgen.speculative.loop import run_speculative
+from graphgen.speculative.verifier import MIN_P, TOP_K, TOP_P, TargetSampler, TargetVerifier, generate_alone
 
 PROMPT = "The capital of France is"
 CHAT = ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
@@ -21,7 +21,7 @@ CHAT = ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, traine
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     from graphgen.synth import make_model
-    from graphgen.targets import resolve
+    from graphgen.speculative.targets import resolve
     target = resolve("smollm2")
     draft = tmp_path_factory.mktemp("v") / "draft.gguf"
     make_model(draft, "dflash", target=target, n_layer=1, block_size=6, seed=5)
@@ -173,7 +173,7 @@ def _cand(pairs):
 
 
 def test_first_partings_name_the_first_differing_token_and_both_margins():
-    from graphgen.verifier import TIE_BAND, first_partings
+    from graphgen.speculative.verifier import TIE_BAND, first_partings
     n_prompt = {0: 2, 1: 2}
     alone = {0: [1, 2, 10, 11, 12], 1: [1, 2, 20, 21, 22]}
     drafted = {0: [1, 2, 10, 11, 12], 1: [1, 2, 20, 23, 24]}
@@ -191,7 +191,7 @@ def test_first_partings_name_the_first_differing_token_and_both_margins():
 
 
 def test_a_parting_beyond_the_band_or_off_the_candidates_is_no_near_tie(monkeypatch):
-    import graphgen.verifier as V
+    import graphgen.speculative.verifier as V
     n_prompt = {0: 1}
     alone, drafted = {0: [1, 5, 6]}, {0: [1, 5, 7]}
     trace_alone = {0: [_cand([(5, 9.0)]), _cand([(6, 2.0), (7, 1.95)])]}
@@ -212,7 +212,7 @@ def test_a_parting_beyond_the_band_or_off_the_candidates_is_no_near_tie(monkeypa
 
 def test_runs_that_agree_have_no_parting_and_unequal_lengths_are_named():
     from graphgen.errors import GraphgenError
-    from graphgen.verifier import first_partings
+    from graphgen.speculative.verifier import first_partings
     tr = {0: [_cand([(5, 1.0)]), _cand([(6, 1.0)])]}
     assert first_partings({0: [1, 5, 6]}, {0: [1, 5, 6]}, {0: 1}, tr, tr) == []
     with pytest.raises(GraphgenError, match="sequence 0: drafting generated 1 tokens where the target alone generated 2"):

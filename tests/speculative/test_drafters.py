@@ -15,7 +15,7 @@ from conftest import REF_DIR
 from make_references import build_model
 
 from graphgen.cli import main as cli_main
-from graphgen.runtime.drafters import (
+from graphgen.speculative.drafters import (
     LLAMA_DEFAULT_SEED,
     DFlash2Drafter,
     DFlashDrafter,
@@ -28,7 +28,7 @@ from graphgen.runtime.drafters import (
     types_from_gguf,
     types_from_names,
 )
-from graphgen.speculate import SimulatedVerifier, open_drafter, run_speculative
+from graphgen.speculative.loop import SimulatedVerifier, open_drafter, run_speculative
 from graphgen.errors import GraphgenError
 from graphgen.runtime.mt19937 import MT19937, uniform_real
 from graphgen.runtime.session import Session
@@ -169,7 +169,7 @@ def test_dflash_p_min_keeps_a_slot_at_exactly_p_min(models_dir):
     """upstream stops when p < p_min: a slot whose probability equals p_min is kept, one a float32
     step above it is not. The float32 probability is the driver's own (top10); that it is the
     sampler's probability is checked against float64 numpy above."""
-    from graphgen.runtime.drafters import top10
+    from graphgen.speculative.drafters import top10
     _, _, nodes, z = ref_case("dflash-fa-off")
     logits = node_values(nodes, z, lambda n: n["name"] == "result_output")
     p32 = [top10(logits[i])[2][0] for i in range(1, 4)]

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import GraphgenError
-from .ops.cmath import softmaxf
-from .runtime.mt19937 import MT19937, uniform_real
+from ..errors import GraphgenError
+from ..ops.cmath import softmaxf
+from ..runtime.mt19937 import MT19937, uniform_real
 
 F32 = np.float32
 TOP_K, TOP_P, MIN_P = 40, 0.95, 0.05

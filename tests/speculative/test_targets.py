@@ -23,7 +23,7 @@ GIVEN = [("smollm2-dflash", "smollm2-dflash"), ("drafts/smollm2-dflash2", "smoll
 
 @pytest.fixture(scope="module", autouse=True)
 def target():
-    from graphgen.targets import resolve
+    from graphgen.speculative.targets import resolve
     return resolve("smollm2")  # fetched once, before the commands run
 
 

@@ -1,4 +1,4 @@
-"""graphgen's speculative loop against llama.cpp's own (graphgen/llamaloop.py): b11549's
+"""graphgen's speculative loop against llama.cpp's own (graphgen/speculative/llamaloop.py): b11549's
 common/speculative.cpp drivers, common_sampler and loop, built by tools/build_llama.sh, run on the
 same target and draft with the same settings, the targets of both on b11549's libllama. Every
 round must match: position, id_last, draft, the target's tokens and the accepted count.
@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from graphgen import llamaloop
+from graphgen.speculative import llamaloop
 from graphgen.errors import GraphgenError
 
 CLI = [sys.executable, "-m", "graphgen.cli"]
@@ -26,7 +26,7 @@ def build():
 
 @pytest.fixture(scope="module")
 def target():
-    from graphgen.targets import resolve
+    from graphgen.speculative.targets import resolve
     return resolve("smollm2")
 
 

@@ -18,8 +18,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import cache
-from .errors import GraphgenError
+from .. import cache
+from ..errors import GraphgenError
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ KNOWN = {
 
 
 # the drafts trained for the known targets, shipped beside the package in the project's tree
-SHIPPED_DRAFTS = Path(__file__).resolve().parents[1] / "drafts"
+SHIPPED_DRAFTS = Path(__file__).resolve().parents[2] / "drafts"
 
 
 class TargetFetchError(GraphgenError):
@@ -60,7 +60,7 @@ def _sha256(path: Path) -> str:
 
 def fetch(name: str) -> Path:
     """The known target `name` in the cache, fetched and checked the first time."""
-    from . import progress
+    from .. import progress
     kt = KNOWN[name]
     gguf_name = Path(kt.member).name
     found = cache.find(kt.entry)

@@ -19,8 +19,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import cache
-from .errors import GraphgenError
+from .. import cache
+from ..errors import GraphgenError
 
 PROGRAM = "graphgen-spec-loop"
 ENV_DIR = "GRAPHGEN_LLAMA_LOOP"   # a folder holding graphgen-spec-loop and its libraries
@@ -33,7 +33,7 @@ class LoopUnavailable(GraphgenError):
 
 
 def _tools() -> Path:
-    return Path(__file__).resolve().parents[1] / "tools"
+    return Path(__file__).resolve().parents[2] / "tools"
 
 
 def _source_hash() -> str | None:
@@ -81,7 +81,7 @@ def ensure_build(note=None) -> Path:
 def share_build(build: Path, what: str) -> None:
     """Run graphgen's targets on the build's libllama too (and, unless --ggml says otherwise, its
     ggml), so both loops compute on the same kernels; refused when --llama chose another build."""
-    from .libload import ENV_LLAMA_DIR, custom_llama_dir
+    from ..libload import ENV_LLAMA_DIR, custom_llama_dir
     chosen = custom_llama_dir()
     if chosen is None:
         os.environ[ENV_LLAMA_DIR] = str(build)

@@ -9,8 +9,8 @@ probabilities (DFlash2's probabilistic walk), its acceptance, and the tokens gen
 import numpy as np
 import pytest
 
-from graphgen.runtime.drafters import DraftParams
-from graphgen.speculate import SimulatedVerifier, open_drafter, run_speculative
+from graphgen.speculative.drafters import DraftParams
+from graphgen.speculative.loop import SimulatedVerifier, open_drafter, run_speculative
 from graphgen.synth import make_model
 from real_target import Recording
 

@@ -1,4 +1,4 @@
-"""A draft and its real target: `make-model --target`, `info -m TARGET -md DRAFT` and graphgen.pair's
+"""A draft and its real target: `make-model --target`, `info -m TARGET -md DRAFT` and graphgen.speculative.pair's
 refusals, each naming both files and the key or tensor at fault.
 
 The target is SmolLM2-135M-Instruct (llama, 30 layers, n_embd 576, 49152 tokens). Bad pairs are
@@ -16,9 +16,9 @@ import pytest
 
 from graphgen.cli import main
 from graphgen.ggufile import field_value, open_reader
-from graphgen.pair import check_pair, target_info
+from graphgen.speculative.pair import check_pair, target_info
 from graphgen.synth import make_model
-from graphgen.targets import resolve
+from graphgen.speculative.targets import resolve
 
 A = gguf.GGUFValueType
 
@@ -106,7 +106,7 @@ def run(capsys, *args):
     return code, out, err
 
 
-# --- graphgen.pair: a good pair and each refusal
+# --- graphgen.speculative.pair: a good pair and each refusal
 
 def test_a_draft_made_for_the_target_fits(target, good, vocab):
     assert check_pair(target, good) == []

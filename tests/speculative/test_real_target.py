@@ -17,8 +17,8 @@ the target's next tokens at the start of some drafts, so that acceptances of eve
 import numpy as np
 import pytest
 
-from graphgen import targets
-from graphgen.verifier import TargetVerifier, generate_alone
+from graphgen.speculative import targets
+from graphgen.speculative.verifier import TargetVerifier, generate_alone
 from real_target import (TEXTS, assert_drafted, assert_same_runs, assert_tokens_equal, clear, make_draft,
                          open_target, run_loop)
 

@@ -1,10 +1,10 @@
-"""A speculative loop over the seed's drivers, with a simulated verifier in the target's place.
+"""The speculative loop over the seed's drivers, a real target or a simulated verifier verifying.
 
 `open_drafter` opens a draft in either engine (graphgen's Session, or b11739's context driven call
-by call in a child process) and creates the driver of its head (runtime/drafters.py, the seed's
-common/speculative.cpp); `run_speculative` prefills the sequences, then drafts round after round
-while `SimulatedVerifier` accepts a given prefix of each draft, and records what each round did.
-No target model runs here: the verifier's tokens are the given continuation or random ones.
+by call in a child process, alone or beside a target) and creates the driver of its head
+(drafters.py, the seed's common/speculative.cpp); `run_speculative` prefills the sequences, then
+drafts round after round while the verifier (verifier.TargetVerifier, or `SimulatedVerifier`,
+which accepts a given prefix of each draft) checks them, and records what each round did.
 """
 
 from __future__ import annotations
@@ -14,22 +14,22 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import GraphgenError
-from .ggufile import field_value, try_open
-from .runtime.drafters import (LLAMA_DEFAULT_SEED, DFlashDrafter, DraftParams, DraftRequest, SpecTypeError,
-                               check_types, create_drafter, types_from_gguf, types_from_names)
+from ..errors import GraphgenError
+from ..ggufile import field_value, try_open
+from .drafters import (LLAMA_DEFAULT_SEED, DFlashDrafter, DraftParams, DraftRequest, SpecTypeError,
+                       check_types, create_drafter, types_from_gguf, types_from_names)
 
 
-def open_drafter(model_path, spec_types=None, params: DraftParams | None = None, engine: str = "graphgen",
-                 **session_kw) -> DFlashDrafter:
-    """Check the spec types against the GGUF (a non-DFlash draft is refused with upstream's message),
-    open a Session on it and create the driver. engine "llama.cpp" runs the driver's batches in
-    llama.cpp b11739 instead (graphgen.reference.session)."""
-    if engine == "graphgen":
-        from .runtime.session import Session
-    elif engine == "llama.cpp":
-        from .reference.session import ReferenceSession as Session
-    else:
+def open_drafter(model_path, spec_types=None, params: DraftParams | None = None, engine: str = "graphgen", *,
+                 target=None, tg=None, **session_kw) -> DFlashDrafter:
+    """The one way to open a draft for any engine: check the spec types against the GGUF (a
+    non-DFlash draft is refused with upstream's message), open the draft's session and create the
+    driver of its head. engine "graphgen": graphgen's Session (`target`: the target GGUF a draft
+    borrows its embeddings and lm head from; `backend` picks the device). engine "llama.cpp":
+    b11739's context in a child process, beside the open target `tg` (reference.session.
+    ReferenceTarget, whose child then holds both, as ctx_other) or alone. The caller closes
+    drafter.session."""
+    if engine not in ("graphgen", "llama.cpp"):
         raise ValueError(f"engine must be graphgen or llama.cpp, got {engine!r}")
     types = types_from_gguf(model_path) if not spec_types else types_from_names(spec_types)
     fam = check_types(types)
@@ -38,13 +38,23 @@ def open_drafter(model_path, spec_types=None, params: DraftParams | None = None,
         arch = field_value(reader, "general.architecture") if reader is not None else None
         if arch is not None and arch != "dflash":
             raise SpecTypeError(f"--spec-type {fam} requires a DFlash draft model")
-    session = Session(model_path, **session_kw)
+    if engine == "graphgen":
+        from ..runtime.session import Session
+        session = Session(model_path, target=target, **session_kw) if target is not None else \
+            Session(model_path, **session_kw)
+    else:
+        if session_kw.pop("backend", "cpu") not in (None, "cpu", "CPU"):
+            raise GraphgenError("the llama.cpp draft engine runs on the CPU")
+        if tg is not None:
+            session = tg.open_draft(model_path, **session_kw)
+        else:
+            from ..reference.session import ReferenceSession
+            session = ReferenceSession(model_path, **session_kw)
     try:
         return create_drafter(session, types or spec_types, params)
     except BaseException:
         session.close()
         raise
-
 
 
 @dataclass
