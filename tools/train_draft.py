@@ -5,12 +5,12 @@
     .venv/bin/python tools/train_draft.py --variant dflash2   # z-lab DFlash2  -> drafts/smollm2-dflash2
     .venv/bin/python tools/train_draft.py --variant dspark    # speculators DSpark -> drafts/smollm2-dspark
 
-1. data: the target (b11739) continues prompts written by graphgen/accept/train.py's templates,
+1. data: the target (b11739) continues prompts written by graphgen/training/prompts.py's templates,
    keeping every row's draft-layer inputs (cached in --work, keyed by the data settings);
 2. training: the authors' class (z-lab DFlashDraftModel / DFlash2DraftModel, speculators
    DSparkDraftModel) on those features, the target's dequantized embeddings as its frozen block
    embeddings (and z-lab's tied head; DSpark trains its own head over a draft vocabulary)
-   (graphgen/accept/train.py);
+   (graphgen/training/);
 3. OUT: the authors' save_pretrained checkpoint (bf16), draft.gguf from llama.cpp's own converter
    (f16; a HF folder for the target is written from its GGUF for the converter to read), train.json
    (settings, loss history) and card.md; with --measure, the acceptance of `graphgen draft` on the
@@ -35,7 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from graphgen.accept import train as T  # noqa: E402
+from graphgen import training as T  # noqa: E402
 
 
 def _args(argv=None):
@@ -206,7 +206,7 @@ def _card(out: Path, summary: dict, command: str, measured: dict | None) -> str:
             "train.json": "settings and the loss history of the run"}
     lines += [f"| `{n}` | {b:,} | {what.get(n, '')} |" for n, b in sizes.items()]
     lines += ["", "## Draft", "", *_shape_lines(s), "", "## Data", "",
-              f"- {d['sequences']} prompts written by `graphgen/accept/train.py` from templates and word lists "
+              f"- {d['sequences']} prompts written by `graphgen/training/prompts.py` from templates and word lists "
               "(about a fifth in SmolLM2's chat format), no downloads; seeded",
               f"- the target's greedy continuations in llama.cpp b11739, {d.get('n_predict')} tokens each, "
               f"{d.get('n_seq')} sequences per batch, {d.get('threads')} threads: {d['generated_tokens']} tokens "

@@ -33,7 +33,7 @@ AUTHORS = "authors"
 LLAMA_LOOP = "llama.cpp-loop"
 ROOT = Path(__file__).resolve().parents[2]
 
-# held-out text: none is a training prompt, none is made by graphgen/accept/train.py's templates or
+# held-out text: none is a training prompt, none is made by graphgen/training/prompts.py's templates or
 # word lists, and none is its HELD_OUT_PROMPTS (the card's measurement), so the two measure apart
 DEFAULT_PROMPTS = [
     "The quickest way to get from London to Paris is",

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from graphgen.accept.train import HELD_OUT_PROMPTS
+from graphgen.training import HELD_OUT_PROMPTS
 from graphgen.cli import main
 
 pytestmark = pytest.mark.reference

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DRAFT_DIR = ROOT / "drafts" / "smollm2-dflash"
 N_PREDICT = 24
 BLOCK = 8  # the checkpoint's dflash_config.block_size
-# held-out prompts (graphgen/accept/train.py's HELD_OUT_PROMPTS) as the target's tokenizer splits
+# held-out prompts (graphgen/training/prompts.py's HELD_OUT_PROMPTS) as the target's tokenizer splits
 # them: "The capital of France is", "A good breakfast should include"
 PROMPTS = [[504, 3575, 282, 4649, 314], [49, 1123, 13848, 868, 1453]]
 

@@ -30,7 +30,7 @@ SHIPPED_MAX_BYTES = 40_000_000
 
 def _prompts():
     # none of them is a training prompt: train.py writes its prompts from templates apart from these
-    from graphgen.accept.train import HELD_OUT_PROMPTS
+    from graphgen.training import HELD_OUT_PROMPTS
     return HELD_OUT_PROMPTS
 
 

@@ -1,4 +1,4 @@
-"""Training the shipped drafts (graphgen/accept/train.py) on tiny authors' models: the batch lays
+"""Training the shipped drafts (graphgen/training/) on tiny authors' models: the batch lays
 out what the authors' loop asks of a block, the training forward of many blocks equals the authors'
 inference forward of each block alone, and a few steps learn a pattern the data holds."""
 
@@ -12,7 +12,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("dflash.model")
 pytest.importorskip("speculators")
 
-from graphgen.accept import train as T  # noqa: E402
+from graphgen import training as T  # noqa: E402
 
 MASK = 255
 VOCAB = 256
