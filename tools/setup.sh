@@ -65,7 +65,7 @@ fi
 # the tests' yardstick of the speculative loop: llama.cpp b11549's own loop, built once (minutes,
 # then cached; docs/llama-loop.md)
 if [ "$job" = test ]; then
-  bash tools/build_llama.sh >/dev/null || { echo "tools/build_llama.sh failed: the loop's tests need it" >&2; exit 1; }
+  PYTHON="$PY" bash tools/build_llama.sh >/dev/null || { echo "tools/build_llama.sh failed: the loop's tests need it" >&2; exit 1; }
 fi
 
 # CI also installs what the viewer tests drive (Graphviz, Chromium, Model Explorer), so they run

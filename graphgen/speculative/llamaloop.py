@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,7 +70,9 @@ def ensure_build(note=None) -> Path:
                               "the folder it prints")
     if note is not None:
         note(f"building llama.cpp {BUILD} and {PROGRAM} once (bash tools/build_llama.sh; minutes, cached)")
-    r = subprocess.run(["bash", str(script)], stdout=subprocess.PIPE, text=True)
+    # the sdist is fetched with pip: this interpreter's, which has it (a system python3 may not)
+    r = subprocess.run(["bash", str(script)], stdout=subprocess.PIPE, text=True,
+                       env=dict(os.environ, PYTHON=os.environ.get("PYTHON", sys.executable)))
     if r.returncode != 0:
         raise LoopUnavailable(f"tools/build_llama.sh failed (exit {r.returncode}); its errors are above")
     d = Path(r.stdout.strip().splitlines()[-1])
