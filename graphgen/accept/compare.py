@@ -220,6 +220,39 @@ class ContextFlags:
         return min(self.n_ubatch or 64, self.n_batch) if self.n_batch is not None else self.n_ubatch or 64
 
 
+def _context_cells(flags: ContextFlags, prompts_text, n_predict: int, n_seq: int, block: int) -> int:
+    """-c as given, else what the run needs: every sequence of a batch holds its prompt, n_predict
+    tokens and one block past them (4096, llama.cpp's default, for -n -1, which fills it)."""
+    if flags.n_ctx is not None:
+        return flags.n_ctx                       # 0: the target's trained context
+    if n_predict == -1:
+        return 4096
+    # a byte-level BPE gives at most a token per byte (and a BOS): a context bound before tokenizing
+    longest = max(len(t.encode()) for t in prompts_text) + 2
+    return max(256, -(-n_seq * (longest + n_predict + block + 1) // 256) * 256)
+
+
+def _fit_n_predict(prompts, n_predict: int, n_seq: int, block: int, n_ctx: int) -> int:
+    """n_predict (-1: until the text ends or each sequence's share of the context is full),
+    refused, naming the sizes, where the tokenized prompts leave it no room."""
+    for i, p in enumerate(prompts):
+        if not p:
+            raise GraphgenError(f"prompt {i}: the text gives no tokens")
+    longest_tokens = max(len(p) for p in prompts)
+    if n_predict == -1:
+        n_predict = n_ctx // n_seq - longest_tokens - block - 1
+        if n_predict < 1:
+            raise GraphgenError(f"the longest prompt has {longest_tokens} tokens: with a draft block of "
+                                f"{block} and -np {n_seq} the context of {n_ctx} (-c) leaves nothing "
+                                "to generate")
+    need = n_seq * (longest_tokens + n_predict + block + 1)
+    if need > n_ctx:
+        raise GraphgenError(f"the longest prompt has {longest_tokens} tokens: with -n {n_predict}, a draft "
+                            f"block of {block} and -np {n_seq}, the context needs {need} cells; -c is "
+                            f"{n_ctx}")
+    return n_predict
+
+
 def _run_engine(engine, target, draft, prompts_text, n_predict, temp, seed, n_seq, threads, layers, block,
                 task=None, flags: ContextFlags | None = None) -> EngineRun:
     from ..reference.session import ReferenceTarget
@@ -227,15 +260,7 @@ def _run_engine(engine, target, draft, prompts_text, n_predict, temp, seed, n_se
     from ..speculative.verifier import TargetVerifier
 
     flags = flags or ContextFlags()
-    # a byte-level BPE gives at most a token per byte (and a BOS): a context bound before tokenizing
-    longest = max(len(t.encode()) for t in prompts_text) + 2
-    # every sequence of a batch holds its prompt, n_predict tokens and one block past them
-    if flags.n_ctx is not None:
-        n_ctx = flags.n_ctx                      # 0: the target's trained context
-    elif n_predict == -1:
-        n_ctx = 4096                             # llama.cpp's default context: -n -1 fills it
-    else:
-        n_ctx = max(256, -(-n_seq * (longest + n_predict + block + 1) // 256) * 256)
+    n_ctx = _context_cells(flags, prompts_text, n_predict, n_seq, block)
     n_ubatch = flags.micro_batch
     runs = []
     with ReferenceTarget(target, layers, n_ctx=n_ctx, n_batch=flags.n_batch or 256, n_seq=n_seq, n_threads=threads,
@@ -247,23 +272,8 @@ def _run_engine(engine, target, draft, prompts_text, n_predict, temp, seed, n_se
         session = drafter.session
         try:
             prompts = [tg.tokenize(t) for t in prompts_text]
-            for i, p in enumerate(prompts):
-                if not p:
-                    raise GraphgenError(f"prompt {i}: the text gives no tokens")
             check_block_fits(drafter, flags.n_batch)  # before any round
-            longest_tokens = max(len(p) for p in prompts)
-            if n_predict == -1:
-                # until the text ends or each sequence's share of the context is full
-                n_predict = tg.n_ctx // n_seq - longest_tokens - block - 1
-                if n_predict < 1:
-                    raise GraphgenError(f"the longest prompt has {longest_tokens} tokens: with a draft block of "
-                                        f"{block} and -np {n_seq} the context of {tg.n_ctx} (-c) leaves nothing "
-                                        "to generate")
-            need = n_seq * (longest_tokens + n_predict + block + 1)
-            if need > tg.n_ctx:
-                raise GraphgenError(f"the longest prompt has {longest_tokens} tokens: with -n {n_predict}, a draft "
-                                    f"block of {block} and -np {n_seq}, the context needs {need} cells; -c is "
-                                    f"{tg.n_ctx}")
+            n_predict = _fit_n_predict(prompts, n_predict, n_seq, block, tg.n_ctx)
             for c in range(0, len(prompts), n_seq):
                 chunk = prompts[c:c + n_seq]
                 if task is not None:
@@ -317,18 +327,11 @@ def _run_llama_loop(target, draft, prompts_text, n_predict, temp, seed, n_seq, t
     from ..reference.session import ReferenceTarget
     flags = flags or ContextFlags()
     build = build or llamaloop.ensure_build(progress.note)
-    longest = max(len(t.encode()) for t in prompts_text) + 2
-    if flags.n_ctx is not None:
-        n_ctx = flags.n_ctx
-    elif n_predict == -1:
-        n_ctx = 4096
-    else:
-        n_ctx = max(256, -(-n_seq * (longest + n_predict + block + 1) // 256) * 256)
+    n_ctx = _context_cells(flags, prompts_text, n_predict, n_seq, block)
     with ReferenceTarget(target, layers, n_ctx=n_ctx, n_batch=64, n_threads=threads) as tg:
         prompts = [tg.tokenize(t) for t in prompts_text]
         n_ctx = tg.n_ctx
-    if n_predict == -1:
-        n_predict = n_ctx // n_seq - max(len(p) for p in prompts) - block - 1
+    n_predict = _fit_n_predict(prompts, n_predict, n_seq, block, n_ctx)
     fa = flags.flash_attn != "off"   # llama.cpp resolves auto to on: the CPU runs these drafts' kernels
     st = llamaloop.LoopSettings(n_predict=n_predict, n_seq=n_seq, n_ctx=n_ctx, n_batch=flags.n_batch or 256,
                                 n_ubatch_draft=flags.micro_batch, flash_attn=fa, type_k=flags.type_k,
