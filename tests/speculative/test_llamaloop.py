@@ -14,6 +14,7 @@ import pytest
 
 from graphgen.speculative import llamaloop
 from graphgen.errors import GraphgenError
+from graphgen.speculative.targets import resolve_draft
 
 CLI = [sys.executable, "-m", "graphgen.cli"]
 PROMPTS = ["The capital of France is", "Once upon a time", "def fib(n):", "List three colours:"]
@@ -139,7 +140,7 @@ def test_the_program_alone_follows_speculative_simple_when_asked(build, target, 
     with ReferenceTarget(target, [1], n_ctx=256, n_batch=64) as tg:
         prompt = tg.tokenize(PROMPTS[0])
     st = llamaloop.LoopSettings(n_predict=12, n_max=3, edges="simple")
-    draft = llamaloop._tools().parent / "drafts" / "smollm2-dflash" / "draft.gguf"
+    draft = resolve_draft("smollm2-dflash")
     simple = llamaloop.run(build, target, draft, [prompt], st)
     server = llamaloop.run(build, target, draft, [prompt], llamaloop.LoopSettings(n_predict=12, n_max=3))
     # speculative-simple drafts its first round from the prompt's last token, the server from the
@@ -213,7 +214,7 @@ def test_speculative_simple_edges_start_from_the_prompts_last_token(build, targe
 
 
 def test_speculative_simple_edges_need_a_target(tmp_path):
-    draft = llamaloop._tools().parent / "drafts" / "smollm2-dflash" / "draft.gguf"
+    draft = resolve_draft("smollm2-dflash")
     p = subprocess.run(CLI + ["draft", str(draft), "--prompt-tokens", "1,2,3", "--loop-edges", "simple"],
                        capture_output=True, text=True)
     assert p.returncode == 2 and "--loop-edges simple applies to a run with a target" in p.stderr

@@ -151,10 +151,7 @@ int main(int argc, char ** argv) {
     params.kv_unified = params.kv_unified || kv_unified;
     const int n_seq = std::max(1, params.n_parallel);
     params.n_parallel = n_seq;
-    // every row of a round is an output: the anchor and the drafted rows of every sequence
-    const auto limits = common_speculative_get_output_limits(params.n_batch, n_seq,
-                                                             common_speculative_n_max(&params.speculative));
-    (void) limits;
+    // every row of a batch is an output (graphgen's target reads each one): up to -b of them
     params.n_outputs_max = params.n_batch;
     params.n_outputs_max_per_seq = params.n_batch;
 
