@@ -27,7 +27,7 @@ import numpy as np
 
 from .models.arch import build_arch_graph
 from .runtime.session import Session
-from .scenario import Scenario, parse_scenario
+from .play.scenario import Scenario, parse_scenario
 
 
 PHASES = ("validate", "kv", "graph", "inputs", "outputs")  # graphgen's host overhead, by phase
@@ -207,10 +207,10 @@ class _LlamaWorker:
 def _replay(sess: Session, sc: Scenario, feats: dict) -> tuple[list[float], list[float], list[dict]]:
     """Wall time, compute time and the phases of graphgen's overhead, per step. A loop of its own,
     as b11739's timed loop (reference/bench_worker.py): the features are drawn before the timings,
-    not by graphgen/player.py's walk inside them."""
+    not by graphgen/play/player.py's walk inside them."""
     sess.clear()
     times, computes, phases = [], [], []
-    from .player import naming_step
+    from .play.player import naming_step
     for st in sc.steps:
         if st.kind == "seq_rm":
             sess.seq_rm(st.seq, st.pos0, st.p1)

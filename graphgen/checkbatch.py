@@ -38,7 +38,8 @@ from pathlib import Path
 import numpy as np
 
 from .compare.values import compare_values
-from .scenario import KV_QUANTIZED, KV_TYPES, SeqBlock, Scenario, Step
+from .cachetypes import KV_QUANTIZED, KV_TYPES
+from .play.scenario import SeqBlock, Scenario, Step
 
 ENGINES = ("graphgen", "llama.cpp")
 # 4 sequences hold equal blocks and unequal ones down to a one-token block: seconds on a tiny
@@ -219,8 +220,8 @@ class Graph:
 
 @functools.lru_cache(maxsize=None)  # built on first use: it subclasses the ggml-bound recorder
 def _recorder_class():
-    from .compare.dump import Node
-    from .compare.record import NodeRecorder, TensorStruct, as_float32, read_array, read_quantized_rows, src_names
+    from .dump.format import Node
+    from .dump.record import NodeRecorder, TensorStruct, as_float32, read_array, read_quantized_rows, src_names
 
     class Recorder(NodeRecorder):
         """Names, shapes, values and digests only: the statistics a dump keeps are not needed here,
@@ -251,7 +252,7 @@ def _Recorder(*args):
 def run_graphgen(model, sc: Scenario, backend: str = "cpu"):
     """The scenario in graphgen's engine, in a fresh Session; yields the block graphs, recorded,
     one at a time (a realistic draft's graphs of 16 sequences would not all fit in memory)."""
-    from .player import SessionEngine, walk
+    from .play.player import SessionEngine, walk
     from .ops import ggml as G
     from .runtime.session import Session
 
@@ -286,7 +287,7 @@ class ReferenceWorker:
 
     def run(self, model, sc: Scenario):
         """The scenario in b11739; yields the block graphs one at a time, as run_graphgen."""
-        from .compare.dump import load_dump_dir
+        from .dump.format import load_dump_dir
         from .reference.protocol import error_text
         from .reference.runner import ReferenceFailed
 
@@ -691,7 +692,7 @@ def check_batch(model, n_seqs=DEFAULT_N_SEQ, block: int | None = None, prompt: i
     """Run every case in each engine and compare; `progress(text)` is told what runs.
     flash_attn: a bool, or -fa's "on", "off" or "auto" (b11739 then decides itself, graphgen as
     scenario.resolve_fa does; the engines' parity shows a disagreement)."""
-    from .scenario import resolve_fa
+    from .play.scenario import resolve_fa
     from .runtime.model import load
     from .runtime.kvcache import check_kv_types
 

@@ -275,7 +275,7 @@ def _keep_incomplete(tmp, out, e: Exception) -> None:
     is replaced; anything else of that name is left alone (and the graphs go)."""
     import shutil
 
-    from .compare.dump import DumpError, dump_files
+    from .dump.format import DumpError, dump_files
     ctx = e
     while ctx is not None:
         if isinstance(ctx, KeyboardInterrupt) or _pending is not None:
@@ -319,7 +319,7 @@ def staged_dump_dir(out: str | os.PathLike):
     import tempfile
     from pathlib import Path
 
-    from .compare.dump import DumpError, check_dump_dir, prepare_dump_dir
+    from .dump.format import DumpError, check_dump_dir, prepare_dump_dir
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise DumpError(f"{out}: exists and is not a folder")

@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from graphgen.scenario import default_scenario, parse_scenario  # noqa: E402
+from graphgen.play.scenario import default_scenario, parse_scenario  # noqa: E402
 from graphgen.synth import make_model  # noqa: E402
 
 REF_DIR = ROOT / "tests" / "data" / "reference"

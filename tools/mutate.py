@@ -347,7 +347,7 @@ MUTATIONS = [
              "res.ok &= not structural and first_bad is None", DIFF),
     Mutation("xdiff_integer_nodes_loose", "compare_dirs",
              "exact = op in EXACT_OPS or node.type in EXACT_TYPES", "exact = op in EXACT_OPS", DIFF),
-    Mutation("stats_sumsq_is_the_sum", "graphgen/compare/record.py:summarize",
+    Mutation("stats_sumsq_is_the_sum", "graphgen/dump/record.py:summarize",
              '"sumsq": float(np.dot(finite, finite))', '"sumsq": float(finite.sum())', ("tests/compare/test_dump.py",)),
     Mutation("rope_base_default_wrong", "read_hparams",
              'hp.rope_freq_base = m.get(k("rope.freq_base"), 10000.0, kind="float")',

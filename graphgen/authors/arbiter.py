@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..compare.dump import Dump
+from ..dump.format import Dump
 from .compare import AuthorsDiff, _entry_for, argmax_agree, compare_values
 
 UNIT = {"f32": 2.0 ** -24, "f16": 2.0 ** -11}

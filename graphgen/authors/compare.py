@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass, field
 import numpy as np
 
-from ..compare.dump import Dump, DumpError
+from ..dump.format import Dump, DumpError
 from .tensormap import TENSOR_MAP, UNMAPPED_NOTE, MapEntry
 
 BAND_F32 = 1e-5   # relative L2 with an f32 cache, every mapped node

@@ -36,9 +36,9 @@ from pathlib import Path
 import numpy as np
 
 from .. import __version__
-from ..compare.dump import Node, provenance, write_dump
-from ..scenario import Scenario
-from ..player import Engine, play
+from ..dump.format import Node, provenance, write_dump
+from ..play.scenario import Scenario
+from ..play.player import Engine, play
 from . import AuthorsError, quiet_transformers, require_torch
 from .folder import authors_class, inspect, shape_mismatch
 from .tensormap import entries
@@ -577,7 +577,7 @@ def _has_dist(name: str) -> bool:
 
 
 class _Played(Engine):
-    """The torch engine as the scenario player drives it (graphgen/player.py)."""
+    """The torch engine as the scenario player drives it (graphgen/play/player.py)."""
 
     def __init__(self, eng: TorchEngine):
         self.eng, self.draft = eng, eng.draft

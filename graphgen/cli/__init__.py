@@ -89,9 +89,9 @@ def _interrupted(e: KeyboardInterrupt) -> int:
 
 def _main(argv) -> int:
     from .. import progress
-    from ..compare.dump import DumpError
+    from ..dump.format import DumpError
     from ..errors import GraphgenError
-    from ..scenario import ScenarioError
+    from ..play.scenario import ScenarioError
 
     args = build_parser().parse_args(argv)
     progress.set_mode(progress.mode_from_flags(args.quiet, args.progress))

@@ -51,7 +51,7 @@ def _prompts(args) -> list[str] | None:
 def _context_flags(args):
     """llama.cpp's context flags as the engines take them (accept.compare.ContextFlags)."""
     from ..accept.compare import ContextFlags
-    from ..scenario import KV_QUANTIZED
+    from ..cachetypes import KV_QUANTIZED
     fa = args.flash_attn or "auto"
     types = {"type_k": args.type_k or "f16", "type_v": args.type_v or "f16",
              "type_k_draft": args.type_k_draft or "f16", "type_v_draft": args.type_v_draft or "f16"}
@@ -224,7 +224,7 @@ def register(sub) -> None:
                         "(default 256)")
     p.add_argument("-ub", "--ubatch-size", dest="n_ubatch", type=count_arg(1), default=None, metavar="N",
                    help="the draft's micro-batch; a draft block must fit it (default 64)")
-    from ..scenario import KV_TYPES
+    from ..cachetypes import KV_TYPES
     for flags, dest, what in ((("-ctk", "--cache-type-k"), "type_k", "the target's K cache"),
                               (("-ctv", "--cache-type-v"), "type_v", "the target's V cache"),
                               (("-ctkd", "--cache-type-k-draft"), "type_k_draft", "the draft's K cache"),

@@ -86,7 +86,7 @@ def make_hf_from_args(args: argparse.Namespace) -> int:
 
 def _cmd_dump_torch(args, sc) -> int:
     from ..authors.forward import AuthorsDraft, run_scenario_torch
-    from ..compare.dump import dump_files
+    from ..dump.format import dump_files
     from ..staging import staged_dump_dir
     hf = Path(args.model)
     draft = AuthorsDraft(hf, args.target)   # checks the folder as every command does
@@ -102,7 +102,7 @@ def _cmd_dump_torch(args, sc) -> int:
 
 def stamp_converter(folders, info: dict) -> None:
     """Record in each dump's source which converter made the GGUF they ran (and from what)."""
-    from ..compare.dump import dump_files
+    from ..dump.format import dump_files
     for folder in folders:
         for path in dump_files(folder):
             doc = json.loads(path.read_text())
@@ -236,9 +236,9 @@ def run_check(hf_dir, scenario_path=None, target=None, keep=None, f16=False, say
     from ..authors.gguf_target import head_type
     from ..compare.pairing import diff_paths, load_side
     from ..compare.report import exit_code
-    from ..engine import run_scenario
+    from ..play.engine import run_scenario
     from ..reference.runner import run_reference
-    from ..scenario import parse_scenario, read_scenario_doc
+    from ..play.scenario import parse_scenario, read_scenario_doc
 
     say = say or (lambda msg: None)
     hf = Path(hf_dir)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 from .kvtypes import FA_FLAG, FA_SCENARIO, add_kv_type_flags, apply_to_scenario
 from .llamaflags import count_arg

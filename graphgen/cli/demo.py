@@ -38,8 +38,8 @@ def _cmd_demo(args) -> int:
 def _demo(work: Path, shown: Path) -> int:
     import numpy as np
 
-    from ..engine import run_scenario
-    from ..scenario import default_scenario
+    from ..play.engine import run_scenario
+    from ..play.scenario import default_scenario
     from ..synth import make_model
 
     model = work / "tiny-dflash.gguf"

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from ..errors import GraphgenError
-from ..scenario import KV_TYPES
+from ..cachetypes import KV_TYPES
 from .kvtypes import add_kv_type_flags, kv_types
 
 

@@ -12,7 +12,7 @@ from ..compare.report import exit_code
 from ..compare.rules import RulesError
 from ..compare.nodefilter import FilterError
 from ..compare.probe import ProbeError
-from ..compare.dump import DumpError
+from ..dump.format import DumpError
 from .kvtypes import add_kv_type_flags, apply_to_scenario
 
 
@@ -23,7 +23,7 @@ def _cmd_dump(args) -> int:
     model = model_path(args)
     args.backend = backend_of(args.backend)
     if args.engine == "torch":
-        from ..scenario import load_scenario
+        from ..play.scenario import load_scenario
         from .authors import _cmd_dump_torch
         if not args.scenario:
             raise ValueError("--engine torch runs a --scenario file (or --scenario-from a dump)")
@@ -45,7 +45,7 @@ def _cmd_dump(args) -> int:
     sc = scenario_from_args(args, model)
     if args.scenario:
         # the document was read again: its relative paths are still the scenario's folder's, not the cwd's
-        from ..scenario import scenario_folder
+        from ..play.scenario import scenario_folder
         sc.features_base = scenario_folder(args.scenario)
     apply_to_scenario(args, sc)
     if args.target is not None:
@@ -55,7 +55,7 @@ def _cmd_dump(args) -> int:
         if not lender.is_file():
             raise FileNotFoundError(f"{lender}: no such target model file (--target)")
         sc.target = str(lender.resolve())
-    from ..scenario import load_scenario
+    from ..play.scenario import load_scenario
     if args.engine == "llama.cpp" and args.backend != "cpu":
         raise ValueError("the llama.cpp reference runs on the CPU; drop -dev/--backend or use --engine graphgen")
     out = Path(args.out)
@@ -78,7 +78,7 @@ def _cmd_dump(args) -> int:
             if scenario_path != args.scenario:
                 scenario_path.unlink()
         else:
-            from ..engine import run_scenario
+            from ..play.engine import run_scenario
             n = len([s for s in sc.steps if s.kind != "seq_rm"])
             done = [0]
             with progress.task(f"dump {label}") as task:
@@ -117,14 +117,14 @@ def _dump_on_target(args) -> int:
             task.update("drafting on the target")
             scenario_path = _record(args, target, draft, label, tmp)
             task.update("replaying the draft's graphs")
-            from ..scenario import load_scenario
+            from ..play.scenario import load_scenario
             sc = load_scenario(scenario_path)
             if args.engine == "llama.cpp":
                 from ..reference.runner import run_reference
                 paths = run_reference(draft, scenario_path, tmp, args.max_data, announce_dir=out,
                                       recorded_as=None)
             else:
-                from ..engine import run_scenario
+                from ..play.engine import run_scenario
                 paths = [p for _, _, p in run_scenario(draft, sc, tmp, args.max_data, backend=backend_of(args.backend),
                                                        scenario_path=None)]
     n = len(paths)
@@ -264,7 +264,7 @@ def _verdict(results) -> str:
 def _torch_side(path) -> bool:
     """Whether a diff side holds the authors' model's dumps (compared by relative error, not node
     for node)."""
-    from ..compare.dump import dump_files
+    from ..dump.format import dump_files
     p = Path(path)
     files = dump_files(p) if p.is_dir() else [p] if p.suffix == ".json" and p.is_file() else []
     for f in files[:1]:
@@ -303,9 +303,9 @@ def _diff_on_target(args) -> int:
     import shutil
     import tempfile
 
-    from ..engine import run_scenario
+    from ..play.engine import run_scenario
     from ..reference.runner import STDERR_LOG, run_reference
-    from ..scenario import load_scenario
+    from ..play.scenario import load_scenario
     from ..staging import staged_dump_dir
     from ..speculative.targets import draft_label, resolve, resolve_draft
     if args.target_model is None or args.model_draft is None:

@@ -104,7 +104,7 @@ def run_target(args) -> int:
     from ..speculative.loop import check_block_fits, open_drafter, run_speculative
     from ..speculative.targets import draft_label, resolve, resolve_draft
     from ..speculative.verifier import TargetVerifier, first_partings, generate_alone
-    from ..scenario import KV_QUANTIZED
+    from ..cachetypes import KV_QUANTIZED
     from .kvtypes import kv_types
     from .llamaflags import backend_of, check_spec_flags, model_path, resolve_fa
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..scenario import KV_QUANTIZED, KV_TYPES
+from ..cachetypes import KV_QUANTIZED, KV_TYPES
 
 
 # how each command turns flash attention on: a flag, or the scenario's field

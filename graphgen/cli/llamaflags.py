@@ -16,7 +16,7 @@ import argparse
 import re
 
 from ..errors import GraphgenError
-from ..scenario import resolve_fa  # noqa: F401  (-fa auto, for the commands)
+from ..play.scenario import resolve_fa  # noqa: F401  (-fa auto, for the commands)
 
 FA_CHOICES = ("on", "off", "auto")
 DEFAULT_PROMPT = 6
@@ -220,7 +220,7 @@ def add_context_flags(p, *, scenario: bool = True, threads_default: str = "the s
 
 
 class _FromDump(argparse.Action):
-    """--scenario-from: a dump reads as the scenario it recorded (graphgen.scenario.load_scenario),
+    """--scenario-from: a dump reads as the scenario it recorded (graphgen.play.scenario.load_scenario),
     so it fills --scenario's place, and the flag's name is kept for messages."""
 
     def __call__(self, parser, namespace, values, option_string=None):
@@ -267,7 +267,7 @@ def build_scenario_doc(n_prompt: int, block: int, steps: int, n_seq: int, mask_t
 def scenario_from_args(args, model: str):
     """The scenario a command runs: the file's, or the one the flags build, with the flags that
     are set laid over it. Errors name the flag or the scenario field."""
-    from ..scenario import load_scenario, parse_scenario, recorded_scenario_doc
+    from ..play.scenario import load_scenario, parse_scenario, recorded_scenario_doc
     n_parallel = getattr(args, "n_parallel", None)
     if args.scenario:
         given = f"{scenario_flag(args)} {args.scenario}"
@@ -304,7 +304,7 @@ def scenario_from_args(args, model: str):
         raise GraphgenError(_flag_names(str(e))) from None
     if args.scenario:
         # a recorded run's relative features and target paths are the scenario's folder's, not the cwd's
-        from ..scenario import scenario_folder
+        from ..play.scenario import scenario_folder
         sc.features_base = scenario_folder(args.scenario)
     return sc
 

@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..compare.dump import Dump, DumpError, load_dump, load_dump_dir
+from ..dump.format import Dump, DumpError, load_dump, load_dump_dir
 
 VIEW_FORMATS = ("dot", "svg", "html", "explorer")
 

@@ -10,7 +10,7 @@ import difflib
 import math
 from typing import Any, Sequence
 
-from .dump import Node
+from ..dump.format import Node
 from .rules import Pattern, Rule, normalize_name
 
 

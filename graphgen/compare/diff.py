@@ -15,7 +15,7 @@ import os
 from collections import Counter
 from typing import Any, Sequence
 
-from .dump import Dump, Node
+from ..dump.format import Dump, Node
 from .importers import FORMAT_LABELS, SCHED_UNSEEN_WHY, VIEW_OPS, common_fields, import_format
 from .printed import compare_node, side_of
 from .nodefilter import NodeFilter

@@ -29,7 +29,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from graphgen.compare.dump import FORMAT, N_OP_PARAMS, Dump, DumpError, Node, write_dump
+from graphgen.dump.format import FORMAT, N_OP_PARAMS, Dump, DumpError, Node, write_dump
 
 FORMATS = ("eval-callback", "dot", "sched-debug")
 VIEW_OPS = {"VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE"}

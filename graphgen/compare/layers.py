@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from graphgen.compare.dump import Node
+from graphgen.dump.format import Node
 
 _LAYER_SUFFIX = re.compile(r"-(\d+)((?: \([a-z ]+\))*)$")
 _LAYER_CACHE = re.compile(r"^cache_[kv]_l(\d+)\b")

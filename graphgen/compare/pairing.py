@@ -8,7 +8,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Sequence
 
-from .dump import Dump, DumpError, dump_files, load_dump
+from ..dump.format import Dump, DumpError, dump_files, load_dump
 from .importers import import_file
 from .nodefilter import FilterError, NodeFilter
 from .probe import ProbeError, Target

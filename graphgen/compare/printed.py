@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from graphgen.compare.dump import Dump
+from graphgen.dump.format import Dump
 
 EPS32 = 2.0 ** -23   # float32 machine epsilon
 ELEMENT_ULPS = 2     # float32 ulps an element may differ by on top of the print precision (other kernels)

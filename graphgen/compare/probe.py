@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from graphgen.compare.dump import Dump, Node
+from graphgen.dump.format import Dump, Node
 
 TOP = 5            # largest errors listed per node
 WINDOW = (4, 2)    # elements shown either side of the worst one along i0 and i1

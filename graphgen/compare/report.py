@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from .dump import Node
+from ..dump.format import Node
 from .importers import FORMAT_LABELS, import_format
 from .layers import node_layers
 from .probe import format_probe

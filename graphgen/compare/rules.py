@@ -13,7 +13,7 @@ from itertools import zip_longest
 from pathlib import Path
 from typing import Any
 
-from .dump import N_OP_PARAMS, Node
+from ..dump.format import N_OP_PARAMS, Node
 
 
 _AUTO_NAME = re.compile(r"\b(node|leaf)_\d+\b")

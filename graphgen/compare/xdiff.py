@@ -19,7 +19,7 @@ from .pairing import diff_paths
 from .values import EXACT_TYPES
 from ..staging import staged_dump_dir
 from ..ops import ggml as G
-from ..engine import run_scenario
+from ..play.engine import run_scenario
 
 # per-op NMSE bounds for a node of a full graph (inputs already carry upstream differences)
 OP_NMSE = {
@@ -104,7 +104,7 @@ def compare_dirs(dir_a, dir_b, backends, nmse: float | None = None, select=None,
     bound = None if nmse is None else float(nmse)
     res = XDiffResult(list(backends), nmse=bound)
     from .values import compare_values
-    from .dump import load_dump
+    from ..dump.format import load_dump
     from .nodefilter import NodeFilter
     select = select or NodeFilter()
     per_op = dict(per_op or {})

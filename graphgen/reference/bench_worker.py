@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..scenario import load_scenario
+from ..play.scenario import load_scenario
 from ..runtime.mmapfile import llama_model_params
 from .compute_timer import ComputeTimer
 from ..libload import load_llama
@@ -58,7 +58,7 @@ def main(argv) -> int:
 
     # positions and feature rows are laid out once, as a C driver holds them in its own arrays;
     # the timed part is what every step pays: filling the batch, llama_process, reading outputs.
-    # Hence a loop of its own rather than graphgen/player.py's walk, whose per-step dispatch and
+    # Hence a loop of its own rather than graphgen/play/player.py's walk, whose per-step dispatch and
     # feature draws would land inside the timings.
     mrope = meta["mrope"]
     prepared = []

@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from ..libload import ReferenceUnavailable, load_llama
-from ..scenario import KV_TYPE_IDS, Scenario, SeqBlock, Step
+from ..cachetypes import KV_TYPE_IDS
+from ..play.scenario import Scenario, SeqBlock, Step
 from .protocol import decode_rows, encode_rows, write_reply
 from .logcapture import _LogCapture
 from .runner import ReferenceContext, ReferenceFailed
@@ -113,7 +114,7 @@ def _target_call(tc: TargetContext, req: dict, reply) -> None:
     op = req["op"]
     if op == "t_generate":
         # the target alone, the whole loop here: a decode per token without a round trip to the parent
-        from ..speculative.verifier import run_alone
+        from ..runtime.sampler import run_alone
 
         def decode(rows):
             ids, top = [], []

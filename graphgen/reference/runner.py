@@ -21,11 +21,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ..player import Engine, play
+from ..play.player import Engine, play
 from .logcapture import ENV_ERROR_LOG, _LogCapture  # noqa: F401  (the runner's names)
 from .protocol import error_text, write_reply, write_start
-from ..compare.record import NodeRecorder, cpu_features, n_kv_from_nodes
-from ..scenario import KV_TYPE_IDS, Scenario, load_scenario
+from ..dump.record import NodeRecorder, cpu_features, n_kv_from_nodes
+from ..cachetypes import KV_TYPE_IDS
+from ..play.scenario import Scenario, load_scenario
 from ..runtime.mmapfile import llama_model_params
 from ..libload import (REFERENCE_BUILD, REFERENCE_VERSION, ReferenceUnavailable, custom_llama_dir, lib_file, load_llama,
                       reference_label)
@@ -229,7 +230,7 @@ def compute_device(libdir: Path) -> str:
 
 
 class _Played(Engine):
-    """b11739's context as the scenario player drives it (graphgen/player.py): the player names
+    """b11739's context as the scenario player drives it (graphgen/play/player.py): the player names
     the step in every refusal."""
 
     def __init__(self, rc: ReferenceContext):
@@ -261,7 +262,7 @@ class _Played(Engine):
 
 
 def run_child(model: Path, scenario: Scenario, out: Path, max_data: int, scenario_path=None) -> list[Path]:
-    from ..compare.dump import provenance, write_dump
+    from ..dump.format import provenance, write_dump
 
     rec = NodeRecorder(None, None, max_data)
     lender = None

@@ -22,7 +22,7 @@ import numpy as np
 
 from ..errors import BatchError
 from ..runtime.model import load
-from ..scenario import KV_TYPES
+from ..cachetypes import KV_TYPES
 from .child import TOP_LOGITS
 from .protocol import decode_rows, encode_rows, error_text
 from .runner import ENV_ERROR_LOG, ReferenceFailed

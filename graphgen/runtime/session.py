@@ -27,7 +27,7 @@ from .backends import open_backend
 from .kvcache import KVCache, KVCacheTypeError, UBatch, check_kv_types
 from .model import Model, load
 from ..errors import ContextError, GraphgenError
-from ..scenario import KV_TYPE_IDS
+from ..cachetypes import KV_TYPE_IDS
 from ..staging import deferred, pending, raise_pending
 
 KV_TYPES = dict(KV_TYPE_IDS)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from graphgen.compare.report import DiffResult
-from graphgen.compare.dump import Dump
+from graphgen.dump.format import Dump
 
 STATUSES = ("matched", "changed", "value", "deleted", "inserted", "explained", "uncompared")
 STATUS_COLOURS = {"matched": "#c8e6c9", "changed": "#ffcc80", "value": "#f48fb1",

@@ -7,7 +7,7 @@ import subprocess
 
 import networkx as nx
 
-from graphgen.compare.dump import Node
+from graphgen.dump.format import Node
 from graphgen.compare.opparams import format_op_params
 
 from . import graph as V

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from graphgen.compare.report import DiffResult
-from graphgen.compare.dump import Dump
+from graphgen.dump.format import Dump
 from graphgen.compare.opparams import format_op_params, raw_params
 
 from . import graph as V

@@ -13,7 +13,7 @@ from typing import Iterable
 
 import networkx as nx
 
-from graphgen.compare.dump import Dump, Node
+from graphgen.dump.format import Dump, Node
 from graphgen.compare.layers import is_auto_name, name_layer, node_layers, resolve_sources  # noqa: F401
 
 def leaf_key(name: str) -> str:
@@ -58,7 +58,7 @@ def from_cgraph(gf, leaves: bool = True) -> nx.DiGraph:
     import ctypes
 
     from graphgen.ops import ggml as G
-    from graphgen.compare.record import TensorStruct, src_names
+    from graphgen.dump.record import TensorStruct, src_names
 
     nodes, leaf_shapes = [], {}
     n = G.ggml_graph_n_nodes(gf)

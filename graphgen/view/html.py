@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from graphgen.compare.report import DiffResult
-from graphgen.compare.dump import Dump
+from graphgen.dump.format import Dump
 from graphgen.compare.opparams import format_op_params
 
 from . import graph as V

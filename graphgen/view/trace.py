@@ -93,7 +93,7 @@ class TraceRecorder:
     def __init__(self, out: TextIO = sys.stdout, filter_patterns: list[str] | None = None,
                  abort_on_nan: bool = False, max_data: int = 262144, as_json: bool = False):
         from graphgen.ops import ggml as G
-        from graphgen.compare.record import NodeRecorder
+        from graphgen.dump.record import NodeRecorder
         self._read_bytes = getattr(G, "read_tensor_bytes", None)  # device memory, where a backend has it
         self._rec = NodeRecorder(G.op_desc, G.type_name, max_data, self._read_bytes)
         self.out = out
@@ -127,7 +127,7 @@ class TraceRecorder:
 
     def _record(self, addr: int, backend: str | None = None):
         from graphgen.ops import ggml as G
-        from graphgen.compare.record import TensorStruct, read_values
+        from graphgen.dump.record import TensorStruct, read_values
         if self.aborted:
             return
         self._rec.record(addr, backend)
@@ -177,10 +177,10 @@ def _decoded(op: str, params: list[int], ne: list[int]) -> dict:
 def run_trace(model, scenario, out: TextIO = sys.stdout, filter_patterns=None, abort_on_nan: bool = False,
               dump_dir=None, backend: str = "cpu", as_json: bool = False) -> int:
     """Run the scenario, printing every node; 0 when done, 1 when --abort-on-nan stopped it."""
-    from graphgen.compare.dump import write_dump
-    from graphgen.engine import engine_header
-    from graphgen.player import SessionEngine, play
-    from graphgen.compare.record import n_kv_from_nodes
+    from graphgen.dump.format import write_dump
+    from graphgen.play.engine import engine_header
+    from graphgen.play.player import SessionEngine, play
+    from graphgen.dump.record import n_kv_from_nodes
     from graphgen.runtime.session import Session
 
     model = Path(model)

@@ -19,7 +19,7 @@ from authors_util import require_extra
 from graphgen.authors.arbiter import GROWTH, RATIO, UNIT, Arbitration, Judged, floor_band, node_depth
 from graphgen.authors.checkpoint import HFSpec, make_hf
 from graphgen.cli.authors import _cache_of
-from graphgen.scenario import parse_scenario
+from graphgen.play.scenario import parse_scenario
 
 
 @pytest.fixture

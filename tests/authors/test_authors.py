@@ -119,7 +119,7 @@ def test_authors_agree_f16_cache(runs, name):
 
 def test_dflash2_selector_leaves_the_argmax(runs):
     """The selector is exercised: its path is not the plain argmax of the logits."""
-    from graphgen.compare.dump import load_dump_dir
+    from graphgen.dump.format import load_dump_dir
     for name in ("zlab-dflash2", "spec-dflash2"):
         dumps = load_dump_dir(runs[(name, False)]["torch"])
         block = [d for d in dumps if d.graph == "block"][0]
@@ -131,7 +131,7 @@ def test_dflash2_selector_leaves_the_argmax(runs):
 
 
 def test_dspark_bonus_anchor_slot_has_no_authors_confidence(runs):
-    from graphgen.compare.dump import load_dump_dir
+    from graphgen.dump.format import load_dump_dir
     dumps = load_dump_dir(runs[("spec-dspark-bonus", False)]["torch"])
     block = [d for d in dumps if d.graph == "block"][0]
     conf = block.values([n for n in block.nodes if n.name == "[confidences]"][0].index).reshape(-1, 64)
@@ -139,7 +139,7 @@ def test_dspark_bonus_anchor_slot_has_no_authors_confidence(runs):
 
 
 def test_d2t_rows_are_minus_inf_where_the_draft_vocab_has_no_token(runs):
-    from graphgen.compare.dump import load_dump_dir
+    from graphgen.dump.format import load_dump_dir
     dumps = load_dump_dir(runs[("spec-dspark-conf-anchor", False)]["llama.cpp"])
     block = [d for d in dumps if d.graph == "block"][0]
     logits = block.values(block.nodes[-1].index).reshape(-1, 256)
@@ -150,7 +150,7 @@ def test_d2t_rows_are_minus_inf_where_the_draft_vocab_has_no_token(runs):
 
 def _control(work, converted, runs, edit, first):
     from graphgen.authors.forward import run_scenario_torch
-    from graphgen.scenario import parse_scenario
+    from graphgen.play.scenario import parse_scenario
     hf, _, _ = converted["zlab-dflash"]
     copy = work / f"control-{first}"
     if copy.exists():
@@ -302,10 +302,10 @@ def test_check_runs_the_triangle(converted, capsys, tmp_path):
     assert not doc["converter_warnings"]
     assert json.loads((keep / "scenario.json").read_text())["target"] == "target.gguf"
     # the kept dumps replay: their recorded scenario finds the kept target beside them
-    from graphgen.scenario import load_scenario
+    from graphgen.play.scenario import load_scenario
     for side in ("llama.cpp", "graphgen"):
         assert load_scenario(keep / side).target_path == str(keep / "target.gguf")
-    from graphgen.compare.dump import load_dump_dir
+    from graphgen.dump.format import load_dump_dir
     assert {d.source["dtype"] for d in load_dump_dir(keep / "arbiter")} == {"float64"}
     for side in ("torch", "arbiter", "llama.cpp", "graphgen"):
         for d in load_dump_dir(keep / side):

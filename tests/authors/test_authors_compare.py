@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from graphgen.authors.compare import BAND_F16, BAND_F16_NODES, BAND_F32, compare_paths, compare_values
-from graphgen.compare.dump import DumpError, Node, write_dump
+from graphgen.dump.format import DumpError, Node, write_dump
 
 
 def _header(engine: str, type_k="f32", type_v="f32") -> dict:

@@ -253,9 +253,9 @@ def _beside(work: Path, run: "Run", target_gguf: Path, name: str, n_seq: int = 1
     """graphgen and b11739 on one drafting round beside the target; the graphgen dump folder."""
     from graphgen.compare.pairing import diff_paths
     from graphgen.compare.report import exit_code
-    from graphgen.engine import run_scenario
+    from graphgen.play.engine import run_scenario
     from graphgen.reference.runner import run_reference
-    from graphgen.scenario import parse_scenario
+    from graphgen.play.scenario import parse_scenario
     doc = {"n_ctx": 64, "n_ubatch": 32, "flash_attn": "off", "type_kv": "f32", "seed": 1,
            "target": str(target_gguf),
            "steps": [{"inject": {"n_tokens": 4, "pos0": 0}}, {"block": {"tokens": [7] + [MASK] * 7, "pos0": 4}}]}

@@ -100,7 +100,7 @@ def test_at_by_index_when_the_graphs_do_not_line_up(tmp_path):
     and the planted element is found in either."""
     import dataclasses
 
-    from graphgen.compare.dump import load_dump, write_dump
+    from graphgen.dump.format import load_dump, write_dump
     ref_dir, ours_dir = tmp_path / "ref", tmp_path / "ours"
     shutil.copytree(CASE, ref_dir)
     ref = load_dump(ref_dir / "01-block.json")
@@ -391,7 +391,7 @@ def test_flags_against_b11739(tmp_path):
 
 def test_batch_flag_caps_the_micro_batch(tmp_path):
     from graphgen.cli.llamaflags import build_scenario_doc
-    from graphgen.scenario import parse_scenario
+    from graphgen.play.scenario import parse_scenario
     sc = parse_scenario(dict(build_scenario_doc(16, 4, 1, 1, 255, 64, None, 1), n_batch=16))
     assert sc.n_ubatch == 16 and sc.n_batch == 16
     assert parse_scenario(dict(build_scenario_doc(16, 4, 1, 1, 255, 8, None, 1), n_batch=16)).n_ubatch == 8

@@ -21,7 +21,7 @@ from graphgen.compare.pairing import diff_paths
 from graphgen.compare.report import exit_code
 from graphgen.compare.rules import RulesError, load_rules, normalize_name, parse_rules
 from graphgen.compare.values import compare_values
-from graphgen.compare.dump import Node, load_dump, write_dump
+from graphgen.dump.format import Node, load_dump, write_dump
 from graphgen.compare.importers import VIEW_OPS, import_file
 
 HEADER = {
@@ -502,7 +502,7 @@ EVAL_CB_FIELDS = ["name", "op", "type", "ne", "src[:2]"]
 def test_imported_folder_compared_on_its_fields(tmp_path, models_dir, capsys):
     from make_references import build_model
 
-    from graphgen.scenario import load_scenario
+    from graphgen.play.scenario import load_scenario
     from graphgen.view.trace import run_trace
     case = REF_DIR / "dflash-fa-off"
     model = build_model(case, models_dir)

@@ -5,9 +5,9 @@ import os
 import numpy as np
 import pytest
 
-from graphgen.compare import dump as D
-from graphgen.compare.dump import FORMAT, DumpError, Node, load_dump, load_dump_dir, write_dump
-from graphgen.scenario import parse_scenario
+import graphgen.dump.format as D
+from graphgen.dump.format import FORMAT, DumpError, Node, load_dump, load_dump_dir, write_dump
+from graphgen.play.scenario import parse_scenario
 
 HEADER = {
     "source": {"engine": "graphgen", "version": "0.1"},
@@ -166,7 +166,7 @@ def test_graph_must_match_file_name(tmp_path):
 
 
 def test_too_many_nodes(tmp_path, monkeypatch):
-    import graphgen.compare.dump as dump
+    import graphgen.dump.format as dump
     path, _, _ = write_sample(tmp_path)
     monkeypatch.setattr(dump, "MAX_NODES", 3)
     check_error(path, "'nodes'", "limit")
@@ -292,7 +292,7 @@ def test_both_engines_record_provenance(tmp_path, models_dir, cache, capsys):
     from make_references import build_model
 
     from graphgen.cli import main as cli_main
-    from graphgen.scenario import load_scenario
+    from graphgen.play.scenario import load_scenario
     case = REF_DIR / "dflash-fa-off"
     model = build_model(case, models_dir)
     scen = case / "scenario.json"
@@ -328,7 +328,7 @@ def test_every_node_carries_its_statistics_and_digest(tmp_path, engine):
     the values the same run keeps when asked to."""
     import json as _json
 
-    from graphgen.engine import run_scenario
+    from graphgen.play.engine import run_scenario
     from graphgen.reference.runner import run_reference
     from graphgen.synth import make_model
     model = tmp_path / "d.gguf"
@@ -397,7 +397,7 @@ def test_a_step_refused_part_way_is_named_and_its_graphs_kept_apart(tmp_path, en
 
 
 def test_run_scenario_names_the_refused_step(tmp_path):
-    from graphgen.engine import run_scenario
+    from graphgen.play.engine import run_scenario
     from graphgen.errors import BatchError
     from graphgen.synth import make_model
     model = tmp_path / "m.gguf"

@@ -26,7 +26,7 @@ from graphgen.cli import main as cli_main
 from graphgen.compare.diff import diff_dumps
 from graphgen.compare.pairing import diff_paths
 from graphgen.compare.report import describe_build, exit_code
-from graphgen.compare.dump import load_dump
+from graphgen.dump.format import load_dump
 from graphgen.compare.importers import VIEW_OPS, import_file, import_text, printed_positions, read_printed
 
 CASE = REF_DIR / "dflash-fa-off"
@@ -59,9 +59,9 @@ CHILD = r"""
 import ctypes, sys
 from pathlib import Path
 from graphgen.libload import lib_file
-from graphgen.compare.record import NodeRecorder
+from graphgen.dump.record import NodeRecorder
 from graphgen.reference import runner
-from graphgen.scenario import load_scenario
+from graphgen.play.scenario import load_scenario
 
 shim_path, model, scenario, out, text = sys.argv[1:6]
 _, _, libdir = runner.load_llama()
@@ -127,8 +127,8 @@ def upstream_text(upstream_printer, tmp_path_factory):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
     from make_references import build_model
 
-    from graphgen.engine import run_scenario
-    from graphgen.scenario import load_scenario
+    from graphgen.play.engine import run_scenario
+    from graphgen.play.scenario import load_scenario
     d = tmp_path_factory.mktemp("upstream_run")
     model = build_model(CASE, d)
     (d / "child.py").write_text(CHILD)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from graphgen.compare.dump import Node
+from graphgen.dump.format import Node
 from graphgen.compare.layers import is_auto_name, name_layer, node_layers, resolve_sources
 
 

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from graphgen.compare.dump import Node
+from graphgen.dump.format import Node
 from graphgen.compare.nodefilter import FilterError, NodeFilter, known_ops, load_thresholds, parse_thresholds
 
 

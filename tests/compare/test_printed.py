@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from graphgen.compare.dump import Node, load_dump, write_dump
+from graphgen.dump.format import Node, load_dump, write_dump
 from graphgen.compare.importers import printed_positions
 from graphgen.compare.printed import Printed, Side, compare_node, parse_printed, side_of
 

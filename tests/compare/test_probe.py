@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from graphgen.compare.dump import Node, load_dump, write_dump
+from graphgen.dump.format import Node, load_dump, write_dump
 from graphgen.compare.probe import (TOP, WINDOW, ProbeError, coord, find_pairs, format_probe,
                                     largest_errors, parse_target, probe, stats_of, window)
 

@@ -11,9 +11,9 @@ import pytest
 from conftest import REF_DIR
 from graphgen.compare.pairing import diff_paths
 from graphgen.compare.report import exit_code
-from graphgen.compare.dump import load_dump
-from graphgen.engine import run_scenario
-from graphgen.scenario import load_scenario
+from graphgen.dump.format import load_dump
+from graphgen.play.engine import run_scenario
+from graphgen.play.scenario import load_scenario
 from make_references import build_model
 
 

@@ -55,9 +55,9 @@ class Verdict:
 
 def ours(model: Path, doc: dict) -> Verdict:
     """graphgen's verdict on a scenario: accepted, or the documented error and its step."""
-    from graphgen.engine import run_scenario
+    from graphgen.play.engine import run_scenario
     from graphgen.errors import GraphgenError
-    from graphgen.scenario import ScenarioError, parse_scenario
+    from graphgen.play.scenario import ScenarioError, parse_scenario
     seen: list[int] = []
     try:
         run_scenario(model, parse_scenario(doc), progress=lambda s: seen.append(s.index))

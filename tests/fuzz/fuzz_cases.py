@@ -19,10 +19,10 @@ from pathlib import Path
 import numpy as np
 
 from graphgen.compare.rules import RulesError
-from graphgen.compare.dump import DumpError
+from graphgen.dump.format import DumpError
 from graphgen.errors import GraphgenError
 from graphgen.runtime.backends import BackendUnavailable
-from graphgen.scenario import ScenarioError
+from graphgen.play.scenario import ScenarioError
 
 DOCUMENTED = (GraphgenError, ScenarioError, DumpError, RulesError, BackendUnavailable)
 # a rejection names what is wrong: a quoted key/tensor/field, a shape, or the thing by kind
@@ -149,8 +149,8 @@ def run_batch(case: dict, work: Path, cache: Path) -> tuple[str, str | None]:
 
 def run_scenario_case(case: dict, work: Path, cache: Path) -> tuple[str, str | None]:
     from fuzz_inputs import base_model
-    from graphgen.engine import run_scenario
-    from graphgen.scenario import load_scenario
+    from graphgen.play.engine import run_scenario
+    from graphgen.play.scenario import load_scenario
     path = base_model(case["base"], cache)
     work.mkdir(parents=True, exist_ok=True)
     sp = work / "scenario.json"
@@ -174,7 +174,7 @@ def run_dump(case: dict, work: Path, cache: Path) -> tuple[str, str | None]:
     from fuzz_inputs import make_dump_case
     from graphgen.compare.diff import diff_dumps
     from graphgen.compare.pairing import diff_paths
-    from graphgen.compare.dump import load_dump
+    from graphgen.dump.format import load_dump
     from graphgen.view import dot as D
     from graphgen.view import graph as V
     from graphgen.view.diffmap import diff_map

@@ -80,7 +80,7 @@ def main(argv=None) -> int:
     from fuzz_agree import agree_model, batch_cases, gguf_doc, make_gguf
     from fuzz_gen import make_cases
     from graphgen.reference.protocol import error_text
-    from graphgen.scenario import ScenarioError, parse_scenario
+    from graphgen.play.scenario import ScenarioError, parse_scenario
 
     tmp = None if args.work else tempfile.TemporaryDirectory(prefix="graphgen-fuzz-long-")
     work = Path(args.work or tmp.name)

@@ -52,8 +52,8 @@ def _report(kind: str, rows: list) -> str:
 @pytest.mark.reference
 def test_fuzzed_ggufs_agree_with_llama_cpp(tmp_path):
     from graphgen.compare.pairing import diff_paths
-    from graphgen.engine import run_scenario
-    from graphgen.scenario import load_scenario
+    from graphgen.play.engine import run_scenario
+    from graphgen.play.scenario import load_scenario
 
     cases = [c for c in make_cases("gguf", N_GEN, SEED, tmp_path / "bases") if not _seed_only(c)]
     # the fuzz runner first: a case that crashes graphgen fails there, not in this process

@@ -11,12 +11,12 @@ import pytest
 from conftest import REF_DIR
 from gguf_edit import rewrite
 from graphgen.compare.pairing import diff_paths
-from graphgen.compare.dump import load_dump
-from graphgen.engine import run_scenario
+from graphgen.dump.format import load_dump
+from graphgen.play.engine import run_scenario
 from graphgen.errors import GGUFModelError
 from graphgen.runtime.kvcache import KVCache, UBatch
 from graphgen.runtime.model import load
-from graphgen.scenario import parse_scenario
+from graphgen.play.scenario import parse_scenario
 from graphgen.synth import make_model
 from make_references import build_model
 from parity_check import assert_parity

@@ -24,9 +24,9 @@ import json
 import numpy as np
 import pytest
 
-from graphgen.compare.dump import load_dump
-from graphgen.engine import run_scenario
-from graphgen.scenario import parse_scenario
+from graphgen.dump.format import load_dump
+from graphgen.play.engine import run_scenario
+from graphgen.play.scenario import parse_scenario
 from graphgen.synth import make_model
 from seedref.forward import KVAxis, SeedReference
 from seedref.opseq import SeedGraphs, UBatch

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from graphgen.bench import multi_seq_scenario, run_bench
-from graphgen.scenario import default_scenario
+from graphgen.play.scenario import default_scenario
 from graphgen.synth import make_model
 
 

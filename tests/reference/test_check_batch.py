@@ -13,7 +13,7 @@ import pytest
 
 from graphgen import checkbatch as cb
 from graphgen.cli import main
-from graphgen.compare.dump import Node
+from graphgen.dump.format import Node
 from graphgen.runtime import kvcache
 from graphgen.synth import make_model
 

@@ -4,8 +4,8 @@ import pytest
 
 from conftest import REF_DIR
 from graphgen.compare.pairing import diff_paths
-from graphgen.engine import run_scenario
-from graphgen.scenario import load_scenario
+from graphgen.play.engine import run_scenario
+from graphgen.play.scenario import load_scenario
 from make_references import build_model
 from parity_check import assert_parity
 

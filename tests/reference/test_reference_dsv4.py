@@ -12,7 +12,7 @@ import pytest
 import draws
 
 from graphgen.compare.pairing import diff_paths
-from graphgen.compare.dump import load_dump
+from graphgen.dump.format import load_dump
 from graphgen.synth import make_model
 from kv_draw import draw_kv_types
 from parity_check import assert_parity, run_ours

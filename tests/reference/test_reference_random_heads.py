@@ -8,9 +8,9 @@ import pytest
 import draws
 
 from graphgen.compare.pairing import diff_paths
-from graphgen.compare.dump import load_dump
-from graphgen.engine import run_scenario
-from graphgen.scenario import parse_scenario
+from graphgen.dump.format import load_dump
+from graphgen.play.engine import run_scenario
+from graphgen.play.scenario import parse_scenario
 from graphgen.synth import make_model
 from kv_draw import draw_kv_types
 from parity_check import assert_parity, run_ours

@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 
-from graphgen.scenario import KV_QUANTIZED
+from graphgen.cachetypes import KV_QUANTIZED
 from kv_draw import draw_kv_types
 from parity_check import assert_parity, run_both_engines
 from test_reference_dsv4 import random_dsv4_config

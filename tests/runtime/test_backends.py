@@ -20,10 +20,10 @@ import pytest
 from conftest import REF_DIR
 from graphgen.ops.runtime import cache_root
 from graphgen.compare.pairing import diff_paths
-from graphgen.engine import run_scenario
+from graphgen.play.engine import run_scenario
 from graphgen.runtime.backends import BackendUnavailable, has_backend
 from graphgen.runtime.session import Session
-from graphgen.scenario import load_scenario
+from graphgen.play.scenario import load_scenario
 from graphgen.synth import make_model
 from graphgen.compare.xdiff import xdiff
 from make_references import build_model

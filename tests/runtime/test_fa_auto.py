@@ -7,9 +7,9 @@ import json
 import pytest
 
 from graphgen.cli.llamaflags import resolve_fa
-from graphgen.engine import run_scenario
+from graphgen.play.engine import run_scenario
 from graphgen.reference.runner import run_reference
-from graphgen.scenario import parse_scenario
+from graphgen.play.scenario import parse_scenario
 from graphgen.synth import make_model
 
 

@@ -10,12 +10,12 @@ import pytest
 
 from graphgen.compare.pairing import diff_paths
 from graphgen.compare.report import exit_code
-from graphgen.engine import run_scenario
+from graphgen.play.engine import run_scenario
 from graphgen.errors import GraphgenError
 from graphgen.graph import graph_max_nodes
 from graphgen.reference.runner import ReferenceFailed, run_reference
 from graphgen.runtime.model import load
-from graphgen.scenario import parse_scenario
+from graphgen.play.scenario import parse_scenario
 from graphgen.synth import make_model
 
 SCENARIO = {"n_ctx": 256, "n_ubatch": 64, "flash_attn": "off", "type_kv": "f16", "seed": 1,

@@ -13,7 +13,8 @@ import pytest
 from graphgen.graph import hadamard
 from graphgen.runtime.kvcache import KVCache
 from graphgen.runtime.session import Session
-from graphgen.scenario import KV_QUANTIZED, ScenarioError, parse_scenario
+from graphgen.cachetypes import KV_QUANTIZED
+from graphgen.play.scenario import ScenarioError, parse_scenario
 from graphgen.synth import make_model
 from test_backends import rpc_server  # noqa: F401  (fixture)
 

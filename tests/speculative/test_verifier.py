@@ -1,5 +1,5 @@
 """The real target's verification (graphgen/speculative/verifier.py): acceptance against drafts whose right tokens
-are known, the end of generation, and the sampler chain against a float64 reading of its rules."""
+are known, the end of generation, and where a drafted run parts from the target alone."""
 
 import math
 
@@ -8,10 +8,9 @@ import pytest
 
 from graphgen.reference.session import ReferenceTarget
 from graphgen.speculative.drafters import DraftParams, create_drafter
-from graphgen.runtime.mt19937 import MT19937, uniform_real
 from graphgen.runtime.session import Session
 from graphgen.speculative.loop import run_speculative
-from graphgen.speculative.verifier import MIN_P, TOP_K, TOP_P, TargetSampler, TargetVerifier, generate_alone
+from graphgen.speculative.verifier import TargetVerifier, generate_alone
 
 PROMPT = "The capital of France is"
 CHAT = ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
@@ -127,42 +126,6 @@ def test_features_are_the_layer_inputs_layer_after_layer(pair):
     assert np.array_equal(feats[:, :576], table[[tok for _, tok, _ in rows]])
     # layer 7's input is no embedding row
     assert not np.allclose(feats[:, 576:], table[[tok for _, tok, _ in rows]])
-
-
-def _chain_reference(ids, logits, temp, rng):
-    """llama.cpp's default chain read from its rules, in float64: top-k, top-p at temperature 1,
-    min-p relative to the best probability, the temperature, a draw."""
-    lg = np.asarray(logits[:TOP_K], dtype=np.float64)
-    p = np.exp(lg - lg.max())
-    p /= p.sum()
-    keep = int(np.searchsorted(np.cumsum(p), TOP_P - 1e-7) + 1)
-    lg = lg[:keep]
-    p = np.exp(lg - lg.max())
-    p /= p.sum()
-    n = max(1, int(np.sum(p >= MIN_P * p.max() * (1 - 1e-6))))
-    lg = lg[:n]
-    q = np.exp((lg - lg.max()) / temp)
-    q /= q.sum()
-    u = uniform_real(rng, 0.0, 1.0)
-    return int(ids[int(np.searchsorted(np.cumsum(q), u, side="right"))]) if u < q.sum() else int(ids[n - 1]), n
-
-
-def test_the_sampler_chain_follows_its_rules():
-    gen = np.random.default_rng(0)
-    counts = []
-    for trial in range(300):
-        ids = gen.permutation(1000)[:64].astype(np.int32)
-        logits = np.sort(gen.standard_normal(64).astype(np.float32) * gen.uniform(0.3, 6))[::-1].copy()
-        temp = float(gen.uniform(0.1, 2.0))
-        s = TargetSampler(temp, trial)
-        want, n = _chain_reference(ids, logits, temp, MT19937(trial))
-        got = s.sample(ids, logits)
-        counts.append(n)
-        assert got == want, (trial, temp, n)
-    # the draws covered one candidate left and many
-    assert min(counts) == 1 and max(counts) >= 10
-    # temperature 0 is greedy: the first of the best
-    assert TargetSampler(0.0, 1).sample(np.array([5, 3, 9]), np.array([2.0, 2.0, 1.0], dtype=np.float32)) == 5
 
 
 # -- where a drafted run parts from the target alone ---------------------------------------------

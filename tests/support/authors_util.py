@@ -43,9 +43,9 @@ def session_scenario(block: int, mask: int, f16: bool, seed: int = 1) -> dict:
 def run_three(hf_dir: Path, gguf: Path, scenario: dict, work: Path, name: str):
     """The scenario in the authors' model, llama.cpp b11739 and graphgen; returns the folders."""
     from graphgen.authors.forward import run_scenario_torch
-    from graphgen.engine import run_scenario
+    from graphgen.play.engine import run_scenario
     from graphgen.reference.runner import run_reference
-    from graphgen.scenario import parse_scenario
+    from graphgen.play.scenario import parse_scenario
     sc_path = work / f"{name}.scenario.json"
     sc_path.write_text(json.dumps(scenario))
     sc = parse_scenario(scenario)

@@ -27,7 +27,7 @@ def run_steps(model: str, steps: list, *, flash_attn: bool, type_kv: str, n_seq:
     """Every step's outputs, and the session's counters. A step: ["inject", seq, n, pos0] or
     ["block", [[seq, n, pos0], ...]] (the block is removed from the cache afterwards, as a driver
     removes its noise block) or ["encode", seq, n, pos0]."""
-    from graphgen.compare.record import NodeRecorder
+    from graphgen.dump.record import NodeRecorder
     from graphgen.ops import ggml as G
     from graphgen.runtime.session import Session
     outs = []

@@ -2,7 +2,7 @@
 V needs flash attention, a quantized head holds whole blocks of 32, and a K-only cache (the DSpark
 backbones read V from K) takes a quantized K with flash attention only."""
 
-from graphgen.scenario import KV_QUANTIZED
+from graphgen.cachetypes import KV_QUANTIZED
 
 
 def draw_kv_types(rng, flash_attn: str, head: int, k_only: bool = False, quantized_only: bool = False) -> dict:

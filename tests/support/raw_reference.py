@@ -37,7 +37,7 @@ def run_raw(model, steps: list, work: Path, n_seq: int = 1) -> tuple[bool, str]:
 
 def main(argv) -> int:
     from graphgen.reference.runner import ReferenceFailed, run_child
-    from graphgen.scenario import Scenario, SeqBlock, Step
+    from graphgen.play.scenario import Scenario, SeqBlock, Step
     model, doc, out = Path(argv[0]), json.loads(Path(argv[1]).read_text()), Path(argv[2])
     sc = Scenario(n_ctx=256, n_ubatch=16, n_seq=doc.get("n_seq", 1))
     for i, step in enumerate(doc["steps"]):

@@ -189,9 +189,9 @@ def random_session(variant: str, seed: int) -> tuple[tuple, dict]:
 def run_ours(model: str, doc: dict, out: str, max_data: int = 0) -> dict:
     """graphgen's side, in the worker: every graph dumped (digests, and the values of nodes up to
     max_data elements and of the outputs), and the step it stopped at when it refused one."""
-    from graphgen.engine import run_scenario
+    from graphgen.play.engine import run_scenario
     from graphgen.errors import GraphgenError
-    from graphgen.scenario import parse_scenario
+    from graphgen.play.scenario import parse_scenario
     seen: list[int] = []
     try:
         run_scenario(model, parse_scenario(doc), out, max_data=max_data, progress=lambda s: seen.append(s.index))

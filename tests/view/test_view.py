@@ -20,7 +20,7 @@ import pytest
 from conftest import REF_DIR
 from graphgen.cli import main as cli_main
 from graphgen.compare.diff import diff_dumps
-from graphgen.compare.dump import FORMAT, Dump, Node, dump_files, load_dump, write_dump
+from graphgen.dump.format import FORMAT, Dump, Node, dump_files, load_dump, write_dump
 from graphgen.compare.opparams import decode_op_params, format_op_params
 from graphgen.view import dot as D
 from graphgen.view import graph as V
@@ -577,7 +577,7 @@ def test_trace_format_matches_debug_cpp_byte_for_byte(tmp_path):
 def test_trace_dflash_block_matches_reference(tmp_path, models_dir):
     from make_references import build_model
 
-    from graphgen.scenario import load_scenario
+    from graphgen.play.scenario import load_scenario
     from graphgen.view.trace import run_trace
     case = REF_DIR / "dflash-fa-off"
     model = build_model(case, models_dir)
@@ -657,8 +657,8 @@ def _capture_built_graphs(monkeypatch, tmp_path):
 def test_built_graph_networkx_and_dot_import(monkeypatch, tmp_path, models_dir):
     from make_references import build_model
 
-    from graphgen.engine import run_scenario
-    from graphgen.scenario import load_scenario
+    from graphgen.play.engine import run_scenario
+    from graphgen.play.scenario import load_scenario
     case = REF_DIR / "dflash-fa-off"
     model = build_model(case, models_dir)
     built = _capture_built_graphs(monkeypatch, tmp_path)

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from conftest import REF_DIR
-from graphgen.compare.dump import load_dump
+from graphgen.dump.format import load_dump
 from graphgen.view import graph as V
 from graphgen.view.diffmap import STATUS_COLOURS
 from graphgen.view.dot import op_colour
@@ -383,7 +383,7 @@ def _planted(tmp_path: Path):
     values and digest dropped (not comparable), node 40's op ADD -> SUB."""
     import dataclasses
 
-    from graphgen.compare.dump import write_dump
+    from graphgen.dump.format import write_dump
     ref = load_dump(REF_DIR / "dflash-fa-off" / "01-block.json")
     vals = {i: ref.values(i) for i in range(len(ref.nodes)) if ref.values(i) is not None}
     nodes = [dataclasses.replace(n) for n in ref.nodes]
@@ -600,9 +600,9 @@ def test_backend_of_each_side_from_live_dumps(browser, tmp_path):
     """A llama.cpp b11739 dump and graphgen's, made here: each side names the backend it computed
     on. The wheel's llama.cpp has the CPU backend alone (and RPC, given no server), so "CPU" is
     the truth for it; graphgen records the backend of every node."""
-    from graphgen.engine import run_scenario
+    from graphgen.play.engine import run_scenario
     from graphgen.reference.runner import run_reference
-    from graphgen.scenario import load_scenario
+    from graphgen.play.scenario import load_scenario
     from graphgen.synth import make_model
     model = tmp_path / "d.gguf"
     make_model(model, "dflash", "base")

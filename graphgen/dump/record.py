@@ -202,7 +202,7 @@ class NodeRecorder:
         self.nodes, self.values, self.backends = nodes, values, backends
 
     def record(self, addr: int, backend: str | None = None):
-        from .dump import Node
+        from .format import Node
         t = TensorStruct.from_address(addr)
         idx = len(self.nodes)
         self.addrs.append(addr)

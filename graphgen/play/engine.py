@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import __version__
-from .compare.dump import provenance, write_dump
-from .ops import ggml as G
-from .ops.runtime import describe as runtime_source
+from .. import __version__
+from ..dump.format import provenance, write_dump
+from ..ops import ggml as G
+from ..ops.runtime import describe as runtime_source
 from .player import SessionEngine, play
-from .compare.record import NodeRecorder, cpu_features, n_kv_from_nodes
-from .runtime.session import Session
+from ..dump.record import NodeRecorder, cpu_features, n_kv_from_nodes
+from ..runtime.session import Session
 from .scenario import Scenario
 
 

@@ -21,11 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-# the cache types b11739 takes for these drafts, by ggml type id; the quantized ones (blocks of 32
-# values) need flash attention for V and get Hadamard rotations where the head size allows
-KV_TYPE_IDS = {"f32": 0, "f16": 1, "q8_0": 8, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "iq4_nl": 20}
-KV_TYPES = tuple(KV_TYPE_IDS)
-KV_QUANTIZED = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
+from ..cachetypes import KV_QUANTIZED, KV_TYPES
+
 FLASH_ATTN = ("off", "on", "auto")
 # the names a dump folder's graphs take (NN-<graph>.json and .npz)
 _DUMP_FILE = re.compile(r"\d{2,}-")
@@ -321,7 +318,7 @@ def _read(path) -> tuple[dict, str]:
 def recorded_scenario_doc(path) -> tuple[dict, str]:
     """(the scenario document a dump folder or dump file recorded, where it was read: the file);
     a dump that records none is refused in one line naming the file."""
-    from .compare.dump import DumpError, recorded_scenario
+    from ..dump.format import DumpError, recorded_scenario
     try:
         doc, file = recorded_scenario(path)
     except DumpError as e:
