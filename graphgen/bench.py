@@ -27,6 +27,7 @@ import numpy as np
 
 from .models.arch import build_arch_graph
 from .runtime.session import Session
+from .play.player import SessionEngine, draw_features, walk
 from .play.scenario import Scenario, parse_scenario
 
 
@@ -204,58 +205,85 @@ class _LlamaWorker:
             self.proc.kill()
 
 
-def _replay(sess: Session, sc: Scenario, feats: dict) -> tuple[list[float], list[float], list[dict]]:
-    """Wall time, compute time and the phases of graphgen's overhead, per step. A loop of its own,
-    as b11739's timed loop (reference/bench_worker.py): the features are drawn before the timings,
-    not by graphgen/play/player.py's walk inside them."""
-    sess.clear()
-    times, computes, phases = [], [], []
-    from .play.player import naming_step
-    for st in sc.steps:
-        if st.kind == "seq_rm":
-            sess.seq_rm(st.seq, st.pos0, st.p1)
-            continue
+class _Timed(SessionEngine):
+    """graphgen's engine, each graph timed around the session's call: wall time, compute time and
+    the phases of graphgen's overhead. The player takes the features drawn beforehand, so the
+    draws stay out of the timings, as in b11739's worker (reference/bench_worker.py). Blocks run
+    without context rows, as the worker's do: both engines do the same work."""
+
+    carries_context = False
+
+    def __init__(self, sess: Session):
+        super().__init__(sess)
+        self.times, self.computes, self.phases = [], [], []
+
+    def _timed(self, call, *args):
         t0 = time.perf_counter()
-        with naming_step(st):
-            if st.kind == "inject":
-                sess.inject(feats[st.index], st.pos0, st.seq)
-            elif st.kind == "encoder":
-                sess.encode(feats[st.index], st.pos0, st.seq)
-            else:
-                sess.block_multi([(b.seq, b.tokens, b.pos0) for b in st.blocks])
-        times.append(time.perf_counter() - t0)
-        computes.append(sess.timings.get("compute", 0.0))
-        phases.append(dict(sess.timings))
-    return times, computes, phases
+        result = call(*args)
+        self.times.append(time.perf_counter() - t0)
+        self.computes.append(self.sess.timings.get("compute", 0.0))
+        self.phases.append(dict(self.sess.timings))
+        return result
+
+    def encoder(self, step, features):
+        return self._timed(super().encoder, step, features)
+
+    def inject(self, step, features):
+        return self._timed(super().inject, step, features)
+
+    def block(self, step, states):
+        return self._timed(super().block, step, states)
 
 
-def _fresh_build_ms(sess: Session, sc: Scenario, feats: dict, reps: int = 5) -> dict:
-    """Time to build each step's graph from nothing (no allocation, no compute)."""
-    out = {}
+def _replay(sess: Session, sc: Scenario, feats: dict) -> tuple[list[float], list[float], list[dict]]:
+    """One repetition of the scenario from an empty cache: per graph, wall time, compute time and
+    the overhead's phases."""
     sess.clear()
-    labels = iter(_labels(sc))
-    for st in sc.steps:
-        if st.kind == "seq_rm":
-            sess.seq_rm(st.seq, st.pos0, st.p1)
-            continue
-        if st.kind in ("inject", "encoder"):
-            ub = sess.make_inject(feats[st.index], st.pos0, st.seq)
-        else:
-            ub = sess.make_block([(b.seq, b.tokens, b.pos0) for b in st.blocks])
+    engine = _Timed(sess)
+    for _ in walk(sc, engine, features=feats):
+        pass
+    return engine.times, engine.computes, engine.phases
+
+
+class _BuildTimer(SessionEngine):
+    """Times each step's graph built from nothing (no allocation, no compute), best of `reps`, then
+    runs the step itself so that the cache is as the step leaves it for the steps after."""
+
+    carries_context = False
+
+    def __init__(self, sess: Session, reps: int):
+        super().__init__(sess)
+        self.reps, self.best = reps, []
+
+    def _built(self, ub, kind: str) -> None:
         best = float("inf")
-        with sess.trial_params(ub, "encoder" if st.kind == "encoder" else "decoder") as params:
-            for _ in range(reps):
+        with self.sess.trial_params(ub, kind) as params:
+            for _ in range(self.reps):
                 t0 = time.perf_counter()
                 g = build_arch_graph(params)
                 best = min(best, time.perf_counter() - t0)
                 g.free()
-        # keep the cache as the step leaves it, for the steps after
-        if st.kind == "inject":
-            sess.inject(feats[st.index], st.pos0, st.seq)
-        elif st.kind == "block":
-            sess.block_multi([(b.seq, b.tokens, b.pos0) for b in st.blocks])
-        out[next(labels)] = best * 1e3
-    return out
+        self.best.append(best)
+
+    def encoder(self, step, features):
+        self._built(self.sess.make_inject(features, step.pos0, step.seq), "encoder")
+
+    def inject(self, step, features):
+        self._built(self.sess.make_inject(features, step.pos0, step.seq), "decoder")
+        return super().inject(step, features)
+
+    def block(self, step, states):
+        self._built(self.sess.make_block([(b.seq, b.tokens, b.pos0) for b in step.blocks]), "decoder")
+        return super().block(step, states)
+
+
+def _fresh_build_ms(sess: Session, sc: Scenario, feats: dict, reps: int = 5) -> dict:
+    """Milliseconds to build each step's graph from nothing, by step label."""
+    sess.clear()
+    engine = _BuildTimer(sess, reps)
+    for _ in walk(sc, engine, features=feats):
+        pass
+    return {label: best * 1e3 for label, best in zip(_labels(sc), engine.best)}
 
 
 def run_bench(model, scenario: Scenario, *, repeat: int = 20, backend: str = "cpu",
@@ -266,8 +294,7 @@ def run_bench(model, scenario: Scenario, *, repeat: int = 20, backend: str = "cp
     sess = Session(model, n_ctx=scenario.n_ctx, n_ubatch=scenario.n_ubatch, flash_attn=scenario.flash_attn,
                    type_k=scenario.type_k, type_v=scenario.type_v, n_seq=scenario.n_seq, n_threads=scenario.n_threads,
                    backend=backend)
-    feats = {st.index: scenario.features(st, sess.hparams.n_embd_inp_enc)
-             for st in scenario.steps if st.kind in ("inject", "encoder")}
+    feats = draw_features(scenario, sess.hparams.n_embd_inp_enc)
     labels = _labels(scenario)
     steps = [StepStats(lbl, n_tokens=n) for lbl, n in zip(labels, _step_tokens(scenario))]
     worker = None

@@ -1,25 +1,27 @@
 """The speculators equivalent of z-lab's `dflash_generate`, for speculators' DSpark (and DFlash) drafts.
 
 speculators ships the draft classes and their training, no generation loop (its inference lives in
-vLLM). `generate` runs the loop dflash_generate runs, with the draft's own speculators modules:
+vLLM). `generate` runs dflash_generate's loop through the loop every engine shares
+(graphgen.speculative.loop.run_speculative, edges "authors"), with the draft's own speculators
+modules behind llama.cpp's drivers:
 
-- the target is transformers' model of the GGUF (features.transformers_model, float32), prefilled
-  on the prompt with its KV cache; its greedy token after the prompt is the first anchor;
+- the target is transformers' model of the GGUF (features.transformers_model, float32) verifying
+  through speculative/transformers_target.py: prefilled on the prompt, its greedy token after the
+  prompt the first anchor;
 - each round the draft sees the target features of the positions committed since its last round
   (the inputs of the layers `aux_hidden_state_layer_ids` names: transformers' hidden_states[id])
-  and a block [anchor, mask, ...] at the anchor's position, through AuthorsDraft.backbone: fc,
-  hidden_norm, rotary, each layer with its DynamicCache, norm, then lm_head over the draft
-  vocabulary and d2t to the target's ids (AuthorsDraft.logits); the block's rows are dropped from
-  the cache after, the context rows kept, as dflash_generate crops its draft cache;
+  and a block [anchor, mask, ...] at the anchor's position, through speculative/torch_draft.py:
+  fc, hidden_norm, rotary, each layer with its DynamicCache, norm, then lm_head over the draft
+  vocabulary and d2t to the target's ids; the block's rows are dropped from the cache after, the
+  context rows kept, as dflash_generate crops its draft cache;
 - DSpark's Markov head is chained greedily slot by slot (slot k's bias from the token drafted at
   slot k - 1, the first drafting slot's from the anchor) and its confidence head scored per slot,
-  by graphgen.authors.forward.TorchEngine._dspark_heads, what llama.cpp's graph computes;
+  by graphgen.authors.forward.dspark_heads, what llama.cpp's graph computes;
 - with `sample_from_anchor` every row of the block drafts (the anchor's row the token after it):
   block_size tokens a block, else block_size - 1 from the mask rows;
 - the confidence: llama.cpp's dspark drafter reads it only with --spec-draft-p-min above 0, and
-  then ends the draft before the first slot scored below p_min; graphgen accept runs b11739 with
-  p_min 0 (the default of graphgen's drafters), so `p_min` 0 here keeps every drafted token, and
-  the scores are recorded per round;
+  then ends the draft before the first slot scored below p_min; `p_min` 0 keeps every drafted
+  token, and the scores are recorded per round;
 - verification is dflash_generate's greedy rule: the target over [anchor, drafted...] in one
   batch, the longest prefix of drafted tokens equal to its argmax at the row before, then its own
   token; the round appends at most what n_predict leaves, a stop token ends the sequence;
@@ -28,7 +30,7 @@ vLLM). `generate` runs the loop dflash_generate runs, with the draft's own specu
 The rounds come back as authors_loop reads dflash_generate's: the generated tokens, the tokens
 each round appended (dflash_generate's acceptance_lengths), and per round (anchor, drafted tokens,
 the target's argmax per verified row, agreed drafted tokens), so authors_loop records both loops'
-rounds alike.
+rounds alike. `draft_block` drafts one block from scratch, the yardstick of the loop's cache.
 
 The shipped DSpark's config names its verifier by a hub name, unreachable offline: `load_draft`
 hands speculators' loader a folder holding the target's own embeddings, taken from the GGUF as
@@ -95,13 +97,13 @@ def draft_tokens(draft, hidden, anchor: int):
     (NaN where the draft has no confidence head), from the draft's final hidden rows [1, rows, n_embd]
     of a block starting with `anchor`."""
     import numpy as np
-    from ..authors.forward import TorchEngine
+    from ..authors.forward import dspark_heads
     full, raw = draft.logits(hidden)
-    vals: dict = {}
+    logits, conf = full[0].float().numpy(), None
     if draft.variant == "dspark":
-        TorchEngine(draft, None)._dspark_heads(vals, hidden, full, raw, [int(anchor)])
-    logits = vals.get("[drafted logits]", full[0].float().numpy())
-    conf = vals["[confidences]"][:, 0] if "[confidences]" in vals else np.full(len(logits), np.nan, np.float32)
+        logits, conf = dspark_heads(draft, hidden, full, raw, int(anchor))
+    if conf is None:
+        conf = np.full(len(logits), np.nan, np.float32)
     first = 0 if draft.sample_from_anchor else 1
     logits, conf = logits[first:], conf[first:]
     return [int(t) for t in logits.argmax(axis=-1)], logits, conf
@@ -130,66 +132,30 @@ def draft_block(draft, features, anchor: int, pos0: int, n_draft: int):
         return draft_tokens(draft, hidden, anchor)
 
 
-def _features(hidden_states, layers):
-    import torch
-    return torch.cat([hidden_states[il] for il in layers], dim=-1)
-
-
 def generate(target, draft, prompt: list[int], n_predict: int, stop_token_ids=None, p_min: float = 0.0):
     """One prompt through the loop (batch 1, greedy): (tokens: prompt + generated, per round the
     tokens it appended, per round (anchor, drafted, the target's argmax per verified row, agreed),
     per round the drafted tokens' confidences, seconds)."""
-    import torch
-    from transformers import DynamicCache
-    stops = set(int(t) for t in stop_token_ids or ())
-    n_in = len(prompt)
-    max_length = n_in + int(n_predict)
-    n_max = draft.block_size if draft.sample_from_anchor else draft.block_size - 1
-    layers = list(draft.target_layers)
-    lengths, observed, confidences = [], [], []
+    from ..speculative.drafters import DraftParams, create_drafter
+    from ..speculative.loop import run_speculative
+    from ..speculative.torch_draft import TorchDraftSession
+    from ..speculative.transformers_target import TransformersTarget
+    from ..speculative.verifier import TargetVerifier
+    session = TorchDraftSession(draft)
+    tgt = TransformersTarget(target, draft.target_layers, stop_token_ids or ())
+    # the trained block (n_max None), every drafted token kept unless p_min cuts the draft
+    drafter = create_drafter(session, None, DraftParams(n_max=None, p_min=float(p_min)))
+    first = 0 if draft.variant == "dspark" and draft.sample_from_anchor else 1
+    observed, confidences = [], []
+
+    def heard(rec):
+        observed.append((rec.id_last, list(rec.draft), tgt.best[rec.seq], rec.n_accepted))
+        confidences.append([float(c) for c in session.confidences[rec.seq][first:first + len(rec.draft)]])
     t0 = time.perf_counter()
-    with torch.inference_mode():
-        tcache = DynamicCache(config=target.config)
-        out = target(torch.tensor([prompt]), position_ids=torch.arange(n_in)[None], past_key_values=tcache,
-                     use_cache=True, output_hidden_states=True)
-        tokens = list(prompt) + [int(out.logits[0, -1].argmax())]
-        pending = _features(out.hidden_states, layers)          # [1, n_in, L * n_embd]
-        pending_pos = list(range(n_in))
-        dcache, cached = draft.new_cache(), []                  # the draft cache's positions
-        start = n_in
-        stopped = tokens[start] in stops
-        while start + 1 < max_length and not stopped:
-            anchor = tokens[start]
-            n_draft = min(n_max, max_length - start - 1)
-            rows = _rows(draft, n_draft)
-            block = [anchor] + [int(draft.mask_token_id)] * (rows - 1)
-            positions = pending_pos + list(range(start, start + rows))
-            hidden = draft.backbone(dcache, pending.to(draft.dtype), draft.embed_tokens(block),
-                                    torch.tensor([positions]), cached + positions)
-            cached += pending_pos
-            dcache.crop(len(cached))  # the block's rows go, the context's stay
-            drafted, _, conf = draft_tokens(draft, hidden, anchor)
-            if p_min > 0:
-                cut = next((i for i, c in enumerate(conf) if c < p_min), len(drafted))
-                drafted, conf = drafted[:cut], conf[:cut]
-            verify = [anchor] + drafted
-            out = target(torch.tensor([verify]), position_ids=torch.arange(start, start + len(verify))[None],
-                         past_key_values=tcache, use_cache=True, output_hidden_states=True)
-            best = [int(t) for t in out.logits[0].argmax(dim=-1)]
-            agreed = 0
-            while agreed < len(drafted) and drafted[agreed] == best[agreed]:
-                agreed += 1
-            new = drafted[:agreed] + [best[agreed]]
-            produced = min(agreed + 1, max_length - start - 1)
-            hit = next((i for i, t in enumerate(new[:produced]) if t in stops), None)
-            if hit is not None:
-                produced, stopped = hit + 1, True
-            tokens += new[:produced]
-            pending = _features(out.hidden_states, layers)[:, :produced]
-            pending_pos = list(range(start, start + produced))
-            start += produced
-            tcache.crop(start)
-            lengths.append(produced)
-            observed.append((anchor, drafted, best, agreed))
-            confidences.append([float(c) for c in conf])
-    return tokens[:min(start + 1, max_length)], lengths, observed, confidences, time.perf_counter() - t0
+    res = run_speculative(drafter, [(prompt, None)], n_predict=int(n_predict), verifier=TargetVerifier(tgt),
+                          temp=0.0, progress=heard, edges="authors")
+    seconds = time.perf_counter() - t0
+    tokens = res.tokens[0]
+    # the tokens each round appended, as dflash_generate's acceptance_lengths counts them
+    lengths = [r.n_accepted + (r.bonus != -1) for r in res.rounds]
+    return tokens, lengths, observed, confidences, seconds

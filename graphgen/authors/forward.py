@@ -373,6 +373,39 @@ def _heads(t) -> np.ndarray:
     return np.ascontiguousarray(_np(t)[0].transpose(1, 0, 2))
 
 
+def dspark_heads(draft: AuthorsDraft, hidden, full, raw, anchor: int):
+    """A DSpark block's drafted logits and confidences, as llama.cpp's graph computes them: the base
+    logits plus the Markov bias slot by slot (previous token: the argmax of the slot before, the
+    anchor for the first drafting slot), and the confidence head on [hidden, prev embedding].
+    -> (logits [n, n_vocab] over the target's ids, confidences [n] (NaN at slots that draft
+    nothing), or None without a confidence head)."""
+    torch = draft.torch
+    m = draft.model
+    n = hidden.shape[1]
+    logits = full[0].clone()
+    conf = torch.full((n,), float("nan"), dtype=hidden.dtype)
+    first = 0 if draft.sample_from_anchor else 1
+    prev = int(anchor)
+    if m.markov_head is not None:
+        for k in range(first, n):
+            prev_ids = torch.tensor([[prev]])
+            prev_emb = m.markov_head.prev_embeddings(prev_ids)
+            bias = m.markov_head.block_bias(prev_token_ids=prev_ids, hidden_states=hidden[:, k:k + 1],
+                                            prev_emb=prev_emb)[0, 0]
+            col = raw[0, k] + bias
+            if draft.d2t is not None:
+                row = torch.full((draft.n_vocab,), float("-inf"), dtype=col.dtype)
+                row[torch.as_tensor(draft.d2t)] = col
+                col = row
+            logits[k] = col
+            if m.confidence_head is not None:
+                feats = torch.cat([hidden[0, k], prev_emb[0, 0].to(hidden.dtype)], dim=-1) \
+                    if m.config.confidence_head_with_markov else hidden[0, k]
+                conf[k] = torch.sigmoid(m.confidence_head(feats[None, None]))[0, 0]
+            prev = int(torch.argmax(col))
+    return logits.numpy(), (conf.numpy() if m.confidence_head is not None else None)
+
+
 class TorchEngine:
     """Runs a scenario's steps through an `AuthorsDraft`; collects per-graph recorded values."""
 
@@ -486,36 +519,11 @@ class TorchEngine:
         self.graphs[index] = {"graph": "block", "values": merged}
 
     def _dspark_heads(self, vals, hidden, full, raw, tokens) -> None:
-        """Base logits plus the Markov bias slot by slot (previous token: the argmax of the slot
-        before, the anchor for the first), and the confidence head on [hidden, prev embedding]."""
-        torch = self.draft.torch
-        m = self.draft.model
-        n = hidden.shape[1]
-        logits = full[0].clone()
-        conf = torch.full((n,), float("nan"), dtype=hidden.dtype)
-        first = 0 if self.draft.sample_from_anchor else 1
-        prev = int(tokens[0])
-        if m.markov_head is not None:
-            for k in range(first, n):
-                prev_ids = torch.tensor([[prev]])
-                prev_emb = m.markov_head.prev_embeddings(prev_ids)
-                bias = m.markov_head.block_bias(prev_token_ids=prev_ids, hidden_states=hidden[:, k:k + 1],
-                                                prev_emb=prev_emb)[0, 0]
-                col = raw[0, k] + bias
-                if self.draft.d2t is not None:
-                    row = torch.full((self.draft.n_vocab,), float("-inf"), dtype=col.dtype)
-                    row[torch.as_tensor(self.draft.d2t)] = col
-                    col = row
-                logits[k] = col
-                if m.confidence_head is not None:
-                    feats = torch.cat([hidden[0, k], prev_emb[0, 0].to(hidden.dtype)], dim=-1) \
-                        if m.config.confidence_head_with_markov else hidden[0, k]
-                    conf[k] = torch.sigmoid(m.confidence_head(feats[None, None]))[0, 0]
-                prev = int(torch.argmax(col))
-        vals["[drafted logits]"] = logits.numpy()
-        if m.confidence_head is not None:
+        logits, conf = dspark_heads(self.draft, hidden, full, raw, int(tokens[0]))
+        vals["[drafted logits]"] = logits
+        if conf is not None:
             # llama.cpp hands the confidences to the driver as rows as wide as the hidden state
-            vals["[confidences]"] = np.repeat(conf.numpy()[:, None], self.draft.n_embd, axis=1)
+            vals["[confidences]"] = np.repeat(conf[:, None], self.draft.n_embd, axis=1)
 
     def _selector_path(self, hidden, full, raw, tokens) -> np.ndarray:
         """The authors' selector, greedy, over the block's positions after the anchor."""
@@ -587,7 +595,7 @@ class _Played(Engine):
     def at(self, index: int, step) -> None:
         self.index = index
 
-    def seq_rm(self, step) -> None:
+    def seq_rm(self, step, inputs) -> None:
         if self.draft.sliding_layers:
             raise AuthorsError(f"the authors' {self.draft.sliding_layers} sliding-window layer(s) keep a transformers "
                                "sliding cache, which cannot crop; run the rounds before the first removal (graphgen "

@@ -1,16 +1,16 @@
 """One scenario, every engine: the step dispatch, written once.
 
 A scenario is a list of steps: inject and encoder (target features into the draft's cache), block
-(one noise block per sequence, in one batch) and seq_rm. `play` walks it for any engine that
-implements `Engine`, as torch.fx's Interpreter walks a graph for any `run_node`: it draws each
-step's features from the scenario's seed, names the step in any refusal, keeps the context rows a
-head's blocks carry as their state (LiliCorr: h_nextn of the row before the block, or rows drawn
-from the seed) and tells the caller before and after each graph.
+(one noise block per sequence, in one batch) and seq_rm. `walk` plays it on any `Engine` as
+torch.fx's Interpreter runs a graph: each step goes to the engine's method of the step's kind, all
+of one signature, `method(step, inputs)`. The player draws each step's inputs from the scenario's
+seed (or takes them drawn beforehand, so a timed loop pays no draw), names the step in any refusal,
+keeps the context rows a head's blocks carry as their state (LiliCorr: h_nextn of the row before
+the block, or rows drawn from the seed) and tells the caller before and after each graph.
 
-The engines: graphgen's Session (`SessionEngine`, below: dumps, trace and check-batch drive it),
-b11739's context in the reference runner's child process (`reference/runner.py`) and the authors'
-PyTorch model (`authors/forward.py`). A new engine implements the five methods; the timed loops of
-the benchmarks replay a scenario's batches without it (see `reference/bench_worker.py`).
+The engines: graphgen's Session (`SessionEngine`, below: dumps, trace, check-batch and bench drive
+it), b11739's context in the reference runner's child process (`reference/runner.py`) and in the
+bench's worker (`reference/bench_worker.py`), and the authors' PyTorch model (`authors/forward.py`).
 """
 
 from __future__ import annotations
@@ -37,32 +37,38 @@ def naming_step(step):
 
 
 class Engine:
-    """What `play` drives. `n_embd_inp`: the width of injected features; `n_embd`: the width of a
-    context row; `carries_context`: whether the draft's blocks take the context row before them
-    as their state."""
+    """What `walk` drives: one method per step kind, each `(step, inputs)`. `inputs`: the step's
+    features ([tokens, n_embd_inp]) for inject and encoder, one [tokens, n_embd] state per block
+    or None for block (a head that carries none, or a block whose row is missing: the batch then
+    goes without, as llama.cpp refuses a batch where only some tokens carry one), None for seq_rm.
+    `n_embd_inp`: the width of injected features; `n_embd`: the width of a context row;
+    `carries_context`: whether the draft's blocks take the context row before them as their state."""
 
     n_embd_inp: int
     n_embd: int
     carries_context: bool = False
 
-    def seq_rm(self, step) -> None:
+    def seq_rm(self, step, inputs: None) -> None:
         raise NotImplementedError
 
-    def encoder(self, step, features: np.ndarray) -> Any:
+    def encoder(self, step, inputs: np.ndarray) -> Any:
         raise NotImplementedError
 
-    def inject(self, step, features: np.ndarray) -> Any:
+    def inject(self, step, inputs: np.ndarray) -> Any:
         raise NotImplementedError
 
-    def block(self, step, states: list[np.ndarray] | None) -> Any:
-        """`states`: one [tokens, n_embd] array per block of the step, or None (a head that carries
-        none, or a block whose row is missing: the batch then goes without, as llama.cpp refuses a
-        batch where only some tokens carry one)."""
+    def block(self, step, inputs: list[np.ndarray] | None) -> Any:
         raise NotImplementedError
 
     def context_rows(self, step, result) -> list | np.ndarray | None:
         """The context rows an inject step left (one per token, a row may be None), or None."""
         return None
+
+
+def draw_features(scenario: Scenario, n_embd_inp: int) -> dict[int, np.ndarray]:
+    """Every inject and encoder step's features, drawn beforehand (step index -> rows)."""
+    return {s.index: np.ascontiguousarray(scenario.features(s, n_embd_inp))
+            for s in scenario.steps if s.kind in ("inject", "encoder")}
 
 
 def block_states(scenario: Scenario, step, context: dict, engine: Engine) -> list[np.ndarray] | None:
@@ -78,33 +84,36 @@ def block_states(scenario: Scenario, step, context: dict, engine: Engine) -> lis
     return None if any(r is None for r in rows) else rows
 
 
-def walk(scenario: Scenario, engine: Engine, *, progress: Callable | None = None,
+def walk(scenario: Scenario, engine: Engine, *, features: dict | None = None, progress: Callable | None = None,
          before: Callable | None = None) -> Iterator[tuple[int, Any, Any]]:
     """Run the steps one graph at a time: yields (index, step, result) after each graph (every
-    step but seq_rm), numbered from 0. `progress(step)` hears of every step, `before(index, step)`
-    of each graph before it runs."""
+    step but seq_rm), numbered from 0. `features`: draw_features' rows, else drawn step by step;
+    `progress(step)` hears of every step, `before(index, step)` of each graph before it runs."""
     context: dict[tuple[int, int], np.ndarray] = {}
     index = 0
     for step in scenario.steps:
         if progress:
             progress(step)
-        if step.kind == "seq_rm":
-            with naming_step(step):
-                engine.seq_rm(step)
-            continue
-        if before:
+        graph = step.kind != "seq_rm"
+        if graph and before:
             before(index, step)
         with naming_step(step):
-            if step.kind == "encoder":
-                result = engine.encoder(step, scenario.features(step, engine.n_embd_inp))
-            elif step.kind == "inject":
-                result = engine.inject(step, scenario.features(step, engine.n_embd_inp))
-                rows = engine.context_rows(step, result) if engine.carries_context else None
-                for i, row in enumerate(rows if rows is not None else ()):
-                    if row is not None:
-                        context[(step.seq, step.pos0 + i)] = row
+            if not graph:
+                inputs = None
+            elif step.kind == "block":
+                inputs = block_states(scenario, step, context, engine)
+            elif features is not None:
+                inputs = features[step.index]
             else:
-                result = engine.block(step, block_states(scenario, step, context, engine))
+                inputs = scenario.features(step, engine.n_embd_inp)
+            result = getattr(engine, step.kind)(step, inputs)
+        if not graph:
+            continue
+        if step.kind == "inject" and engine.carries_context:
+            rows = engine.context_rows(step, result)
+            for i, row in enumerate(rows if rows is not None else ()):
+                if row is not None:
+                    context[(step.seq, step.pos0 + i)] = row
         yield index, step, result
         index += 1
 
@@ -130,7 +139,7 @@ class SessionEngine(Engine):
         self.carries_context = bool(sess.model.head.context_rows)
         self.recorder = None
 
-    def seq_rm(self, step) -> None:
+    def seq_rm(self, step, inputs) -> None:
         self.sess.seq_rm(step.seq, step.pos0, step.p1)
 
     def encoder(self, step, features):

@@ -17,11 +17,88 @@ from pathlib import Path
 
 import numpy as np
 
+from ..play.player import Engine, draw_features, walk
 from ..play.scenario import load_scenario
 from ..runtime.mmapfile import llama_model_params
 from .compute_timer import ComputeTimer
 from ..libload import load_llama
 from .runner import GGML_TYPE_IDS, model_meta
+
+
+class _Replay(Engine):
+    """b11739's context as the player's engine, timed per graph: filling the batch, llama_process,
+    reading the outputs. Positions and feature rows are laid out once, beforehand, as a C driver
+    holds them in its own arrays, and the player takes the features drawn beforehand: the timed
+    part is what every step pays. Blocks carry no context rows, as in graphgen's timed engine."""
+
+    def __init__(self, ffi, lib, ctx, timer, sc, feats: dict, n_embd_inp: int, n_vocab: int, meta: dict):
+        self.ffi, self.lib, self.ctx, self.timer = ffi, lib, ctx, timer
+        self.mem = lib.llama_get_memory(ctx)
+        self.n_embd_inp, self.n_vocab, self.causal = n_embd_inp, n_vocab, meta["causal"]
+        self.times: list[float] = []
+        self.computes: list[float] = []
+        self.prepared: dict = {}
+        mrope = meta["mrope"]
+        for step in sc.steps:
+            if step.kind == "inject":
+                p = np.arange(step.pos0, step.pos0 + step.n_tokens, dtype=np.int32)
+                pos = np.stack([p, p, p, np.zeros_like(p)] if mrope else [p] + [np.zeros_like(p)] * 3, axis=1)
+                x = feats[step.index]
+                rows = [{"data": ffi.cast("float *", x[i:].ctypes.data), "n_rows": 1, "n_embd": n_embd_inp}
+                        for i in range(step.n_tokens)]
+                self.prepared[step.index] = (ffi.new("llama_pos[]", pos.ravel().tolist()), rows)
+            elif step.kind == "block":
+                toks = [(b.seq, tok) for b in step.blocks for tok in b.tokens]
+                p = np.concatenate([np.arange(b.pos0, b.pos0 + len(b.tokens), dtype=np.int32) for b in step.blocks])
+                pos = np.stack([p] + [np.zeros_like(p)] * 3, axis=1)
+                self.prepared[step.index] = (ffi.new("llama_pos[]", pos.ravel().tolist()), toks)
+
+    def encoder(self, step, features) -> None:
+        raise RuntimeError("the llama.cpp bench engine replays inject, block and seq_rm steps, not an encoder's")
+
+    def seq_rm(self, step, inputs) -> None:
+        self.lib.llama_memory_seq_rm(self.mem, step.seq, step.pos0, step.p1)
+
+    def _process(self, fill) -> None:
+        lib = self.lib
+        c0 = self.timer.ns()
+        t0 = time.perf_counter()
+        batch = lib.llama_batch_ext_init(self.ctx)
+        n_out = fill(batch)
+        ret = lib.llama_process(self.ctx, lib.LLAMA_PROCESS_TYPE_DECODE, batch)
+        lib.llama_batch_ext_free(batch)
+        if ret != 0:
+            raise RuntimeError(f"llama_process returned {ret}")
+        if n_out:  # read the outputs, as a driver does
+            ptr = lib.llama_get_logits(self.ctx)
+            np.frombuffer(self.ffi.buffer(ptr, 4 * n_out * self.n_vocab), dtype=np.float32).copy()
+        self.times.append(time.perf_counter() - t0)
+        self.computes.append((self.timer.ns() - c0) * 1e-9)
+
+    def inject(self, step, features) -> None:
+        pos, rows = self.prepared[step.index]
+        lib = self.lib
+
+        def fill(batch):
+            for i, row in enumerate(rows):
+                idx = lib.llama_batch_ext_add_embd(batch, step.seq, row)
+                lib.llama_batch_ext_set_pos(batch, idx, pos + 4 * i)
+            lib.llama_set_causal_attn(self.ctx, True)
+            return 0
+        self._process(fill)
+
+    def block(self, step, states) -> None:
+        pos, toks = self.prepared[step.index]
+        lib = self.lib
+
+        def fill(batch):
+            for i, (seq, tok) in enumerate(toks):
+                idx = lib.llama_batch_ext_add_token(batch, seq, tok)
+                lib.llama_batch_ext_set_pos(batch, idx, pos + 4 * i)
+                lib.llama_batch_ext_set_output_logits(batch, idx, True)
+            lib.llama_set_causal_attn(self.ctx, self.causal)
+            return len(toks)
+        self._process(fill)
 
 
 def main(argv) -> int:
@@ -54,64 +131,15 @@ def main(argv) -> int:
         return 4
     mem = lib.llama_get_memory(ctx)
     n_vocab = lib.llama_vocab_n_tokens(lib.llama_model_get_vocab(mdl))
-    feats = {s.index: np.ascontiguousarray(sc.features(s, n_embd_inp)) for s in sc.steps if s.kind == "inject"}
-
-    # positions and feature rows are laid out once, as a C driver holds them in its own arrays;
-    # the timed part is what every step pays: filling the batch, llama_process, reading outputs.
-    # Hence a loop of its own rather than graphgen/play/player.py's walk, whose per-step dispatch and
-    # feature draws would land inside the timings.
-    mrope = meta["mrope"]
-    prepared = []
-    for step in sc.steps:
-        if step.kind == "inject":
-            p = np.arange(step.pos0, step.pos0 + step.n_tokens, dtype=np.int32)
-            pos = np.stack([p, p, p, np.zeros_like(p)] if mrope else [p] + [np.zeros_like(p)] * 3, axis=1)
-            x = feats[step.index]
-            rows = [{"data": ffi.cast("float *", x[i:].ctypes.data), "n_rows": 1, "n_embd": n_embd_inp}
-                    for i in range(step.n_tokens)]
-            prepared.append((ffi.new("llama_pos[]", pos.ravel().tolist()), rows, None))
-        elif step.kind == "block":
-            toks = [(b.seq, tok) for b in step.blocks for tok in b.tokens]
-            p = np.concatenate([np.arange(b.pos0, b.pos0 + len(b.tokens), dtype=np.int32) for b in step.blocks])
-            pos = np.stack([p] + [np.zeros_like(p)] * 3, axis=1)
-            prepared.append((ffi.new("llama_pos[]", pos.ravel().tolist()), None, toks))
-        else:
-            prepared.append(None)
+    feats = draw_features(sc, n_embd_inp)
+    engine = _Replay(ffi, lib, ctx, timer, sc, feats, n_embd_inp, n_vocab, meta)
 
     def replay() -> tuple[list[float], list[float]]:
         lib.llama_memory_clear(mem, True)
-        times, computes = [], []
-        for step, prep in zip(sc.steps, prepared):
-            if step.kind == "seq_rm":
-                lib.llama_memory_seq_rm(mem, step.seq, step.pos0, step.p1)
-                continue
-            pos, rows, toks = prep
-            c0 = timer.ns()
-            t0 = time.perf_counter()
-            batch = lib.llama_batch_ext_init(ctx)
-            n_out = 0
-            if step.kind == "inject":
-                for i, row in enumerate(rows):
-                    idx = lib.llama_batch_ext_add_embd(batch, step.seq, row)
-                    lib.llama_batch_ext_set_pos(batch, idx, pos + 4 * i)
-                lib.llama_set_causal_attn(ctx, True)
-            else:
-                for i, (seq, tok) in enumerate(toks):
-                    idx = lib.llama_batch_ext_add_token(batch, seq, tok)
-                    lib.llama_batch_ext_set_pos(batch, idx, pos + 4 * i)
-                    lib.llama_batch_ext_set_output_logits(batch, idx, True)
-                n_out = len(toks)
-                lib.llama_set_causal_attn(ctx, meta["causal"])
-            ret = lib.llama_process(ctx, lib.LLAMA_PROCESS_TYPE_DECODE, batch)
-            lib.llama_batch_ext_free(batch)
-            if ret != 0:
-                raise RuntimeError(f"llama_process returned {ret}")
-            if n_out:  # read the outputs, as a driver does
-                ptr = lib.llama_get_logits(ctx)
-                np.frombuffer(ffi.buffer(ptr, 4 * n_out * n_vocab), dtype=np.float32).copy()
-            times.append(time.perf_counter() - t0)
-            computes.append((timer.ns() - c0) * 1e-9)
-        return times, computes
+        engine.times, engine.computes = [], []
+        for _ in walk(sc, engine, features=feats):
+            pass
+        return engine.times, engine.computes
 
     for line in sys.stdin:
         cmd = line.strip()

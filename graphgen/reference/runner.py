@@ -239,7 +239,7 @@ class _Played(Engine):
         # LiliCorr's blocks carry the context features of the row before them
         self.carries_context = bool(rc.meta["lilicorr"])
 
-    def seq_rm(self, step) -> None:
+    def seq_rm(self, step, inputs) -> None:
         self.rc.seq_rm(step.seq, step.pos0, step.p1)
 
     def _process(self, step, features=None, states=None) -> None:

@@ -103,6 +103,8 @@ class DraftRequest:
     # the caller's cap on this draft (-1: none): the server's room left in the context and in -n;
     # the block is still the driver's n_max, its draft cut to this afterwards
     n_max: int = -1
+    # dflash_generate's edges instead: the block itself shrinks to the cap
+    shrink_block: bool = False
     result: list = field(default_factory=list)
     # per drafted token: [(token, score, p), ...] over the candidates (DFlash2 sampling)
     result_q: list | None = None
@@ -118,7 +120,10 @@ class DFlashOptions:
 
 
 def _meta_value(model, key: str):
-    """A GGUF metadata value as llama_model_meta_val_str sees it (None when absent)."""
+    """A GGUF metadata value as llama_model_meta_val_str sees it (None when absent); a draft with no
+    GGUF (the authors' checkpoint, speculative/torch_draft.py) gives its values in `meta`."""
+    if isinstance(getattr(model, "meta", None), dict):
+        return model.meta.get(key)
     reader = getattr(model, "_reader", None)
     if reader is None:
         return None
@@ -272,7 +277,14 @@ class DFlashDrafter:
 
     def block_tokens(self, dp: DraftRequest) -> int:
         """How many tokens this sequence's noise block has."""
-        return self.params.n_max + 1
+        return self.block_n_max(dp) + 1
+
+    def block_n_max(self, dp: DraftRequest) -> int:
+        """The predictions a block holds: the driver's n_max, or the request's cap where the block
+        shrinks to it (dflash_generate's edges)."""
+        if dp.shrink_block and 0 < dp.n_max < self.params.n_max:
+            return dp.n_max
+        return self.params.n_max
 
     def embd_state(self, seq: int, dp: DraftRequest, n: int):
         return None
@@ -381,7 +393,7 @@ class DSparkDrafter(DFlashDrafter):
                                 True, True, True))
 
     def block_tokens(self, dp):
-        return self.params.n_max + (0 if self.sample_from_anchor else 1)
+        return self.block_n_max(dp) + (0 if self.sample_from_anchor else 1)
 
     def read_draft(self, seq, dp, logits, h_nextn):
         p = self.params
@@ -622,7 +634,8 @@ def create_drafter(session, spec_types=None, params: DraftParams | None = None) 
     draft's head."""
     model = session.model
     if spec_types is None or spec_types == [] or spec_types == "":
-        types = types_from_gguf(model.path)
+        # a draft without a GGUF (speculative/torch_draft.py) names its own
+        types = getattr(model, "spec_types", None) or types_from_gguf(model.path)
     else:
         types = types_from_names(spec_types)
     fam = check_types(types)

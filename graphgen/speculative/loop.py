@@ -240,7 +240,8 @@ def run_speculative(drafter: DFlashDrafter, sequences, *, n_predict: int = 32, v
 
     edges "simple" runs llama-speculative-simple's edges instead (a real target only): each prompt
     but its last token is prefilled, that token drafts the first round, every round keeps its whole
-    accepted run, and a sequence stops once past n_predict tokens.
+    accepted run, and a sequence stops once past n_predict tokens. edges "authors" runs
+    dflash_generate's: a round drafts up to all the tokens left, its block shrunk to them.
     """
     t_start = time.perf_counter()
     hp = drafter.session.hparams
@@ -265,8 +266,8 @@ def run_speculative(drafter: DFlashDrafter, sequences, *, n_predict: int = 32, v
                                     f"prompt tokens, n_predict {n_predict} and n_max {drafter.n_max} need {need}")
         verifier.attach(seq, prompt, feats)
         state[seq] = {"tokens": list(prompt), "n_prompt": len(prompt)}
-    if edges not in ("server", "simple"):
-        raise GraphgenError(f"edges must be server or simple, got {edges!r}")
+    if edges not in ("server", "simple", "authors"):
+        raise GraphgenError(f"edges must be server, simple or authors, got {edges!r}")
     simple = edges == "simple"
     if simple and getattr(verifier, "simulated", True):
         raise GraphgenError("llama-speculative-simple's edges need a real target verifying (-m TARGET -md DRAFT)")
@@ -302,13 +303,14 @@ def run_speculative(drafter: DFlashDrafter, sequences, *, n_predict: int = 32, v
         reqs = {}
         for seq in active:
             st = state[seq]
-            # server_slot::get_n_draft_max: room for the draft, the target's token and one cell spare
-            cap = n_predict - st["generated"] - 1
+            # server_slot::get_n_draft_max: room for the draft, the target's token and one cell spare;
+            # dflash_generate drafts up to all the tokens left
+            cap = n_predict - st["generated"] - (0 if edges == "authors" else 1)
             if n_ctx is not None:
                 cap = min(cap, n_ctx - len(st["tokens"]) - 2)
             reqs[seq] = DraftRequest(id_last=st["id_last"], pos0=len(st["tokens"]), temp=temp, seed=seed,
                                      want_q=drafter.params.probabilistic, n_max=max(cap, 0),
-                                     drafting=cap > 0)
+                                     drafting=cap > 0, shrink_block=edges == "authors")
         t0 = time.perf_counter()
         drafts = drafter.draft(reqs) if any(dp.drafting for dp in reqs.values()) else {}
         t_draft = time.perf_counter() - t0

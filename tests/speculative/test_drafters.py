@@ -28,7 +28,7 @@ from graphgen.speculative.drafters import (
     types_from_gguf,
     types_from_names,
 )
-from graphgen.speculative.loop import SimulatedVerifier, open_drafter, run_speculative
+from graphgen.speculative.loop import RecordingSession, SimulatedVerifier, open_drafter, run_speculative
 from graphgen.errors import GraphgenError
 from graphgen.runtime.mt19937 import MT19937, uniform_real
 from graphgen.runtime.session import Session
@@ -750,6 +750,38 @@ def test_n_predict_is_exact(variant, accept, tiny):
                 if last.bonus < 0:
                     assert len(toks) == last.pos0 + 1 + last.n_accepted
                     assert d.seq_pos_max(0) == len(toks) - 1
+
+
+@pytest.mark.parametrize("variant", ["dflash", "dspark"])
+def test_the_authors_edges_shrink_the_block_to_the_tokens_left(variant, tiny):
+    """dflash_generate's edges: a round drafts up to every token left (not one fewer), in a block
+    shrunk to them, whose rows are the block graphgen runs; a whole accepted last draft ends the run
+    without the target's token."""
+    with Session(tiny[variant], n_ctx=256) as s:
+        d = create_drafter(s, None, DraftParams(n_max=3))
+        rec = RecordingSession(s)
+        d.session = rec
+        feats = prompt_features(s, 80, seed=5)
+        prompt = list(range(1, 7))
+        dropped = 0
+        for n in (2, 3, 5, 9):
+            d.seq_rm(0, 0, -1)
+            rec.steps.clear()
+            ver = SimulatedVerifier(accept=[-1], n_vocab=s.hparams.n_vocab, mask_token=d.mask_token_id, seed=1)
+            res = run_speculative(d, [(prompt, feats)], n_predict=n, verifier=ver, edges="authors")
+            left = [n - (r.pos0 - len(prompt) + 1) for r in res.rounds]
+            assert [len(r.draft) for r in res.rounds] == [min(3, k) for k in left], n
+            extra = 0 if variant == "dspark" and d.sample_from_anchor else 1
+            blocks = [st["block"]["seqs"][0]["tokens"] for st in rec.steps if "block" in st]
+            assert [len(b) for b in blocks] == [min(3, k) + extra for k in left], n
+            assert len(res.tokens[0]) - len(prompt) == n
+            # a last round that drafted all that was left, all accepted, has no target token after it
+            last = res.rounds[-1]
+            assert (last.bonus == -1) == (len(last.draft) == left[-1]), n
+            dropped += last.bonus == -1
+        assert dropped == 2   # n 2 and 3
+        with pytest.raises(GraphgenError, match="server, simple or authors"):
+            run_speculative(d, [(prompt, feats)], n_predict=4, edges="zlab")
 
 
 def test_target_tokens_running_out_says_so(tiny):
