@@ -138,7 +138,8 @@ AUTHORS_COMPARE = ("tests/authors/test_authors_compare.py",)
 CONVERT = ("tests/authors/test_authors_convert.py",)
 
 IMPORT_VALUES = ("tests/compare/test_import_values.py",)
-CHECK_BATCH = ("tests/reference/test_check_batch.py",)
+CHECK_BATCH = ("tests/checkbatch/test_plan.py", "tests/checkbatch/test_engines.py", "tests/checkbatch/test_matching.py",
+               "tests/checkbatch/test_measure.py", "tests/checkbatch/test_results.py", "tests/checkbatch/test_check.py")
 LOOP = ("tests/speculative/test_llamaloop.py",)
 LOOP_UNIT = ("tests/speculative/test_llamaloop.py::test_compare_names_the_earliest_parting_and_refuses_nothing",)
 
@@ -563,7 +564,7 @@ MUTATIONS = [
     # --- check-batch: cutting a sequence's rows, NMSE, the cache views, own cache, parity; the mask's batch code ---
     Mutation("checkbatch_offset_ignored", "rows_of", "((n_tokens, n_alone, offset), (n_seq, 1, i))",
              "((n_tokens, n_alone, 0), (n_seq, 1, i))", CHECK_BATCH),
-    Mutation("checkbatch_nmse_of_the_batched_side", "graphgen/checkbatch.py:_nmse",
+    Mutation("checkbatch_nmse_of_the_batched_side", "graphgen/checkbatch/measure.py:_nmse",
              "compare_values(alone, batched)", "compare_values(batched, alone)", CHECK_BATCH),
     Mutation("checkbatch_bits_as_allclose", "_same_bits",
              "np.array_equal(a.view(np.uint32), b.view(np.uint32))", "np.allclose(a, b)", CHECK_BATCH),
@@ -590,7 +591,7 @@ MUTATIONS = [
     Mutation("checkbatch_exit_0_on_a_dependence", "Report.exit_code",
              "return 1 if self.engines_differ() or any(self.dependent(e) for e in self.engines) else 0",
              "return 1 if self.engines_differ() else 0", CHECK_BATCH),
-    Mutation("checkbatch_default_is_the_sweep", "graphgen/checkbatch.py", "DEFAULT_N_SEQ = (4,)",
+    Mutation("checkbatch_default_is_the_sweep", "graphgen/checkbatch/check.py", "DEFAULT_N_SEQ = (4,)",
              "DEFAULT_N_SEQ = (1, 2, 4, 8, 16)", CHECK_BATCH),
     Mutation("checkbatch_reports_ggml_auto_names", "node_label", "if not is_auto_name(node.name):", "if True:",
              CHECK_BATCH),
@@ -961,9 +962,9 @@ MUTATIONS = [
     Mutation("shipped_check_batch_names_draft_gguf", "graphgen/cli/checkbatch.py:_cmd_check_batch",
              "report.model = draft_label(given)", "pass",
              ("tests/speculative/test_targets.py::test_the_draft_argument_takes_a_folder_holding_draft_gguf",)),
-    Mutation("shallow_target_default_layers_repeat", "graphgen/synth.py:_make_model",
+    Mutation("shallow_target_default_layers_repeat", "graphgen/synth/model.py:_make_model",
              "len(set(target_layers)) == len(target_layers) and", "",
-             ("tests/models/test_synth.py::test_a_target_too_shallow_for_the_default_layers_needs_them_given",
+             ("tests/synth/test_model.py::test_a_target_too_shallow_for_the_default_layers_needs_them_given",
               "tests/speculative/test_pair.py::test_make_model_for_a_shallow_target_asks_for_its_layers")),
     Mutation("bench_output_folder_found_after_the_runs", "graphgen/staging.py:check_output",
              "if path.is_dir():", "if False:",
