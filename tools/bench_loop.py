@@ -153,7 +153,7 @@ def main() -> int:
         cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    print(f"### The loop against llama.cpp's own (b11549)\n")
+    print("### The loop against llama.cpp's own (b11549)\n")
     print(f"`python tools/bench_loop.py --target {args.target} --draft {args.draft} -n {args.n} --repeat "
           f"{args.repeat} --threads {args.threads} --spec-draft-n-max {args.spec_draft_n_max}` on "
           f"{time.strftime('%Y-%m-%d')}: {cpu}, {os.cpu_count()} cores\n")

@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from ..errors import GraphgenError
-from .compare import AUTHORS, Divergence, EngineRun
+from .compare import AUTHORS, Divergence, EngineRun, first_divergence
 
 FEATURES, DRAFT, SAMPLING, VERIFICATION = "target features", "draft forward", "sampling", "verification"
 STAGES = (FEATURES, DRAFT, SAMPLING, VERIFICATION)
@@ -139,32 +139,9 @@ def _verified(r: dict, o: dict) -> int:
 
 
 def first_parting(a: EngineRun, c: EngineRun) -> Divergence | None:
-    """The first (prompt, round, position) where two loops' rounds part: the anchor, a drafted token
-    at a position both verified, the accepted count, or the target's token; None if none does.
-    Unlike compare.first_divergence, a block the authors' loop shrank to what -n leaves is
-    compared on its common length."""
-    for p in range(max(len(a.rounds), len(c.rounds))):
-        ra = a.rounds[p] if p < len(a.rounds) else []
-        rc = c.rounds[p] if p < len(c.rounds) else []
-        for k in range(max(len(ra), len(rc))):
-            if k >= len(ra) or k >= len(rc):
-                longer = a.engine if k < len(ra) else c.engine
-                return Divergence(p, k, None, f"only {longer} ran this round", "round")
-            x, y = ra[k], rc[k]
-            if x["id_last"] != y["id_last"] or x["pos0"] != y["pos0"]:
-                return Divergence(p, k, None, f"the round starts from token {x['id_last']} at {x['pos0']} in "
-                                              f"{a.engine}, {y['id_last']} at {y['pos0']} in {c.engine}", "anchor")
-            for i in range(_verified(x, y)):
-                if x["draft"][i] != y["draft"][i]:
-                    return Divergence(p, k, i + 1, f"{a.engine} drafted token {x['draft'][i]}, "
-                                                   f"{c.engine} token {y['draft'][i]}", "draft")
-            if x["n_accepted"] != y["n_accepted"]:
-                return Divergence(p, k, min(x["n_accepted"], y["n_accepted"]) + 1,
-                                  f"{a.engine} accepted {x['n_accepted']}, {c.engine} {y['n_accepted']}", "accepted")
-            if x["bonus"] != y["bonus"]:
-                return Divergence(p, k, x["n_accepted"] + 1, f"the target's token is {x['bonus']} in {a.engine}, "
-                                                              f"{y['bonus']} in {c.engine}", "target")
-    return None
+    """The first (prompt, round, position) where two loops' rounds part (compare.first_divergence),
+    a drafted token compared only at a position both verified."""
+    return first_divergence(a, c, verified=_verified)
 
 
 # -- the passes ---------------------------------------------------------------------------------

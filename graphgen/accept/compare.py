@@ -153,10 +153,13 @@ class Divergence:
         return f"{where}: {self.what}"
 
 
-def first_divergence(a, b) -> Divergence | None:
-    """The first (prompt, round, position) where two engines' runs (EngineRun or its dict) draft a
-    different token, accept a different count or see a different target token; None if every
-    round agrees."""
+def first_divergence(a, b, verified=None) -> Divergence | None:
+    """The first (prompt, round, position) where two engines' runs (EngineRun or its dict) start a
+    round elsewhere, draft a different token, accept a different count or see a different target
+    token; None if every round agrees. `verified(x, y)`: how many drafted positions of two rounds to
+    compare (attribute's: the positions both targets verified, so that a block the authors' loop
+    shrank to what -n leaves is compared on its common length); by default every one, a token one
+    side lacks a difference."""
     a = a if isinstance(a, EngineRun) else EngineRun.from_dict(a)
     b = b if isinstance(b, EngineRun) else EngineRun.from_dict(b)
     for p in range(max(len(a.rounds), len(b.rounds))):
@@ -165,28 +168,35 @@ def first_divergence(a, b) -> Divergence | None:
         for k in range(max(len(ra), len(rb))):
             if k >= len(ra) or k >= len(rb):
                 longer = a.engine if k < len(ra) else b.engine
-                return Divergence(p, k, None, f"only {longer} ran this round")
+                return Divergence(p, k, None, f"only {longer} ran this round", "round")
             x, y = ra[k], rb[k]
-            if x.get("id_last") is not None and y.get("id_last") is not None and x["id_last"] != y["id_last"]:
-                return Divergence(p, k, None, f"the round starts from token {x['id_last']} in {a.engine}, "
-                                              f"{y['id_last']} in {b.engine}")
+            if _differ(x, y, "id_last") or _differ(x, y, "pos0"):
+                return Divergence(p, k, None, f"the round starts from token {x.get('id_last')} at {x.get('pos0')} in "
+                                              f"{a.engine}, {y.get('id_last')} at {y.get('pos0')} in {b.engine}", "anchor")
             dx, dy = x.get("draft"), y.get("draft")
             if dx is not None and dy is not None:
-                for i in range(max(len(dx), len(dy))):
+                for i in range(verified(x, y) if verified else max(len(dx), len(dy))):
                     tx = dx[i] if i < len(dx) else None
                     ty = dy[i] if i < len(dy) else None
                     if tx != ty:
-                        return Divergence(p, k, i + 1, f"{a.engine} drafted {_tok(tx)}, {b.engine} {_tok(ty)}")
+                        return Divergence(p, k, i + 1, f"{a.engine} drafted {_tok(tx)}, {b.engine} {_tok(ty)}", "draft")
             elif x["n_drafted"] != y["n_drafted"]:
                 n = min(x["n_drafted"], y["n_drafted"]) + 1
-                return Divergence(p, k, n, f"{a.engine} drafted {x['n_drafted']} tokens, {b.engine} {y['n_drafted']}")
+                return Divergence(p, k, n, f"{a.engine} drafted {x['n_drafted']} tokens, {b.engine} {y['n_drafted']}",
+                                  "draft")
             if x["n_accepted"] != y["n_accepted"]:
                 return Divergence(p, k, min(x["n_accepted"], y["n_accepted"]) + 1,
-                                  f"{a.engine} accepted {x['n_accepted']}, {b.engine} {y['n_accepted']}")
-            if x.get("bonus") is not None and y.get("bonus") is not None and x["bonus"] != y["bonus"]:
+                                  f"{a.engine} accepted {x['n_accepted']}, {b.engine} {y['n_accepted']}", "accepted")
+            if _differ(x, y, "bonus"):
                 return Divergence(p, k, x["n_accepted"] + 1,
-                                  f"the target's token is {x['bonus']} in {a.engine}, {y['bonus']} in {b.engine}")
+                                  f"the target's token is {x['bonus']} in {a.engine}, {y['bonus']} in {b.engine}",
+                                  "target")
     return None
+
+
+def _differ(x: dict, y: dict, key: str) -> bool:
+    """Both rounds record `key` and disagree on it (an engine that records none is not compared)."""
+    return x.get(key) is not None and y.get(key) is not None and x[key] != y[key]
 
 
 def _tok(t) -> str:
@@ -305,13 +315,14 @@ def _run_engine(engine, target, draft, prompts_text, n_predict, temp, seed, n_se
 
 
 def trained_n_max(draft: Path) -> int:
-    """What one block of the draft drafts: its block size, less the anchor slot unless a DSpark
-    head predicts from it (the cap the drivers put on n_max)."""
+    """What one block of the draft drafts: its block size, less the anchor slot unless a head whose
+    anchor row may draft (DSpark) predicts from it (the cap the drivers put on n_max)."""
     from ..ggufile import field_value, open_reader
     from ..speculative.pair import draft_info
+    from ..models.arch import HEADS
     info = draft_info(draft)
     block = info.block_size or 16
-    if info.head == "dspark":
+    if HEADS[info.head].anchor_row:
         sfa = field_value(open_reader(draft), "dflash.sample_from_anchor")
         if sfa is None or str(sfa).lower() == "true":   # a GGUF bool, or the string upstream compares
             return block

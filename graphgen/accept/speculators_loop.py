@@ -100,7 +100,7 @@ def draft_tokens(draft, hidden, anchor: int):
     from ..authors.forward import dspark_heads
     full, raw = draft.logits(hidden)
     logits, conf = full[0].float().numpy(), None
-    if draft.variant == "dspark":
+    if draft.head.markov:
         logits, conf = dspark_heads(draft, hidden, full, raw, int(anchor))
     if conf is None:
         conf = np.full(len(logits), np.nan, np.float32)
@@ -145,7 +145,7 @@ def generate(target, draft, prompt: list[int], n_predict: int, stop_token_ids=No
     tgt = TransformersTarget(target, draft.target_layers, stop_token_ids or ())
     # the trained block (n_max None), every drafted token kept unless p_min cuts the draft
     drafter = create_drafter(session, None, DraftParams(n_max=None, p_min=float(p_min)))
-    first = 0 if draft.variant == "dspark" and draft.sample_from_anchor else 1
+    first = 0 if draft.head.anchor_row and draft.sample_from_anchor else 1
     observed, confidences = [], []
 
     def heard(rec):

@@ -28,25 +28,16 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ..models.arch import HEADS
 from . import AuthorsError, require_torch
+from .folder import AUTHORS, CLASSES, HF_VARIANTS, authors_class
 
-AUTHORS = ("zlab", "speculators")
-HF_VARIANTS = ("dflash", "dflash2", "dspark")
-# the authors' classes per (authors, variant); z-lab has no DSpark
-CLASSES = {
-    ("zlab", "dflash"): "DFlashDraftModel",
-    ("zlab", "dflash2"): "DFlash2DraftModel",
-    ("speculators", "dflash"): "DFlashDraftModel",
-    ("speculators", "dflash2"): "DFlash2DraftModel",
-    ("speculators", "dspark"): "DSparkDraftModel",
-}
 _AUTHORS_NAMES = {"zlab": "z-lab", "speculators": "speculators"}
-_VARIANT_NAMES = {"dflash": "DFlash", "dflash2": "DFlash2", "dspark": "DSpark"}
 
 
 def label(authors: str, variant: str) -> str:
     """How every command names an authors' class: 'speculators DSpark (DSparkDraftModel)'."""
-    return f"{_AUTHORS_NAMES[authors]} {_VARIANT_NAMES[variant]} ({CLASSES[(authors, variant)]})"
+    return f"{_AUTHORS_NAMES[authors]} {HEADS[variant].title} ({CLASSES[(authors, variant)]})"
 
 
 @dataclass
@@ -96,8 +87,9 @@ class HFSpec:
         s = HFSpec(**asdict(self))
         if s.variant not in HF_VARIANTS:
             raise AuthorsError(f"--variant {s.variant}: the authors' formats have {', '.join(HF_VARIANTS)}")
+        head = HEADS[s.variant]
         if s.authors is None:
-            s.authors = "speculators" if s.variant == "dspark" else "zlab"
+            s.authors = head.authors[0]
         if s.authors not in AUTHORS:
             raise AuthorsError(f"--authors {s.authors}: expected one of {', '.join(AUTHORS)}")
         if (s.authors, s.variant) not in CLASSES:
@@ -115,9 +107,9 @@ class HFSpec:
             raise AuthorsError(f"--target-layers {s.target_layers}: the target has {s.n_target_layers} layers")
         if s.n_head % s.n_head_kv:
             raise AuthorsError(f"--heads {s.n_head} is not a multiple of --heads-kv {s.n_head_kv}")
-        if s.variant == "dflash2" and s.n_embd % s.conv_group:
+        if head.selector and s.n_embd % s.conv_group:
             raise AuthorsError(f"--conv-group {s.conv_group} does not divide --n-embd {s.n_embd}")
-        if s.d2t_vocab is not None and s.variant != "dspark":
+        if s.d2t_vocab is not None and not head.draft_vocab:
             raise AuthorsError("--d2t-vocab: only the speculators DSpark format carries a draft vocabulary here")
         if s.d2t_vocab is not None and not 0 < s.d2t_vocab <= s.n_vocab:
             raise AuthorsError(f"--d2t-vocab {s.d2t_vocab} must be in 1..{s.n_vocab}")
@@ -125,7 +117,7 @@ class HFSpec:
             raise AuthorsError(f"--swa-pattern has {len(s.swa_pattern)} entries for {s.n_layer} layers")
         if s.swa_pattern is not None and any(s.swa_pattern) and not s.swa_window:
             raise AuthorsError("--swa-pattern needs --swa-window")
-        if not s.conf_with_markov and s.variant != "dspark":
+        if not s.conf_with_markov and not head.confidence:
             raise AuthorsError("--conf-markov: only the speculators DSpark format has a confidence head")
         return s
 
@@ -220,15 +212,14 @@ def _zlab_model(s: HFSpec):
     import dflash.model as zm
     dflash_config = {"mask_token_id": s.mask_token_id, "block_size": s.block_size,
                      "target_layer_ids": [t - 1 for t in s.target_layers], **_output_settings(s)}
-    if s.variant == "dflash2":
+    if HEADS[s.variant].selector:
         dflash_config.update(conv_kernel_size=s.conv_kernel, conv_group_size=s.conv_group,
                              selector_rank=s.selector_rank, selector_top_k=s.selector_top_k)
     extra = {} if s.causal is None else {"is_causal": s.causal}
     cfg = Qwen3Config(**_qwen3_config_kwargs(s, s.n_layer), **_layer_types(s), **extra, **_layer_settings(s),
                       num_target_layers=s.n_target_layers, dflash_config=dflash_config,
                       architectures=[s.class_name])
-    cls = zm.DFlash2DraftModel if s.variant == "dflash2" else zm.DFlashDraftModel
-    return cls(cfg)
+    return getattr(zm, CLASSES[("zlab", s.variant)])(cfg)
 
 
 def _speculators_model(s: HFSpec, target_dir: Path):
@@ -239,7 +230,7 @@ def _speculators_model(s: HFSpec, target_dir: Path):
     tl = Qwen3Config(**_qwen3_config_kwargs(s, s.n_layer), **_layer_types(s), **_layer_settings(s))
     # the authors' inference runs without flex attention's compiled masks (CPU, no torch.compile)
     tl._attn_implementation = "sdpa"
-    sample_from_anchor = s.sample_from_anchor if s.variant == "dspark" else False
+    sample_from_anchor = s.sample_from_anchor if HEADS[s.variant].anchor_row else False
     common = dict(transformer_layer_config=tl, draft_vocab_size=s.d2t_vocab or s.n_vocab,
                   block_size=s.block_size, aux_hidden_state_layer_ids=list(s.target_layers),
                   mask_token_id=s.mask_token_id, sample_from_anchor=sample_from_anchor,
@@ -249,22 +240,19 @@ def _speculators_model(s: HFSpec, target_dir: Path):
                           speculative_tokens=s.block_size if sample_from_anchor else s.block_size - 1)],
                       default_proposal_method="greedy",
                       verifier=VerifierConfig.from_pretrained(str(target_dir))))
-    if s.variant == "dspark":
-        from speculators.models.dspark.config import DSparkSpeculatorConfig
-        from speculators.models.dspark.core import DSparkDraftModel
-        cfg = DSparkSpeculatorConfig(**common, markov_rank=s.markov_rank, enable_confidence_head=s.conf,
-                                     confidence_head_with_markov=s.conf_with_markov)
-        model = DSparkDraftModel(cfg)
-    elif s.variant == "dflash2":
-        from speculators.models.dflash2.config import DFlash2SpeculatorConfig
-        from speculators.models.dflash2.core import DFlash2DraftModel
-        cfg = DFlash2SpeculatorConfig(**common, conv_kernel_size=s.conv_kernel, conv_group_size=s.conv_group,
-                                      selector_rank=s.selector_rank, selector_top_k=s.selector_top_k)
-        model = DFlash2DraftModel(cfg)
-    else:
-        from speculators.models.dflash.config import DFlashSpeculatorConfig
-        from speculators.models.dflash.core import DFlashDraftModel
-        model = DFlashDraftModel(DFlashSpeculatorConfig(**common))
+    # speculators' config class per head, with what the head adds to it
+    import importlib
+    head = HEADS[s.variant]
+    config_class = getattr(importlib.import_module(f"speculators.models.{s.variant}.config"),
+                           f"{head.title}SpeculatorConfig")
+    extra = {}
+    if head.markov:
+        extra = dict(markov_rank=s.markov_rank, enable_confidence_head=s.conf,
+                     confidence_head_with_markov=s.conf_with_markov)
+    elif head.selector:
+        extra = dict(conv_kernel_size=s.conv_kernel, conv_group_size=s.conv_group,
+                     selector_rank=s.selector_rank, selector_top_k=s.selector_top_k)
+    model = authors_class("speculators", s.variant)(config_class(**common, **extra))
     if s.d2t_vocab is not None and s.d2t_vocab < s.n_vocab:
         gen = torch.Generator().manual_seed(s.seed + 2)
         # the draft vocabulary: a sorted random subset of the target's; d2t holds offsets

@@ -16,7 +16,14 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..models.arch import HEADS
 from . import AuthorsError
+
+AUTHORS = ("zlab", "speculators")
+# the heads an authors' format holds, as the head registry declares them (z-lab has no DSpark)
+HF_VARIANTS = tuple(sorted(h.name for h in HEADS.values() if h.authors))
+# the authors' classes per (authors, variant)
+CLASSES = {(a, v): f"{HEADS[v].title}DraftModel" for v in HF_VARIANTS for a in HEADS[v].authors}
 
 # DFlash-family architectures: those the authors' PyPI packages hold a class for, and the DSpark
 # variants only llama.cpp's converter knows
@@ -156,16 +163,12 @@ def inspect(path, *, shapes: bool = True) -> Checkpoint:
 
 
 def authors_class(authors: str, variant: str):
-    if authors == "zlab":
-        import dflash.model as zm
-        return zm.DFlash2DraftModel if variant == "dflash2" else zm.DFlashDraftModel
-    if variant == "dspark":
-        from speculators.models.dspark.core import DSparkDraftModel as cls
-    elif variant == "dflash2":
-        from speculators.models.dflash2.core import DFlash2DraftModel as cls
-    else:
-        from speculators.models.dflash.core import DFlashDraftModel as cls
-    return cls
+    """The authors' class of a checkpoint: z-lab's in dflash.model, speculators' in
+    speculators.models.<variant>.core, named as CLASSES names it."""
+    import importlib
+    name = CLASSES[(authors, variant)]
+    module = "dflash.model" if authors == "zlab" else f"speculators.models.{variant}.core"
+    return getattr(importlib.import_module(module), name)
 
 
 def shape_mismatch(ck: Checkpoint) -> str | None:

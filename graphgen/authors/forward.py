@@ -37,6 +37,7 @@ import numpy as np
 
 from .. import __version__
 from ..dump.format import Node, provenance, write_dump
+from ..models.arch import HEADS
 from ..play.scenario import Scenario
 from ..play.player import Engine, play
 from . import AuthorsError, quiet_transformers, require_torch
@@ -77,6 +78,7 @@ class AuthorsDraft:
         ck = inspect(self.hf_dir)
         _require_authors(ck)
         self.authors, self.variant, self.config = ck.authors, ck.variant, ck.config
+        self.head = HEADS[self.variant]
         self._checkpoint = ck
         target = Path(target_dir) if target_dir is not None else self.hf_dir / "target"
         try:
@@ -152,7 +154,7 @@ class AuthorsDraft:
         self.d2t = None
         if m.use_draft_vocab:
             self.d2t = (m.d2t.long() + torch.arange(m.d2t.shape[0])).numpy()
-        if self.variant == "dspark" and m.markov_head is not None and m.markov_head.head_type != "vanilla":
+        if self.head.markov and m.markov_head is not None and m.markov_head.head_type != "vanilla":
             raise AuthorsError(f"{self.hf_dir}/config.json: 'markov_head_type' {m.markov_head.head_type!r}: "
                                "llama.cpp reads only the vanilla Markov head")
 
@@ -510,9 +512,9 @@ class TorchEngine:
             with torch.no_grad():
                 full, raw = d.logits(hidden)
                 vals["result_output"] = _rows(full)
-                if d.variant == "dspark":
+                if d.head.markov:
                     self._dspark_heads(vals, hidden, full, raw, tokens)
-                elif d.variant == "dflash2":
+                elif d.head.selector:
                     vals["[selector path]"] = self._selector_path(hidden, full, raw, tokens)
             per_seq.append(vals)
         merged = {k: np.concatenate([v[k] for v in per_seq]) for k in per_seq[0]}
@@ -613,7 +615,7 @@ class _Played(Engine):
         for b in step.blocks:
             if max(b.tokens) >= d.n_vocab:
                 raise AuthorsError(f"token {max(b.tokens)} is outside the vocabulary of {d.n_vocab}")
-        if d.variant in ("dspark", "dflash2") and len({len(b.tokens) for b in step.blocks}) > 1:
+        if d.head.equal_blocks and len({len(b.tokens) for b in step.blocks}) > 1:
             raise AuthorsError(f"the {d.variant} heads need equal-size blocks")
         self.eng.block(self.index, [(b.seq, b.tokens, b.pos0) for b in step.blocks])
 
@@ -630,7 +632,7 @@ def run_scenario_torch(hf_dir, scenario: Scenario, out=None, target_dir=None, pr
     if out is not None:
         header = torch_header(draft, scenario, scenario_path)
         header["source"]["hf_dir"] = str(draft.hf_dir.resolve())
-        if draft.variant == "dflash2":
+        if draft.head.selector:
             # the lattice's row layout on the ggml side depends on it
             sel = draft.model.candidate_selector
             header["source"]["selector_top_k"] = int(sel.top_k)

@@ -90,8 +90,10 @@ def _cmd_accept(args) -> int:
     if LLAMA_LOOP in engines:
         from ..speculative import llamaloop
         from .. import progress
-        if draft_info(draft).head == "lilicorr":
-            raise GraphgenError(f"--engines {LLAMA_LOOP}: llama.cpp {llamaloop.BUILD} has no LiliCorr driver")
+        from ..models.arch import HEADS
+        head = HEADS[draft_info(draft).head]
+        if not head.llama_loop:
+            raise GraphgenError(f"--engines {LLAMA_LOOP}: llama.cpp {llamaloop.BUILD} has no {head.title} driver")
         # every engine's target on the loop's build, before any of them loads a libllama
         llamaloop.share_build(llamaloop.ensure_build(progress.note), f"--engines {LLAMA_LOOP}")
     runs = run_engines(target, draft, texts, n_predict=args.n_predict, engines=engines, temp=args.temp,

@@ -28,9 +28,11 @@ def make_hf_from_args(args: argparse.Namespace) -> int:
     if given:
         raise ValueError(f"{_flag(given[0])} has no counterpart in the authors' checkpoint formats "
                          "(--format hf takes the size, attention, DFlash2 and DSpark flags)")
-    if args.variant not in ("dflash", "dflash2", "dspark"):
-        raise ValueError(f"--variant {args.variant}: the authors' packages have DFlash, DFlash2 and DSpark "
-                         "(no LiliCorr on PyPI)")
+    from ..authors.checkpoint import HF_VARIANTS
+    from ..models.arch import HEADS
+    if args.variant not in HF_VARIANTS:
+        raise ValueError(f"--variant {args.variant}: the authors' packages have {', '.join(HF_VARIANTS)} "
+                         "(no other head on PyPI)")
     spec = HFSpec(variant=args.variant, authors=args.authors, seed=args.seed, rope_theta=args.rope_freq_base,
                   rms_eps=args.rms_eps, conf=args.conf)
     for dest, field in (("n_embd", "n_embd"), ("layers", "n_layer"), ("heads", "n_head"), ("heads_kv", "n_head_kv"),
@@ -42,7 +44,7 @@ def make_hf_from_args(args: argparse.Namespace) -> int:
         v = getattr(args, dest, None)
         if v is not None:
             setattr(spec, field, v)
-    if args.variant == "dspark" and args.d2t_vocab is None:
+    if HEADS[args.variant].draft_vocab and args.d2t_vocab is None:
         # a draft vocabulary, as speculators trains them, so that the default DSpark carries its own
         # head and d2t (--d2t-vocab VOCAB: a full-vocabulary one, which borrows the target's head)
         spec.d2t_vocab = spec.n_vocab * 3 // 4

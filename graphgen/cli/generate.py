@@ -247,11 +247,15 @@ def _llama_loop_build(args, draft: Path):
     """--llama-loop: llama.cpp's loop program (built once), and both targets on its libllama."""
     from ..speculative import llamaloop
     from .. import progress
+    from ..models.arch import HEADS
     from ..speculative.pair import draft_info
-    if args.spec_type and "lilicorr" in args.spec_type or draft_info(draft).head == "lilicorr":
-        raise GraphgenError(f"--llama-loop: llama.cpp {llamaloop.BUILD} has no LiliCorr driver to compare with (its "
-                            "common/speculative.cpp has DFlash, DFlash2 and DSpark); LiliCorr's driver is checked "
-                            "against the seed's")
+    asked = [h for h in HEADS.values() if args.spec_type and h.spec_type in args.spec_type]
+    head = asked[0] if asked else HEADS[draft_info(draft).head]
+    if not head.llama_loop:
+        has = ", ".join(h.title for h in sorted(HEADS.values(), key=lambda h: h.name) if h.llama_loop)
+        raise GraphgenError(f"--llama-loop: llama.cpp {llamaloop.BUILD} has no {head.title} driver to compare with "
+                            f"(its common/speculative.cpp has {has}); {head.title}'s driver is checked against "
+                            "the seed's")
     build = llamaloop.ensure_build(progress.note)
     llamaloop.share_build(build, "--llama-loop")
     return build

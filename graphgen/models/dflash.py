@@ -329,4 +329,4 @@ class GraphEncoder(GraphContext):
 
 
 # the plain head: what a draft is when no other head's marker is there
-HEAD = Head("dflash", "draft-dflash", GraphDFlash, on_backbones=True)
+HEAD = Head("dflash", "draft-dflash", GraphDFlash, on_backbones=True, authors=("zlab", "speculators"), title="DFlash")

@@ -171,4 +171,5 @@ HEAD = Head("dflash2", "draft-dflash2", GraphDFlash2, marker_tensor="selector_hi
             load_tensors=lambda hp, info: load_tensors_dflash2(hp), tensors=DFLASH2_TENSORS, loads_conv=True,
             # the selector reshapes the batch into blocks and keeps block_size lattice rows per block
             equal_blocks=True, lattice_per_row=True,
-            synth_options={"selector_rank": 8, "selector_top_k": 2, "conv_kernel_size": 3, "conv_group_size": 16})
+            synth_options={"selector_rank": 8, "selector_top_k": 2, "conv_kernel_size": 3, "conv_group_size": 16},
+            authors=("zlab", "speculators"), selector=True, title="DFlash2")

@@ -725,4 +725,6 @@ HEAD = Head("dspark", "draft-dspark", GraphDSpark, marker_tensor="markov_w1.weig
             load_hparams=lambda m, hp, path: load_hparams_dspark(hp, path),
             load_tensors=load_tensors_dspark, tensors=DSPARK_TENSORS, equal_blocks=True, on_backbones=True,
             # conf: the confidence head; joint: the seed's RNN joint head
-            synth_options={"markov_rank": 16, "joint": False, "sample_from_anchor": None, "conf": False})
+            synth_options={"markov_rank": 16, "joint": False, "sample_from_anchor": None, "conf": False},
+            authors=("speculators",), markov=True, confidence=True, draft_vocab=True, anchor_row=True,
+            title="DSpark")

@@ -1,7 +1,7 @@
 """A draft head as one unit: what the rest of graphgen asks of a head, declared once beside its
 graph (the `HEAD` of dflash.py, dflash2.py, dspark.py, lilicorr.py) and collected in arch.HEADS.
-The engine, validation, the drivers and the loader consult the entry; none of them tests a head's
-name.
+The engine, validation, the drivers, the loader and the authors' side (their checkpoints, forward
+and loops, training) consult the entry; none of them tests a head's name.
 """
 
 from __future__ import annotations
@@ -40,6 +40,17 @@ class Head:
     # synth.make_model's options for it (name -> default), and options that another must enable
     synth_options: dict = field(default_factory=dict)
     synth_needs: dict = field(default_factory=dict)
+    # the authors' side: the formats whose packages hold its reference model, the default first
+    # ("zlab": z-lab's dflash, "speculators"; none: no authors' code on PyPI), and what their
+    # forward, loops and training do for it
+    authors: tuple = ()
+    llama_loop: bool = True     # b11549's common/speculative.cpp has its driver
+    selector: bool = False      # drafts by a candidate selector's walk over a lattice (grouped convolutions)
+    markov: bool = False        # a Markov head chains the drafted logits slot by slot from the anchor
+    confidence: bool = False    # a confidence head may score each drafted slot
+    draft_vocab: bool = False   # may draft over a vocabulary of its own (d2t maps it to the target's)
+    anchor_row: bool = False    # its anchor's row may draft too (dflash.sample_from_anchor)
+    title: str = ""             # how people write its name: DFlash, DFlash2, DSpark, LiliCorr
 
     def detects(self, tensor_names, keys) -> bool:
         if self.marker_tensor is not None:

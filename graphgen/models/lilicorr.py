@@ -385,4 +385,6 @@ HEAD = Head("lilicorr", "draft-lilicorr", GraphLiliCorr, marker_keys=("lilicorr.
                            "lilicorr_mlp": None, "lilicorr_conv": False, "conv_kernel_size": 3,
                            "conv_group_size": 16},
             # the conv keys configure its conv only when lilicorr_conv asks for one
-            synth_needs={"conv_kernel_size": "lilicorr_conv", "conv_group_size": "lilicorr_conv"})
+            synth_needs={"conv_kernel_size": "lilicorr_conv", "conv_group_size": "lilicorr_conv"},
+            # no authors' code on PyPI, and b11549's common/speculative.cpp has no LiliCorr driver
+            llama_loop=False, title="LiliCorr")

@@ -46,7 +46,7 @@ class TorchDraftSession:
         self.n_batch = self.n_ubatch = 1 << 30   # a forward takes any rows
         meta = {"dflash.block_size": str(draft.block_size),
                 "dflash.sample_from_anchor": "true" if draft.sample_from_anchor else "false"}
-        if draft.variant == "dspark":
+        if draft.head.confidence:
             meta["dflash.has_confidence_head"] = "true" if draft.model.confidence_head is not None else "false"
         self.model = SimpleNamespace(variant=draft.variant, path=draft.hf_dir, meta=meta,
                                      spec_types=[f"draft-{draft.variant}"])
@@ -107,7 +107,7 @@ class TorchDraftSession:
                 st.pending = []
                 st.cache.crop(len(st.cached))   # the block's rows go, the context's stay
                 full, raw = self.draft.logits(hidden)
-                if self.draft.variant == "dspark":
+                if self.draft.head.markov:
                     lg, cf = dspark_heads(self.draft, hidden, full, raw, int(toks[0]))
                 else:
                     lg, cf = full[0].float().numpy(), None

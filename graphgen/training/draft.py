@@ -7,16 +7,22 @@ from pathlib import Path
 
 import numpy as np
 
+from ..models.arch import HEADS
 from .common import SMOLLM2_MASK_TOKEN, TrainError
 from .corpus import Corpus
 
 
-# which authors' class each trained variant is (graphgen.authors.checkpoint builds them)
-VARIANT_AUTHORS = {"dflash": "zlab", "dflash2": "zlab", "dspark": "speculators"}
+# the trained variants and whose class each is (graphgen.authors.checkpoint builds them): the head
+# registry's default authors' format
+VARIANT_AUTHORS = {h.name: h.authors[0] for h in sorted(HEADS.values(), key=lambda h: h.name) if h.authors}
 
 
 @dataclass
 class DraftShape:
+    """The draft to train, in training's terms (the authors' layer numbering, a draft vocabulary's
+    size), as the training summaries record it; `spec()` maps it onto the authors' spec
+    (authors.checkpoint.HFSpec), the one place the two meet. What a head has (a draft vocabulary,
+    an anchor row that drafts, a selector) is the head registry's answer."""
     variant: str = "dflash"
     n_embd: int = 576
     n_head: int = 9
@@ -48,7 +54,7 @@ class DraftShape:
     def offset(self) -> int:
         """Block row i predicts the token at anchor + i + offset: z-lab's rows start at the anchor
         (row 0 predicts nothing), speculators' DSpark samples from the anchor (sample_from_anchor)."""
-        return 1 if self.variant == "dspark" else 0
+        return 1 if HEADS[self.variant].anchor_row else 0
 
     def spec(self):
         """The same draft as graphgen.authors.checkpoint's HFSpec, which builds the authors' classes."""
@@ -63,7 +69,7 @@ class DraftShape:
                       conv_kernel=self.conv_kernel, conv_group=self.conv_group, selector_rank=self.selector_rank,
                       selector_top_k=self.selector_top_k, markov_rank=self.markov_rank, conf=True,
                       sample_from_anchor=True,
-                      d2t_vocab=self.draft_vocab if self.variant == "dspark" else None).resolved()
+                      d2t_vocab=self.draft_vocab if HEADS[self.variant].draft_vocab else None).resolved()
 
 
 def draft_vocabulary(corpus: "Corpus", size: int, n_vocab: int) -> np.ndarray:

@@ -14,6 +14,7 @@ import numpy as np
 
 from .common import TOP_KEPT, TrainError, _clock
 from .corpus import Corpus
+from ..models.arch import HEADS
 from .draft import DraftShape, _BlockwiseConvs, draft_vocabulary, new_draft
 
 
@@ -196,7 +197,7 @@ def block_loss(model, shape: DraftShape, embed, b: Batch, st: TrainSettings, col
     loss = (loss_rows * wi).sum() / wi.sum().clamp(min=1e-9)
     with torch.no_grad():
         pick = logits.argmax(-1)
-    if shape.variant == "dflash2":
+    if HEADS[shape.variant].selector:
         sel = model.candidate_selector
         cand = torch.topk(logits.detach(), sel.top_k, dim=-1).indices
         match = cand.eq(yv[:, None])

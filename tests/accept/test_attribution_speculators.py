@@ -18,7 +18,6 @@ pytest.importorskip("dflash.model")
 pytest.importorskip("speculators.models.dspark.core")
 
 from graphgen.accept import authors_loop as AL  # noqa: E402
-from graphgen.accept import speculators_loop as SL  # noqa: E402
 from graphgen.accept.attribute import (DRAFT, DRAFT_TIE, FEATURE_NMSE_BAND, FEATURES, SAMPLING,  # noqa: E402
                                        TIE_BAND, VERIFICATION, attribute)
 from graphgen.accept.compare import run_engines  # noqa: E402
@@ -72,11 +71,13 @@ def test_without_a_fault_the_draft_forward_sampling_and_verification_agree(targe
 
 
 def test_a_markov_chain_from_the_mask_token_is_the_draft_forward(target, llama, monkeypatch):
-    real = SL.draft_tokens
+    import graphgen.authors.forward as F
+    real = F.dspark_heads
 
-    def from_the_mask(draft, hidden, anchor):
-        return real(draft, hidden, draft.mask_token_id)
-    monkeypatch.setattr(SL, "draft_tokens", from_the_mask)
+    def from_the_mask(draft, hidden, full, raw, anchor):
+        return real(draft, hidden, full, raw, draft.mask_token_id)
+    # the DSpark heads the loop's draft session and the attribution's replays both chain
+    monkeypatch.setattr(F, "dspark_heads", from_the_mask)
     _, at = _attribute(target, llama)
     assert at.stage(DRAFT).blamed and at.stage(DRAFT).failed > 0
     assert at.stage(DRAFT).first["gap"] > TIE_BAND
