@@ -73,16 +73,18 @@ def graphgen_alone_ms_per_token(target: Path, layers, n: int, threads: int) -> f
 def graphgen_loop(target: Path, draft: Path, layers, n: int, n_max: int, threads: int):
     """(per-round ms split, rounds as llamaloop.compare reads them, tokens)."""
     from graphgen.reference.session import ReferenceTarget
-    from graphgen.speculative.drafters import DraftParams, create_drafter
-    from graphgen.runtime.session import Session
-    from graphgen.speculative.loop import run_speculative
+    from graphgen.speculative.drafters import DraftParams
+    from graphgen.speculative.loop import open_drafter, run_speculative
     from graphgen.speculative.verifier import TargetVerifier
     with ReferenceTarget(target, layers, n_ctx=4096, n_batch=256, n_threads=threads, flash_attn="on") as tg:
         prompt = tg.tokenize(PROMPT)
-        with Session(draft, target=target, n_ctx=tg.n_ctx, n_ubatch=64, flash_attn=True, n_threads=threads) as s:
-            d = create_drafter(s, None, DraftParams(n_max=n_max))
+        d = open_drafter(draft, None, DraftParams(n_max=n_max), target=target, n_ctx=tg.n_ctx, n_ubatch=64,
+                         flash_attn=True, n_threads=threads)
+        try:
             ver = TargetVerifier(tg, temp=0.0, seed=0)
             res = run_speculative(d, [(prompt, None)], n_predict=n, verifier=ver, temp=0.0, n_ctx=tg.n_ctx)
+        finally:
+            d.session.close()
     n_rounds = len(res.rounds)
     t_draft = sum({r.round: r.t_draft for r in res.rounds}.values())
     t_inject = sum(r.t_process for r in res.rounds)

@@ -30,10 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from graphgen.speculative.pair import check_pair  # noqa: E402
 from graphgen.reference.session import ReferenceTarget  # noqa: E402
-from graphgen.speculative.drafters import DraftParams, create_drafter  # noqa: E402
+from graphgen.speculative.drafters import DraftParams  # noqa: E402
 from graphgen.runtime.model import load  # noqa: E402
-from graphgen.runtime.session import Session  # noqa: E402
-from graphgen.speculative.loop import run_speculative  # noqa: E402
+from graphgen.speculative.loop import open_drafter, run_speculative  # noqa: E402
 from graphgen.speculative.targets import resolve  # noqa: E402
 from graphgen.speculative.verifier import TargetVerifier, generate_alone  # noqa: E402
 
@@ -109,7 +108,6 @@ def main() -> int:
     accept = {}
     same = {}
     mem = {}
-    ref_session = tg.open_draft(draft, **settings)
     try:
         for r in range(a.repeat):
             for name in runs:
@@ -121,8 +119,10 @@ def main() -> int:
                     runs[name].append(n / t)
                     alone = toks
                     continue
-                sess = ref_session if name == "b11739 draft" else Session(draft, target=target, **settings)
-                drafter = create_drafter(sess, None, DraftParams(n_max=None))
+                engine = "llama.cpp" if name == "b11739 draft" else "graphgen"
+                drafter = open_drafter(draft, None, DraftParams(n_max=None), engine=engine, target=target, tg=tg,
+                                       **settings)
+                sess = drafter.session
                 if name.endswith("right tokens"):
                     _right_tokens(drafter, alone)
                 t0 = time.perf_counter()
@@ -140,14 +140,10 @@ def main() -> int:
                 if name == "graphgen draft":
                     mem["graphgen"] = (file_memory(os.getpid(), target.resolve()),
                                        file_memory(tg.child.proc.pid, target.resolve()))
-                if sess is not ref_session:
-                    sess.close()
-                else:
-                    for s in range(a.np):
-                        sess.seq_rm(s, -1, -1)
+                if engine == "llama.cpp":
                     mem["b11739"] = file_memory(tg.child.proc.pid, target.resolve())
+                sess.close()
     finally:
-        ref_session.close()
         tg.close()
     med = {k: statistics.median(v) for k, v in runs.items()}
     base = med["target alone"]

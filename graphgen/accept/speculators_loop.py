@@ -136,15 +136,15 @@ def generate(target, draft, prompt: list[int], n_predict: int, stop_token_ids=No
     """One prompt through the loop (batch 1, greedy): (tokens: prompt + generated, per round the
     tokens it appended, per round (anchor, drafted, the target's argmax per verified row, agreed),
     per round the drafted tokens' confidences, seconds)."""
-    from ..speculative.drafters import DraftParams, create_drafter
-    from ..speculative.loop import run_speculative
-    from ..speculative.torch_draft import TorchDraftSession
+    from ..speculative.drafters import DraftParams
+    from ..speculative.loop import open_drafter, run_speculative
     from ..speculative.transformers_target import TransformersTarget
     from ..speculative.verifier import TargetVerifier
-    session = TorchDraftSession(draft)
     tgt = TransformersTarget(target, draft.target_layers, stop_token_ids or ())
     # the trained block (n_max None), every drafted token kept unless p_min cuts the draft
-    drafter = create_drafter(session, None, DraftParams(n_max=None, p_min=float(p_min)))
+    drafter = open_drafter(draft.hf_dir, None, DraftParams(n_max=None, p_min=float(p_min)), engine="torch",
+                           authors_draft=draft)
+    session = drafter.session
     first = 0 if draft.head.anchor_row and draft.sample_from_anchor else 1
     observed, confidences = [], []
 

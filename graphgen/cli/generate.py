@@ -438,9 +438,8 @@ def record_run(args, target: Path, draft: Path, folder: Path) -> Path:
     features (an .npz beside it), every block and seq_rm. Returns the scenario file."""
     import numpy as np
 
-    from ..speculative.drafters import DraftParams, create_drafter
-    from ..runtime.session import Session
-    from ..speculative.loop import RecordingSession, run_speculative
+    from ..speculative.drafters import DraftParams
+    from ..speculative.loop import RecordingSession, open_drafter, run_speculative
     from ..speculative.verifier import TargetVerifier
 
     n_seq = args.n_parallel or 1
@@ -455,15 +454,15 @@ def record_run(args, target: Path, draft: Path, folder: Path) -> Path:
         settings = {"n_ctx": tg.n_ctx, "n_ubatch": n_ubatch, "flash_attn": fa, "n_seq": n_seq,
                     "n_threads": args.threads or 1, "type_k": args.type_k or args.type_kv or "f16",
                     "type_v": args.type_v or args.type_kv or "f16"}
-        sess = RecordingSession(Session(draft, target=target, **settings))
+        drafter = open_drafter(draft, None, DraftParams(n_max=None), target=target, wrap=RecordingSession, **settings)
+        sess = drafter.session
         try:
-            drafter = create_drafter(sess, None, DraftParams(n_max=None))
             from ..speculative.loop import check_block_fits
             check_block_fits(drafter)
             run_speculative(drafter, [(p, None) for p in prompts], n_predict=n_predict,
                             verifier=TargetVerifier(tg, temp=temp, seed=seed), n_ctx=tg.n_ctx)
         finally:
-            sess._s.close()
+            sess.close()
     doc = sess.scenario(n_ctx=settings["n_ctx"], n_ubatch=n_ubatch, flash_attn="on" if fa else "off",
                         type_k=settings["type_k"], type_v=settings["type_v"], n_seq=n_seq,
                         n_threads=settings["n_threads"], target=str(target.resolve()), features=RUN_FEATURES)

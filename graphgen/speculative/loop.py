@@ -20,17 +20,29 @@ from .drafters import (LLAMA_DEFAULT_SEED, DFlashDrafter, DraftParams, DraftRequ
                        check_types, create_drafter, types_from_gguf, types_from_names)
 
 
+ENGINES = ("graphgen", "llama.cpp", "torch")
+
+
 def open_drafter(model_path, spec_types=None, params: DraftParams | None = None, engine: str = "graphgen", *,
-                 target=None, tg=None, **session_kw) -> DFlashDrafter:
+                 target=None, tg=None, wrap=None, authors_draft=None, **session_kw) -> DFlashDrafter:
     """The one way to open a draft for any engine: check the spec types against the GGUF (a
     non-DFlash draft is refused with upstream's message), open the draft's session and create the
     driver of its head. engine "graphgen": graphgen's Session (`target`: the target GGUF a draft
     borrows its embeddings and lm head from; `backend` picks the device). engine "llama.cpp":
     b11739's context in a child process, beside the open target `tg` (reference.session.
-    ReferenceTarget, whose child then holds both, as ctx_other) or alone. The caller closes
-    drafter.session."""
-    if engine not in ("graphgen", "llama.cpp"):
-        raise ValueError(f"engine must be graphgen or llama.cpp, got {engine!r}")
+    ReferenceTarget, whose child then holds both, as ctx_other) or alone. engine "torch": the
+    authors' speculators checkpoint folder `model_path` (or its loaded `authors_draft`) in PyTorch
+    (torch_draft.TorchDraftSession). `wrap(session)`: a session around it (loop.RecordingSession).
+    The caller closes drafter.session."""
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+    if engine == "torch":
+        from .torch_draft import TorchDraftSession
+        if authors_draft is None:
+            from ..authors.forward import AuthorsDraft
+            authors_draft = AuthorsDraft(model_path, target)
+        session = TorchDraftSession(authors_draft, **session_kw)
+        return create_drafter(wrap(session) if wrap else session, spec_types or None, params)
     types = types_from_gguf(model_path) if not spec_types else types_from_names(spec_types)
     fam = check_types(types)
     if fam is not None:
@@ -51,7 +63,7 @@ def open_drafter(model_path, spec_types=None, params: DraftParams | None = None,
             from ..reference.session import ReferenceSession
             session = ReferenceSession(model_path, **session_kw)
     try:
-        return create_drafter(session, types or spec_types, params)
+        return create_drafter(wrap(session) if wrap else session, types or spec_types, params)
     except BaseException:
         session.close()
         raise
