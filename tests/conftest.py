@@ -4,8 +4,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-# the tools the tests drive, and the tests' shared helpers (tests/support)
-sys.path[:0] = [str(ROOT / "tools"), str(ROOT / "tests" / "support")]
+# the tools the tests drive, the tests' shared helpers (tests/support), this file's names (tests are
+# packages, so that a test file is named by its folder as the module it mirrors: tests/accept/
+# test_compare.py and tests/authors/test_compare.py) and the fuzzer's modules, which run as scripts too
+sys.path[:0] = [str(ROOT / "tools"), str(ROOT / "tests" / "support"), str(ROOT / "tests"), str(ROOT / "tests" / "fuzz")]
 
 REF_DIR = ROOT / "tests" / "data" / "reference"
 

@@ -820,9 +820,10 @@ MUTATIONS = [
     Mutation("attribution_band_without_the_features_shift", "graphgen/accept/attribute.py:mean_band",
              "return shift + 2 * sd", "return 2 * sd",
              ("tests/accept/test_attribution.py::test_the_authors_mean_is_within_the_band_of_llama_cpps",)),
-    Mutation("attribution_parting_ignores_the_accepted_count", "graphgen/accept/compare.py:first_divergence",
+    Mutation("divergence_ignores_the_accepted_count", "graphgen/accept/compare.py:first_divergence",
              'if x["n_accepted"] != y["n_accepted"]:', "if False:",
-             ("tests/accept/test_attribution.py::test_a_verification_accepting_one_too_many_is_the_verification",)),
+             ("tests/accept/test_compare.py",
+              "tests/accept/test_attribution.py::test_a_verification_accepting_one_too_many_is_the_verification")),
     # --- training the shipped drafts (graphgen/training/) ---
     Mutation("train_block_sees_its_anchors_row", "graphgen/training/loop.py:make_batch",
              "visible[row, j, :, :a] = True", "visible[row, j, :, :a + 1] = True",
@@ -860,7 +861,8 @@ MUTATIONS = [
               "test_every_round_is_the_drafts_markov_chain_on_the_targets_features",)),
     Mutation("speculators_loop_anchor_row_not_drafted", "graphgen/accept/speculators_loop.py:draft_tokens",
              "first = 0 if draft.sample_from_anchor else 1", "first = 1",
-             ("tests/accept/test_speculators_loop.py::test_round_counts_follow_the_loop",)),
+             ("tests/accept/test_speculators_loop.py::"
+              "test_every_round_is_the_drafts_markov_chain_on_the_targets_features",)),
     Mutation("speculators_loop_markov_chain_from_the_mask", "TorchDraftSession.block_multi",
              "raw, int(toks[0]))", "raw, int(self.draft.mask_token_id))",
              ("tests/accept/test_speculators_loop.py::"

@@ -13,9 +13,9 @@ import pytest
 from graphgen.cachetypes import KV_QUANTIZED
 from kv_draw import draw_kv_types
 from parity_check import assert_parity, run_both_engines
-from test_reference_dsv4 import random_dsv4_config
-from test_reference_random import random_config
-from test_reference_random_heads import random_head_config
+from .test_reference_dsv4 import random_dsv4_config
+from .test_reference_random import random_config
+from .test_reference_random_heads import random_head_config
 
 pytestmark = [pytest.mark.reference]
 

@@ -123,32 +123,6 @@ def test_unreachable_rpc_server(tiny):
         Session(tiny, backend=f"rpc://127.0.0.1:{port}")
 
 
-@pytest.fixture
-def rpc_server():
-    need("rpc")
-    with socket.socket() as sk:
-        sk.bind(("127.0.0.1", 0))
-        port = sk.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "graphgen.cli", "rpc-server", "--host", "127.0.0.1",
-                             "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.time() + 3600  # stops waiting on a server that never listens; generous for a loaded machine
-    while time.time() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            break
-        except OSError:
-            if proc.poll() is not None:
-                pytest.fail("rpc-server exited: " + proc.stderr.read().decode()[-500:])
-            time.sleep(0.2)
-    yield f"rpc://127.0.0.1:{port}"
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
 def test_rpc_matches_cpu(rpc_server, tmp_path):
     case = REF_DIR / "dflash-fa-off"
     model = build_model(case, tmp_path)

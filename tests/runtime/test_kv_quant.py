@@ -16,7 +16,6 @@ from graphgen.runtime.session import Session
 from graphgen.cachetypes import KV_QUANTIZED
 from graphgen.play.scenario import ScenarioError, parse_scenario
 from graphgen.synth import make_model
-from test_backends import rpc_server  # noqa: F401  (fixture)
 
 # ggml type ids and their block layout (bytes per block of 32 values), from ggml's type traits
 F16, Q8_0, Q4_0 = 1, 8, 2

@@ -20,7 +20,6 @@ from graphgen.runtime import model as M
 from graphgen.runtime.mmapfile import ENV_NO_MMAP
 from graphgen.runtime.session import Session
 from graphgen.synth import make_model
-from test_backends import rpc_server  # noqa: F401  (fixture)
 
 ALIGN = 32  # ggml's TENSOR_ALIGNMENT, the CPU buffer type's alignment
 

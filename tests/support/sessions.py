@@ -46,7 +46,7 @@ def session_draft(variant: str, seed: int) -> tuple[str, str, dict, int, bool]:
             kw.update(swa_window=int(rng.integers(2, 12)), swa_pattern=pattern)
         head = kw.get("head_dim", kw["n_embd"] // kw["n_head"])
         return "dflash", "base", kw, head, False
-    from test_reference_random_heads import random_head_config
+    from tests.reference.test_reference_random_heads import random_head_config
     kw, _ = random_head_config(variant, seed)
     return variant, "base", kw, kw["n_embd"] // kw["n_head"], False
 

@@ -40,7 +40,7 @@ def test_diff_report_and_viewer_name_statuses_alike(tmp_path):
     from graphgen.view.diffmap import STATUS_LABELS, diff_map
     from graphgen.view.explorer import graph_json
     from graphgen.view.html import to_html
-    from test_view import _page_data, _seeded
+    from .test_view import _page_data, _seeded
 
     ref, ours = _seeded(tmp_path)
     res = diff_dumps(ref, ours)

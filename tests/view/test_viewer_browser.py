@@ -235,7 +235,7 @@ def test_node_fragment_selects_and_pan_zoom_move_the_view(browser, tmp_path):
 
 
 def test_diff_page_colours_status_and_plots_nmse(browser, tmp_path):
-    from test_view import _seeded
+    from .test_view import _seeded
     ref, ours = _seeded(tmp_path)
     url = _page(tmp_path, "diff.html", to_html(ref, ours))
     browser.load(url + "#open=all")
@@ -266,7 +266,7 @@ def test_diff_page_colours_status_and_plots_nmse(browser, tmp_path):
 
 
 def _big_dump(n=100_000, per_layer=100):
-    from test_view import _big_dump as big
+    from .test_view import _big_dump as big
     return big(n, per_layer)
 
 
@@ -318,7 +318,7 @@ def test_model_explorer_web_app_loads_the_export(browser, tmp_path):
 
     from graphgen.compare.diff import diff_dumps
     from graphgen.view.explorer import export
-    from test_view import _seeded
+    from .test_view import _seeded
     ref, ours = _seeded(tmp_path)
     paths = export(tmp_path / "me", ref, ours)
     graph = json.loads(paths[0].read_text())["graphs"][0]
