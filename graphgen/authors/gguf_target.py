@@ -8,8 +8,6 @@ and the authors' model reads the same two tensors, dequantized to float32 by ggu
 target). Only these tables are read, never the whole target: for an 8B target, two matrices rather
 than 32 GB of float32 weights.
 
-- `target_gguf(value)`: a path or a known target's name (targets.resolve), checked as a target
-  model GGUF (pair.target_info), the problem named;
 - `tables_folder(gguf, out)`: a HuggingFace folder holding the target's config (transformers' GGUF
   reader) and `model.safetensors` with `model.embed_tokens.weight`, `lm_head.weight` (when the
   GGUF has an `output.weight`) and `model.norm.weight`: what z-lab's drafts read off their target,
@@ -31,28 +29,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import GGUFModelError
 from . import AuthorsError
 
 EMBD, HEAD, NORM = "token_embd.weight", "output.weight", "output_norm.weight"
-
-
-def target_gguf(value) -> Path:
-    """The target GGUF `value` names (a file, or a known target such as smollm2, fetched once)."""
-    from ..speculative.pair import target_info
-    from ..speculative.targets import resolve
-    path = resolve(str(value))
-    if not path.exists():
-        raise AuthorsError(f"-m {value}: no such target GGUF file")
-    if path.is_dir():
-        raise AuthorsError(f"-m {value}: is a folder, not a target GGUF file (the folder form is --target DIR)")
-    try:
-        info = target_info(path)
-    except GGUFModelError as e:
-        raise AuthorsError(str(e)) from None
-    if EMBD not in info.tensors:
-        raise AuthorsError(f"{path}: no tensor '{EMBD}' to lend the draft")
-    return path
 
 
 def _reader(path: Path):

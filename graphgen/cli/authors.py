@@ -250,12 +250,11 @@ def run_check(hf_dir, scenario_path=None, target=None, keep=None, f16=False, say
         from ..authors import AuthorsError, require_torch
         from ..authors.folder import inspect
         from ..authors.forward import _require_authors
-        from ..authors.gguf_target import target_gguf as checked_target
         require_torch()
         with _quiet_logger(SPECULATORS_LOG):
             ck = inspect(hf)                # the folder, as every command checks it
         _require_authors(ck)
-        tpath = checked_target(target_gguf).resolve()
+        tpath = _checked_target(target_gguf).resolve()
         bad = _width_problem(ck, tpath)
         if bad:
             raise AuthorsError(bad)
@@ -441,3 +440,25 @@ def register(sub) -> None:
                    help="keep the GGUFs (draft and target; with -m, the draft) and the dump folders in DIR")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(fn=_cmd_check)
+
+
+def _checked_target(value) -> Path:
+    """The target GGUF -m names (a file, or a known target such as smollm2, fetched once), checked as
+    a target model GGUF with a token embedding to lend the draft."""
+    from ..authors import AuthorsError
+    from ..authors.gguf_target import EMBD
+    from ..errors import GGUFModelError
+    from ..speculative.pair import target_info
+    from ..speculative.targets import resolve
+    path = resolve(str(value))
+    if not path.exists():
+        raise AuthorsError(f"-m {value}: no such target GGUF file")
+    if path.is_dir():
+        raise AuthorsError(f"-m {value}: is a folder, not a target GGUF file (the folder form is --target DIR)")
+    try:
+        info = target_info(path)
+    except GGUFModelError as e:
+        raise AuthorsError(str(e)) from None
+    if EMBD not in info.tensors:
+        raise AuthorsError(f"{path}: no tensor '{EMBD}' to lend the draft")
+    return path
