@@ -126,6 +126,8 @@ def safetensors_header(f: Path) -> dict[str, dict]:
             header = json.loads(fh.read(n))
     except PermissionError:
         raise _denied(f, "cannot read it") from None
+    except AuthorsError:
+        raise   # a file cut short, named above (AuthorsError is a ValueError)
     except (OSError, ValueError, UnicodeDecodeError) as e:
         raise AuthorsError(f"{f}: not a readable safetensors file ({' '.join(str(e).split())})") from None
     if not isinstance(header, dict):

@@ -114,7 +114,7 @@ def block_hidden(model, shape: DraftShape, embed, b: Batch, bf16: bool = True):
     """The block rows after the draft's final norm, [n, k * B, n_embd], through the authors' modules:
     z-lab's forward as dflash_generate calls it; speculators' modules in their _backbone_forward's
     order (fc, hidden_norm, rotary, each layer, norm), with this batch's mask. Each block's rows
-    equal what the authors' inference computes for that block alone (tests/training/test_train.py)."""
+    equal what the authors' inference computes for that block alone (tests/training/test_loop.py)."""
     import torch
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
         if shape.authors == "zlab":

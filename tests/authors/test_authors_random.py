@@ -10,7 +10,7 @@ conv and selector (codebook spread), the DSpark Markov rank, confidence head, an
 vocabulary. The case runs two drafting rounds (random lengths) with an f32 or f16 cache through
 `run_check`: graphgen identical to b11739, and b11739 within its rounding of the float64 arbiter
 on every mapped node, argmax and selector path. Settings b11739 cannot honour are refused by the
-converter and tested in test_authors_convert.py.
+converter and tested in test_convert.py.
 
 GRAPHGEN_AUTHORS_N sets the draws per class (default 3; the sweep in docs/authors.md used 20),
 GRAPHGEN_AUTHORS_SEED the first seed.

@@ -6,7 +6,8 @@ child process: left to Python, it would reach the user as the last line of the c
 (`File ".../reference/target.py", line 50, in __init__`), or as "could not load the target" without
 the reason. Every command that opens a target prints `could not load the target PATH: <b11739's
 reason>`: here draft -m, accept -m and dump --target (the runner's lender, which check uses), on
-copies of the SmolLM2 target with one tensor left out, and the library's ReferenceTarget.
+copies of the SmolLM2 target with one tensor left out, and the library's ReferenceTarget. How the
+reason is read from llama.cpp's log lines: test_protocol.py.
 """
 
 from __future__ import annotations
@@ -19,56 +20,9 @@ from pathlib import Path
 import gguf
 import pytest
 
-from graphgen.reference.protocol import error_text, logged_reason
-
 ROOT = Path(__file__).resolve().parents[2]
 DRAFT = ROOT / "drafts" / "smollm2-dflash" / "draft.gguf"
 CLI = [sys.executable, "-m", "graphgen.cli"]
-
-
-# -- the reason, from the lines llama.cpp logged ------------------------------------------------
-
-def test_the_reason_is_what_follows_error_loading_model():
-    lines = ["llama_model_load: error loading model: check_tensor_dims: tensor 'blk.0.attn_norm.weight' not found\n",
-             "llama_model_load_from_file_impl: failed to load model\n"]
-    assert logged_reason(lines) == "check_tensor_dims: tensor 'blk.0.attn_norm.weight' not found"
-
-
-def test_without_a_load_line_the_first_error_is_the_reason():
-    assert logged_reason(["", "llama_init_from_model: n_ctx_per_seq (8) > n_ctx_train\n", "second\n"]) == \
-        "llama_init_from_model: n_ctx_per_seq (8) > n_ctx_train"
-    assert logged_reason([]) == ""
-
-
-def test_a_line_continued_over_two_log_calls_is_one_reason():
-    # b11739 logs some messages in pieces; the capture joins a continuation to its line
-    assert logged_reason(["llama_model_load: error loading model: key x has\n  wrong type"]) == "key x has wrong type"
-
-
-def _log(tmp_path, entries) -> Path:
-    p = tmp_path / "errors.log"
-    p.write_text("".join(json.dumps(e) + "\n" for e in entries))
-    return p
-
-
-LOAD_ERRORS = [{"phase": "load", "level": "error",
-                "text": "llama_model_load: error loading model: check_tensor_dims: tensor 'output.weight' not found\n"},
-               {"phase": "load", "level": "error", "text": "llama_model_load_from_file_impl: failed to load model\n"}]
-
-
-def test_the_childs_line_is_the_headline_when_it_carries_the_reason(tmp_path):
-    line = ("graphgen: error: llama.cpp b11739 could not load the target /x/t.gguf: check_tensor_dims: tensor "
-            "'output.weight' not found")
-    headline, whole = error_text(_log(tmp_path, LOAD_ERRORS), f"some log\n{line}\n")
-    assert headline == line and "failed to load model" in whole
-
-
-def test_llamas_first_error_is_the_headline_when_the_childs_line_lacks_it(tmp_path):
-    stderr = "graphgen: error: step 1 (block): llama_process returned -1\n"
-    headline, _ = error_text(_log(tmp_path, LOAD_ERRORS), stderr)
-    # the step the child says it failed in comes first, then llama.cpp's own line
-    assert headline == ("step 1 (block): llama_model_load: error loading model: check_tensor_dims: tensor "
-                        "'output.weight' not found")
 
 
 # -- live: the commands that open a target ------------------------------------------------------

@@ -1,6 +1,6 @@
 """The DFlash family drivers (issue 6): drafts against independent numpy readings of llama.cpp's
 dumped outputs, every branch, the libstdc++ generator, the LiliCorr ring, several sequences, the
-spec-type rules and `graphgen draft`."""
+spec-type rules and `graphgen draft` (the loop itself: test_loop.py)."""
 
 import json
 import logging
@@ -28,7 +28,7 @@ from graphgen.speculative.drafters import (
     types_from_gguf,
     types_from_names,
 )
-from graphgen.speculative.loop import RecordingSession, SimulatedVerifier, open_drafter, run_speculative
+from graphgen.speculative.loop import open_drafter
 from graphgen.errors import GraphgenError
 from graphgen.runtime.mt19937 import MT19937, uniform_real
 from graphgen.runtime.session import Session
@@ -570,77 +570,7 @@ def test_spec_type_names_and_non_dflash_model(tmp_path):
     assert cli_main(["draft", str(p), "--spec-type", "draft-dflash", "--prompt-tokens", "1"]) == 2
 
 
-# -- the loop and `graphgen draft` ----------------------------------------------------------------
-
-def test_run_speculative_api(tiny):
-    with Session(tiny["dflash"], n_ctx=128) as s:
-        d = create_drafter(s, None, DraftParams(n_max=3))
-        feats = prompt_features(s, 40, seed=9)
-        ver = SimulatedVerifier(accept=[2, 0, -1], n_vocab=s.hparams.n_vocab, mask_token=d.mask_token_id)
-        seen = []
-        res = run_speculative(d, [(list(range(1, 9)), feats)], n_predict=12, verifier=ver, progress=seen.append)
-        assert seen == res.rounds and len(res.rounds) >= 3
-        assert [r.n_accepted for r in res.rounds[:3]] == [2, 0, 3]
-        # as llama-server: a round drafts at most the tokens left to -n minus one (the target adds its own)
-        assert [len(r.draft) for r in res.rounds] == [min(3, 12 - (r.pos0 - 8 + 1) - 1) for r in res.rounds]
-        toks = res.tokens[0]
-        # the committed tokens: prompt, then per round id_last + the accepted prefix
-        pos = 8
-        for r in res.rounds:
-            assert r.pos0 == pos and toks[pos] == r.id_last and toks[pos + 1: pos + 1 + r.n_accepted] == r.draft[:r.n_accepted]
-            pos += 1 + r.n_accepted
-        sm = res.summary()
-        assert sm["blocks"] == len(res.rounds) and sm["drafted_tokens"] == sum(len(r.draft) for r in res.rounds)
-        # the field's mean acceptance length, from the rounds: 1 + accepted / drafts (a round that
-        # drafted nothing is no draft)
-        drafts = [r for r in res.rounds if r.draft]
-        assert sm["drafts"] == len(drafts) >= len(res.rounds) - 1
-        assert sm["mean_acceptance_length"] == pytest.approx(1 + sum(r.n_accepted for r in drafts) / len(drafts))
-        assert "mean_accepted_length" not in sm
-        assert sm["generated_tokens"] == len(toks) - 8 >= 12
-        # only the committed positions stay in the draft's KV cache
-        assert d.seq_pos_max(0) == res.rounds[-1].pos0 + res.rounds[-1].n_accepted
-
-
-def test_a_round_that_drafted_nothing_is_no_draft(tiny):
-    """The field's mean acceptance length is 1 + accepted / drafts: a round whose draft came back
-    empty (llama.cpp's n_min / p_min cut) is counted as a round but not as a draft."""
-    with Session(tiny["dflash"], n_ctx=128) as s:
-        d = create_drafter(s, None, DraftParams(n_max=3))
-        feats = prompt_features(s, 40, seed=9)
-        real, calls = d.draft, {"n": 0}
-
-        def one_empty(reqs):
-            out = real(reqs)
-            if calls["n"] == 1:
-                out = {q: [] for q in out}
-            calls["n"] += 1
-            return out
-        d.draft = one_empty
-        ver = SimulatedVerifier(accept=[-1], n_vocab=s.hparams.n_vocab, mask_token=d.mask_token_id)
-        res = run_speculative(d, [(list(range(1, 9)), feats)], n_predict=12, verifier=ver)
-    assert [len(r.draft) for r in res.rounds][:3] == [3, 0, 3]
-    drafts = [r for r in res.rounds if r.draft]
-    sm = res.summary()
-    assert sm["blocks"] == len(res.rounds) and sm["drafts"] == len(drafts) == len(res.rounds) - 1
-    assert sm["mean_acceptance_length"] == pytest.approx(1 + sum(r.n_accepted for r in drafts) / len(drafts))
-    # over the rounds instead it would be lower: the drafts accepted something
-    assert sm["accepted_tokens"] > 0 and sm["mean_acceptance_length"] > 1 + sm["accepted_tokens"] / len(res.rounds)
-
-
-def test_run_speculative_target_tokens(tiny):
-    """A verifier holding the target's continuation accepts the matching prefix: feeding it the draft's own
-    greedy continuation accepts everything."""
-    with Session(tiny["dflash2"], n_ctx=128) as s:
-        d = create_drafter(s, None, DraftParams(n_max=None))
-        feats = prompt_features(s, 30, seed=2)
-        d.process(feats[:5], 0, 0)
-        first = d.draft({0: DraftRequest(11, 5)})[0]
-        s.seq_rm(0, 0, -1)
-        ver = SimulatedVerifier(target_tokens=[11] + first + [3, 3, 3])
-        res = run_speculative(d, [([1, 2, 3, 4, 5], feats)], n_predict=8, verifier=ver)
-        assert res.rounds[0].draft == first and res.rounds[0].n_accepted == len(first)
-
+# -- `graphgen draft` ----------------------------------------------------------------
 
 def test_draft_cli(tiny, tmp_path, capsys):
     f = tmp_path / "f.npy"
@@ -717,85 +647,7 @@ def test_draft_output_says_what_ran_and_what_was_simulated(tiny, capsys):
         assert doc["drafted_tokens_per_s"] == pytest.approx(doc["drafted_tokens"] / t_draft, rel=1e-6)
 
 
-# -- where the loop stops ---------------------------------------------------------------------------
-
-@pytest.mark.parametrize("variant", ["dflash", "dspark"])
-@pytest.mark.parametrize("accept", [[-1], [2, 0, -1], [1]])
-def test_n_predict_is_exact(variant, accept, tiny):
-    """Exactly n_predict tokens: as llama-server, each round drafts at most the tokens left minus one,
-    so the accepted run and the target's token end at n_predict."""
-    with Session(tiny[variant], n_ctx=256) as s:
-        d = create_drafter(s, None, DraftParams(n_max=3))
-        feats = prompt_features(s, 80, seed=5)
-        prompt = list(range(1, 7))
-
-        def loop(n):
-            d.seq_rm(0, 0, -1)
-            ver = SimulatedVerifier(accept=accept, n_vocab=s.hparams.n_vocab, mask_token=d.mask_token_id, seed=1)
-            return run_speculative(d, [(prompt, feats)], n_predict=n, verifier=ver)
-
-        for n in (1, 2, 5, 8, 9, 13):
-            res = loop(n)
-            toks = res.tokens[0]
-            assert len(toks) - len(prompt) == n == res.summary()["generated_tokens"], (n, accept)
-            # before a round at pos0, pos0 - len(prompt) + 1 tokens were generated (id_last the last)
-            assert [len(r.draft) for r in res.rounds] == [min(3, n - (r.pos0 - len(prompt) + 1) - 1)
-                                                          for r in res.rounds], (n, accept)
-            assert res.stop_reasons == {0: "n_predict"} and res.summary()["stop_reasons"] == ["n_predict"]
-            if res.rounds:
-                last = res.rounds[-1]
-                # the round's tokens end where n_predict does, and only they stay in the KV cache
-                assert toks[last.pos0] == last.id_last
-                assert toks[last.pos0 + 1:last.pos0 + 1 + last.n_accepted] == last.draft[:last.n_accepted]
-                if last.bonus < 0:
-                    assert len(toks) == last.pos0 + 1 + last.n_accepted
-                    assert d.seq_pos_max(0) == len(toks) - 1
-
-
-@pytest.mark.parametrize("variant", ["dflash", "dspark"])
-def test_the_authors_edges_shrink_the_block_to_the_tokens_left(variant, tiny):
-    """dflash_generate's edges: a round drafts up to every token left (not one fewer), in a block
-    shrunk to them, whose rows are the block graphgen runs; a whole accepted last draft ends the run
-    without the target's token."""
-    with Session(tiny[variant], n_ctx=256) as s:
-        d = create_drafter(s, None, DraftParams(n_max=3))
-        rec = RecordingSession(s)
-        d.session = rec
-        feats = prompt_features(s, 80, seed=5)
-        prompt = list(range(1, 7))
-        dropped = 0
-        for n in (2, 3, 5, 9):
-            d.seq_rm(0, 0, -1)
-            rec.steps.clear()
-            ver = SimulatedVerifier(accept=[-1], n_vocab=s.hparams.n_vocab, mask_token=d.mask_token_id, seed=1)
-            res = run_speculative(d, [(prompt, feats)], n_predict=n, verifier=ver, edges="authors")
-            left = [n - (r.pos0 - len(prompt) + 1) for r in res.rounds]
-            assert [len(r.draft) for r in res.rounds] == [min(3, k) for k in left], n
-            extra = 0 if variant == "dspark" and d.sample_from_anchor else 1
-            blocks = [st["block"]["seqs"][0]["tokens"] for st in rec.steps if "block" in st]
-            assert [len(b) for b in blocks] == [min(3, k) + extra for k in left], n
-            assert len(res.tokens[0]) - len(prompt) == n
-            # a last round that drafted all that was left, all accepted, has no target token after it
-            last = res.rounds[-1]
-            assert (last.bonus == -1) == (len(last.draft) == left[-1]), n
-            dropped += last.bonus == -1
-        assert dropped == 2   # n 2 and 3
-        with pytest.raises(GraphgenError, match="server, simple or authors"):
-            run_speculative(d, [(prompt, feats)], n_predict=4, edges="zlab")
-
-
-def test_target_tokens_running_out_says_so(tiny):
-    with Session(tiny["dflash"], n_ctx=128) as s:
-        d = create_drafter(s, None, DraftParams(n_max=3))
-        feats = prompt_features(s, 60, seed=2)
-        ver = SimulatedVerifier(target_tokens=[9, 8, 7, 6, 5])
-        res = run_speculative(d, [([1, 2, 3], feats)], n_predict=20, verifier=ver)
-        assert res.stop_reasons == {0: "target_tokens"} and res.tokens[0][3:] == [9, 8, 7, 6, 5]
-        d.seq_rm(0, 0, -1)
-        ver = SimulatedVerifier(target_tokens=[9, 8, 7, 6, 5])
-        res = run_speculative(d, [([1, 2, 3], feats)], n_predict=3, verifier=ver)
-        assert res.stop_reasons == {0: "n_predict"} and res.tokens[0][3:] == [9, 8, 7]
-
+# -- blocks past the trained size -------------------------------------------------------------------
 
 def test_a_block_past_the_trained_size_is_warned_once(tiny, caplog):
     with Session(tiny["dflash"], n_ctx=128) as s, caplog.at_level(logging.WARNING, logger="graphgen.drafters"):

@@ -110,24 +110,6 @@ def test_generation_ends_at_the_end_of_generation_token(pair):
     assert res.tokens[0] == alone[0] and res.stop_reasons[0] == "eog"
 
 
-def test_features_are_the_layer_inputs_layer_after_layer(pair):
-    """Layer 0's input is the token embedding: llama.cpp's rows for it must be the Q8_0 table's rows
-    dequantized, in the first slot of each row, for every sequence of a batch."""
-    import gguf
-    target, _, _ = pair
-    r = gguf.GGUFReader(str(target))
-    t = next(x for x in r.tensors if x.name == "token_embd.weight")
-    table = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
-    with ReferenceTarget(target, [0, 7], n_ctx=256, n_batch=64, n_seq=2) as tg:
-        a, b = tg.tokenize(PROMPT), tg.tokenize("Once upon a time")
-        rows = [(0, tok, i) for i, tok in enumerate(a)] + [(1, tok, i) for i, tok in enumerate(b)]
-        _, _, feats = tg.decode(rows)
-    assert feats.shape == (len(rows), 2 * 576)
-    assert np.array_equal(feats[:, :576], table[[tok for _, tok, _ in rows]])
-    # layer 7's input is no embedding row
-    assert not np.allclose(feats[:, 576:], table[[tok for _, tok, _ in rows]])
-
-
 # -- where a drafted run parts from the target alone ---------------------------------------------
 
 def _cand(pairs):

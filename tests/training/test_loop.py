@@ -1,4 +1,4 @@
-"""Training the shipped drafts (graphgen/training/) on tiny authors' models: the batch lays
+"""The training loop (graphgen/training/loop.py) on tiny authors' models: the batch lays
 out what the authors' loop asks of a block, the training forward of many blocks equals the authors'
 inference forward of each block alone, and a few steps learn a pattern the data holds."""
 
@@ -75,14 +75,6 @@ def test_a_batch_asks_each_block_row_for_the_token_the_authors_loop_drafts_there
         assert (visible[j, :, ctx:] == own).all()
         assert list(pos[ctx + j * BLOCK: ctx + (j + 1) * BLOCK]) == [a + i for i in range(BLOCK)]
     assert list(pos[:ctx]) == list(range(ctx))
-
-
-def test_the_draft_vocabulary_is_the_most_frequent_tokens_sorted():
-    c = _corpus([([5, 5, 5, 9, 9, 8, 7, 3, 3, 3, 3], 1)], top=False)
-    assert list(T.draft_vocabulary(c, 2, VOCAB)) == [3, 5]
-    assert list(T.draft_vocabulary(c, 3, VOCAB)) == [3, 5, 9]
-    # 7 and 8 are seen once each: the tie goes to the lower id
-    assert list(T.draft_vocabulary(c, 4, VOCAB)) == [3, 5, 7, 9]
 
 
 def _draft(variant, tmp_path, c):

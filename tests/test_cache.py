@@ -16,7 +16,7 @@ import pytest
 
 from graphgen import cache
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 SITE = next(Path(sys.prefix).glob("lib/python3*/site-packages"))
 
 
