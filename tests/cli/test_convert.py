@@ -1,7 +1,7 @@
 """graphgen/cli/convert.py: `graphgen convert`'s flags as llama.cpp's converter is run with them, and
 what it prints of the result (the GGUF's tensors counted from the file; the target converted beside
 it; the line saying a draft without tables runs beside its target). The conversion itself:
-tests/authors/test_authors_convert.py."""
+tests/authors/test_convert.py."""
 
 from pathlib import Path
 

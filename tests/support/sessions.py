@@ -32,11 +32,11 @@ VARIANTS = ("dflash", "dflash2", "dspark", "lilicorr", "dsv4")
 def session_draft(variant: str, seed: int) -> tuple[str, str, dict, int, bool]:
     """(variant, backbone, make_model options, head size, K-only cache) of a random draft."""
     if variant == "dsv4":
-        from test_reference_dsv4 import random_dsv4_config
+        from tests.reference.test_reference_dsv4 import random_dsv4_config
         kw, _ = random_dsv4_config(seed)
         return "dspark", "dsv4", kw, kw["head_dim"], True
     if variant == "dflash":
-        from test_reference_random import random_config
+        from tests.reference.test_reference_random import random_config
         kw, _ = random_config(seed)
         rng = np.random.default_rng(3000 + seed)
         if "swa_window" not in kw and "mrope_sections" not in kw and rng.random() < 0.4:
