@@ -14,6 +14,9 @@ converter drops a full-vocabulary DSpark's head) are written as the converter wr
 token_embd / output: they run beside their target GGUF, which lends its tables (b11739's
 ctx_other, graphgen's runtime/lender.py). `target_gguf` converts the target's folder too, with the
 same converter, so the pair is at hand.
+
+Long because every setting of the authors' configs that the converter would drop or misread is
+refused here by name, before the converter runs: one table of gaps, read in one place.
 """
 
 from __future__ import annotations
