@@ -22,6 +22,18 @@ TOP_K, TOP_P, MIN_P = 40, 0.95, 0.05
 TRACE_K = 8        # candidates kept per sampled token, for the margin where two runs part
 
 
+def best_ids(row: np.ndarray, k: int) -> np.ndarray:
+    """A row's k best ids, best first, ties in id order, as llama_sampler_top_k keeps them: every id
+    at or above the k-th largest logit is a candidate, sorted stably (a full sort of the
+    vocabulary gives the same order at a millisecond a row)."""
+    neg = -np.asarray(row, dtype=np.float32)
+    kth = np.partition(neg, k - 1)[k - 1]
+    cand = np.flatnonzero(neg <= kth)
+    if len(cand) < k:   # NaN among the k best: the full sort's order
+        return np.argsort(neg, kind="stable")[:k]
+    return cand[np.argsort(neg[cand], kind="stable")][:k]
+
+
 class TargetSampler:
     """One sequence's sampler: greedy (temp <= 0), or the default chain at `temp` with its own MT19937."""
 

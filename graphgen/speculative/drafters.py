@@ -29,6 +29,7 @@ from ..errors import GraphgenError
 from ..ggufile import field_value, try_open
 from ..ops.cmath import expf, softmaxf
 from ..runtime.mt19937 import MT19937, uniform_real
+from ..runtime.sampler import best_ids
 
 log = logging.getLogger("graphgen.drafters")
 
@@ -62,17 +63,7 @@ def top10(logits_row: np.ndarray):
     """common_sampler with top_k 10 then dist, read as the drivers read it: the candidates sorted
     by p (token ids, logits, p), p being softmax over the kept logits in float32."""
     row = np.asarray(logits_row, dtype=np.float32)
-    k = min(SAMPLER_TOP_K, row.shape[0])
-    # llama_sampler_top_k keeps the k largest logits in descending order, ties in id order: every id
-    # at or above the k-th largest is a candidate, sorted stably (a full sort of the vocabulary, the
-    # same order, costs a millisecond a row)
-    neg = -row
-    kth = np.partition(neg, k - 1)[k - 1]
-    cand = np.flatnonzero(neg <= kth)
-    if len(cand) < k:   # NaN among the k best: the full sort's order
-        idx = np.argsort(neg, kind="stable")[:k]
-    else:
-        idx = cand[np.argsort(neg[cand], kind="stable")][:k]
+    idx = best_ids(row, min(SAMPLER_TOP_K, row.shape[0]))
     lg = row[idx]
     probs = softmaxf(lg)
     order = np.argsort(-probs, kind="stable")

@@ -14,19 +14,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import GraphgenError
+from ..runtime.sampler import best_ids
 
 TOP_CANDIDATES = 64   # per row: more than the default sampler's top-k 40
-
-
-def _best(row: np.ndarray, k: int) -> np.ndarray:
-    """The k best ids of a row, best first, ties in id order (every id at or above the k-th best,
-    sorted stably: a full sort's order without sorting the vocabulary)."""
-    neg = -row
-    kth = np.partition(neg, k - 1)[k - 1]
-    cand = np.flatnonzero(neg <= kth)
-    if len(cand) < k:   # NaN among the best: the full sort's order
-        return np.argsort(neg, kind="stable")[:k]
-    return cand[np.argsort(neg[cand], kind="stable")][:k]
 
 
 class TransformersTarget:
@@ -77,7 +67,7 @@ class TransformersTarget:
             logits = out.logits[0].float().numpy()
             self.best[seq] = [int(t) for t in out.logits[0].argmax(dim=-1)]
             for i, row in zip(idx, logits):
-                ids[i] = _best(row, k)
+                ids[i] = best_ids(row, k)
                 top[i] = row[ids[i]]
             f = torch.cat([out.hidden_states[il] for il in self.layers], dim=-1)[0]
             feats[idx] = f.float().numpy()

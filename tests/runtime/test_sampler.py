@@ -4,7 +4,7 @@ without a draft (graphgen/runtime/sampler.py) on a decode whose answers are know
 import numpy as np
 
 from graphgen.runtime.mt19937 import MT19937, uniform_real
-from graphgen.runtime.sampler import MIN_P, TOP_K, TOP_P, TargetSampler, run_alone
+from graphgen.runtime.sampler import MIN_P, TOP_K, TOP_P, TargetSampler, best_ids, run_alone
 
 
 def _chain_reference(ids, logits, temp, rng):
@@ -73,3 +73,12 @@ def test_the_target_alone_stops_a_sequence_at_its_end_of_generation_token():
     assert toks[0] == [6, 7, 8, 9]                  # the end token is kept, nothing after it
     assert toks[1] == list(range(20, 31))
     assert all(s != 0 for call in calls[4:] for s, _, _ in call)
+
+
+def test_the_best_candidates_come_best_first_ties_in_id_order():
+    row = np.array([0.5, 2.0, -1.0, 2.0, 1.0, 2.0, np.float32(-np.inf)], dtype=np.float32)
+    assert best_ids(row, 4).tolist() == [1, 3, 5, 4]
+    assert best_ids(row, 2).tolist() == [1, 3]
+    assert best_ids(row, 7).tolist() == [1, 3, 5, 4, 0, 2, 6]
+    nan = np.array([1.0, np.nan, 3.0], dtype=np.float32)
+    assert best_ids(nan, 2).tolist() == np.argsort(-nan, kind="stable")[:2].tolist()

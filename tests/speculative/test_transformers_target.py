@@ -1,25 +1,13 @@
 """The target in transformers as a verifier's target (graphgen/speculative/transformers_target.py):
-decodes in pieces against one forward over the whole text, the best candidates' order, the tail
-removal, the stop tokens, and TargetVerifier's prefill and verification on it."""
+decodes in pieces against one forward over the whole text, the tail removal, the stop tokens, and TargetVerifier's prefill and verification on it."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from graphgen.speculative.transformers_target import _best
-
 TOKENS = [504, 3575, 282, 4649, 314, 253, 3175, 282, 2458, 3416]
 LAYERS = [2, 15, 28]
-
-
-def test_the_best_candidates_come_best_first_ties_in_id_order():
-    row = np.array([0.5, 2.0, -1.0, 2.0, 1.0, 2.0, np.float32(-np.inf)], dtype=np.float32)
-    assert _best(row, 4).tolist() == [1, 3, 5, 4]
-    assert _best(row, 2).tolist() == [1, 3]
-    assert _best(row, 7).tolist() == [1, 3, 5, 4, 0, 2, 6]
-    nan = np.array([1.0, np.nan, 3.0], dtype=np.float32)
-    assert _best(nan, 2).tolist() == np.argsort(-nan, kind="stable")[:2].tolist()
 
 
 torch_only = pytest.mark.torch
