@@ -864,7 +864,7 @@ MUTATIONS = [
              ("tests/accept/test_speculators_loop.py::"
               "test_every_round_is_the_drafts_markov_chain_on_the_targets_features",)),
     Mutation("speculators_loop_markov_chain_from_the_mask", "TorchDraftSession.block_multi",
-             "raw, int(toks[0]))", "raw, int(self.draft.mask_token_id))",
+             "hidden, int(toks[0]))", "hidden, int(self.draft.mask_token_id))",
              ("tests/accept/test_speculators_loop.py::"
               "test_every_round_is_the_drafts_markov_chain_on_the_targets_features",)),
     Mutation("speculators_loop_verifies_one_row_late", "TransformersTarget.decode",
@@ -874,7 +874,7 @@ MUTATIONS = [
              "conf[i, 0] < F32(p.p_min)", "conf[max(i - 1, i_beg), 0] < F32(p.p_min)",
              ("tests/accept/test_speculators_loop.py::"
               "test_p_min_ends_a_draft_before_the_first_slot_scored_below_it",)),
-    Mutation("speculators_draft_markov_chain_from_the_mask", "graphgen/accept/speculators_loop.py:draft_tokens",
+    Mutation("speculators_draft_markov_chain_from_the_mask", "graphgen/authors/forward.py:drafted_logits",
              "raw, int(anchor))", "raw, int(draft.mask_token_id))",
              ("tests/accept/test_speculators_loop.py::"
               "test_every_round_is_the_drafts_markov_chain_on_the_targets_features",)),

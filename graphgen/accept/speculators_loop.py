@@ -96,14 +96,8 @@ def draft_tokens(draft, hidden, anchor: int):
     """The block's drafted tokens, their logits over the target's vocabulary and their confidences
     (NaN where the draft has no confidence head), from the draft's final hidden rows [1, rows, n_embd]
     of a block starting with `anchor`."""
-    import numpy as np
-    from ..authors.forward import dspark_heads
-    full, raw = draft.logits(hidden)
-    logits, conf = full[0].float().numpy(), None
-    if draft.head.markov:
-        logits, conf = dspark_heads(draft, hidden, full, raw, int(anchor))
-    if conf is None:
-        conf = np.full(len(logits), np.nan, np.float32)
+    from ..authors.forward import drafted_logits
+    logits, conf = drafted_logits(draft, hidden, anchor)
     first = 0 if draft.sample_from_anchor else 1
     logits, conf = logits[first:], conf[first:]
     return [int(t) for t in logits.argmax(axis=-1)], logits, conf

@@ -408,6 +408,19 @@ def dspark_heads(draft: AuthorsDraft, hidden, full, raw, anchor: int):
     return logits.numpy(), (conf.numpy() if m.confidence_head is not None else None)
 
 
+def drafted_logits(draft: AuthorsDraft, hidden, anchor: int):
+    """What llama.cpp's graph hands a driver for a block of the draft's final hidden rows
+    [1, rows, n_embd] starting with `anchor`: the rows' logits over the target's ids (DSpark's
+    chained by its Markov head) and their confidences (NaN without a confidence head)."""
+    full, raw = draft.logits(hidden)
+    logits, conf = full[0].float().numpy(), None
+    if draft.head.markov:
+        logits, conf = dspark_heads(draft, hidden, full, raw, int(anchor))
+    if conf is None:
+        conf = np.full(len(logits), np.nan, np.float32)
+    return logits, conf
+
+
 class TorchEngine:
     """Runs a scenario's steps through an `AuthorsDraft`; collects per-graph recorded values."""
 

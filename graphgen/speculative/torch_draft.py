@@ -91,7 +91,7 @@ class TorchDraftSession:
         if embd_state is not None:
             raise GraphgenError("the torch draft session carries no context state")
         torch = self.draft.torch
-        from ..authors.forward import dspark_heads
+        from ..authors.forward import drafted_logits
         logits, conf = [], []
         for seq, toks, pos0 in blocks:
             st = self._seq(seq)
@@ -106,12 +106,7 @@ class TorchDraftSession:
                 st.cached += ctx_pos
                 st.pending = []
                 st.cache.crop(len(st.cached))   # the block's rows go, the context's stay
-                full, raw = self.draft.logits(hidden)
-                if self.draft.head.markov:
-                    lg, cf = dspark_heads(self.draft, hidden, full, raw, int(toks[0]))
-                else:
-                    lg, cf = full[0].float().numpy(), None
-            cf = np.full(len(toks), np.nan, np.float32) if cf is None else cf
+                lg, cf = drafted_logits(self.draft, hidden, int(toks[0]))
             self.confidences[seq] = cf
             logits.append(lg)
             conf.append(cf)

@@ -1,5 +1,6 @@
 """The target in transformers as a verifier's target (graphgen/speculative/transformers_target.py):
-decodes in pieces against one forward over the whole text, the tail removal, the stop tokens, and TargetVerifier's prefill and verification on it."""
+decodes in pieces against one forward over the whole text, the tail removal, the stop tokens, and
+TargetVerifier's prefill and verification on it."""
 
 from __future__ import annotations
 
