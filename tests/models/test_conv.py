@@ -6,10 +6,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from conftest import REF_DIR
-from make_references import build_model
 
-from graphgen.dump.format import dump_files, load_dump
 from graphgen.models.arch import HParams
 from graphgen.models.conv import (
     CONV_LAYER_TENSORS,
@@ -18,19 +15,8 @@ from graphgen.models.conv import (
     n_seqs_unq,
 )
 from graphgen.ops import ggml as G
-from graphgen.play.engine import run_scenario
-from graphgen.play.scenario import load_scenario
 
-
-def structure(nodes):
-    return [(n.name, n.op, n.type, n.ne, n.src, n.view_src, n.op_params) for n in nodes]
-
-
-def block(case, tmp_path, models_dir):
-    case_dir = REF_DIR / case
-    run_scenario(build_model(case_dir, models_dir), load_scenario(case_dir / "scenario.json"), tmp_path)
-    [f] = [p for p in dump_files(tmp_path) if p.name.endswith("-block.json")]
-    return load_dump(f).nodes, load_dump(case_dir / f.name).nodes
+from .graphs import block, structure
 
 
 def sections(nodes, il):

@@ -5,26 +5,12 @@ node against the DeepSeek-V4 graphs llama.cpp b11739 dumped."""
 import struct
 
 import pytest
-from conftest import REF_DIR
-from make_references import build_model
 
-from graphgen.dump.format import dump_files, load_dump
-from graphgen.play.engine import run_scenario
-from graphgen.play.scenario import load_scenario
+from .graphs import built, structure
 
 HC = ("hc_mixes", "hc_pre", "hc_post", "hc_comb", "hc_attn_pre", "hc_ffn_pre", "hc_attn_post", "hc_ffn_post",
       "hc_head_mixes", "hc_head_pre")
 ATTN = ("qr", "qr_norm", "q_norm", "q", "kv_norm", "kv", "attn_raw", "attn_derope", "attn_wo_a", "attn_out")
-
-
-def structure(nodes):
-    return [(n.name, n.op, n.type, n.ne, n.src, n.view_src, n.op_params) for n in nodes]
-
-
-def built(case, tmp_path, models_dir):
-    case_dir = REF_DIR / case
-    run_scenario(build_model(case_dir, models_dir), load_scenario(case_dir / "scenario.json"), tmp_path)
-    return {p.name: (load_dump(p).nodes, load_dump(case_dir / p.name).nodes) for p in dump_files(tmp_path)}
 
 
 def base(name):

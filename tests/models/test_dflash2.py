@@ -4,31 +4,17 @@ and tensors."""
 
 import gguf
 import pytest
-from conftest import REF_DIR
 from gguf_edit import rewrite
-from make_references import build_model
 
-from graphgen.dump.format import dump_files, load_dump
 from graphgen.errors import GGUFModelError
 from graphgen.models.arch import HParams
 from graphgen.models.dflash2 import HEAD, load_hparams_dflash2, load_tensors_dflash2
-from graphgen.play.engine import run_scenario
-from graphgen.play.scenario import load_scenario
 from graphgen.runtime.model import load
 from graphgen.synth import make_model
 
+from .graphs import block, structure
+
 U32 = gguf.GGUFValueType.UINT32
-
-
-def structure(nodes):
-    return [(n.name, n.op, n.type, n.ne, n.src, n.view_src, n.op_params) for n in nodes]
-
-
-def block(case, tmp_path, models_dir):
-    case_dir = REF_DIR / case
-    run_scenario(build_model(case_dir, models_dir), load_scenario(case_dir / "scenario.json"), tmp_path)
-    [f] = [p for p in dump_files(tmp_path) if p.name.endswith("-block.json")]
-    return load_dump(f).nodes, load_dump(case_dir / f.name).nodes
 
 
 def selector(nodes):

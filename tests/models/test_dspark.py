@@ -4,11 +4,9 @@ against the seed's node sequence (tests/support/seedref); the backbones' loaders
 
 import gguf
 import pytest
-from conftest import REF_DIR
 from gguf_edit import rewrite
-from make_references import build_model
 
-from graphgen.dump.format import dump_files, load_dump
+from graphgen.dump.format import load_dump
 from graphgen.errors import GGUFModelError
 from graphgen.models.arch import HParams, TensorInfo
 from graphgen.models.dspark import (
@@ -19,21 +17,13 @@ from graphgen.models.dspark import (
     load_tensors_layers_mistral_large4,
 )
 from graphgen.play.engine import run_scenario
-from graphgen.play.scenario import load_scenario, parse_scenario
+from graphgen.play.scenario import parse_scenario
 from graphgen.runtime.model import load
 from graphgen.synth import make_model
 
+from .graphs import built, structure
+
 U32 = gguf.GGUFValueType.UINT32
-
-
-def structure(nodes):
-    return [(n.name, n.op, n.type, n.ne, n.src, n.view_src, n.op_params) for n in nodes]
-
-
-def built(case, tmp_path, models_dir):
-    case_dir = REF_DIR / case
-    run_scenario(build_model(case_dir, models_dir), load_scenario(case_dir / "scenario.json"), tmp_path)
-    return {p.name: (load_dump(p).nodes, load_dump(case_dir / p.name).nodes) for p in dump_files(tmp_path)}
 
 
 def head(nodes):
