@@ -14,22 +14,9 @@ import pytest
 
 from graphgen.authors import AuthorsError
 from graphgen.authors import gguf_target as G
+from gguf_edit import write_tensors
 
 Q8_0 = gguf.GGMLQuantizationType.Q8_0
-
-
-def _gguf(path, tensors: dict, arch: str = "llama"):
-    w = gguf.GGUFWriter(str(path), arch)
-    for name, (arr, qtype) in tensors.items():
-        if qtype is None:
-            w.add_tensor(name, arr)
-        else:
-            w.add_tensor(name, gguf.quants.quantize(arr, qtype), raw_dtype=qtype)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
 
 
 def _rows(n, width, seed):
@@ -40,7 +27,7 @@ def _rows(n, width, seed):
 
 def test_a_target_with_its_own_head_lends_three_tables(tmp_path):
     embed, head, norm = _rows(6, 32, 0), _rows(6, 32, 1).astype(np.float16), _rows(1, 32, 2)[0]
-    path = _gguf(tmp_path / "t.gguf", {"token_embd.weight": (embed, None), "output.weight": (head, None),
+    path = write_tensors(tmp_path / "t.gguf", {"token_embd.weight": (embed, None), "output.weight": (head, None),
                                        "output_norm.weight": (norm, None)})
     t = G.read_tables(path)
     assert sorted(t) == ["embed", "head", "norm"]
@@ -52,7 +39,7 @@ def test_a_target_with_its_own_head_lends_three_tables(tmp_path):
 
 def test_a_tied_target_lends_its_embeddings_as_its_head(tmp_path):
     embed = _rows(4, 64, 3)
-    path = _gguf(tmp_path / "tied.gguf", {"token_embd.weight": (embed, Q8_0)})
+    path = write_tensors(tmp_path / "tied.gguf", {"token_embd.weight": (embed, Q8_0)})
     t = G.read_tables(path)
     assert sorted(t) == ["embed", "head"] and t["head"] is t["embed"]
     assert t["embed"].shape == (4, 64)
@@ -66,7 +53,7 @@ def test_a_tied_target_lends_its_embeddings_as_its_head(tmp_path):
 
 
 def test_a_file_that_lends_nothing_is_refused_naming_it(tmp_path):
-    path = _gguf(tmp_path / "bare.gguf", {"output_norm.weight": (_rows(1, 32, 0)[0], None)})
+    path = write_tensors(tmp_path / "bare.gguf", {"output_norm.weight": (_rows(1, 32, 0)[0], None)})
     with pytest.raises(AuthorsError, match=r"bare.gguf: no tensor 'token_embd.weight' to lend the draft$"):
         G.read_tables(path)
     with pytest.raises(AuthorsError, match=r"bare.gguf: no tensor 'output.weight' nor 'token_embd.weight' to lend "
@@ -144,7 +131,7 @@ def test_the_vocab_folder_tokenizes_as_the_target_does(smollm2, tmp_path):
 def test_a_gguf_transformers_cannot_read_is_refused_naming_the_reader(tmp_path):
     from authors_util import require_extra
     require_extra()
-    path = _gguf(tmp_path / "t.gguf", {"token_embd.weight": (_rows(4, 32, 0), None)}, arch="dflash")
+    path = write_tensors(tmp_path / "t.gguf", {"token_embd.weight": (_rows(4, 32, 0), None)}, arch="dflash")
     with pytest.raises(AuthorsError, match=r"t.gguf: transformers' GGUF reader refused it \(GGUF model with "
                                            r"architecture dflash is not supported yet.\); the authors' side reads the "
                                            r"target through it$"):

@@ -39,3 +39,19 @@ def rewrite(src, dst, drop_keys=(), set_keys=None, drop_tensors=(), reshape=None
     w.write_tensors_to_file()
     w.close()
     return dst
+
+
+def write_tensors(path, tensors: dict, arch: str = "llama"):
+    """A GGUF of `tensors` ({name: (array, ggml quantization type or None for as it is)}) and no
+    keys but the architecture."""
+    w = gguf.GGUFWriter(str(path), arch)
+    for name, (arr, qtype) in tensors.items():
+        if qtype is None:
+            w.add_tensor(name, arr)
+        else:
+            w.add_tensor(name, gguf.quants.quantize(arr, qtype), raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path

@@ -13,6 +13,7 @@ import pytest
 
 from graphgen.training import corpus as C
 from graphgen.training.common import TOP_KEPT, TrainError
+from gguf_edit import write_tensors
 
 N_EMBD = 576  # SmolLM2-135M's
 
@@ -56,31 +57,17 @@ def test_the_authors_spread_of_target_layers():
 
 # -- the embedding table ----------------------------------------------------------------------
 
-def _gguf(path, tensors: dict, arch: str = "llama"):
-    w = gguf.GGUFWriter(str(path), arch)
-    for name, (arr, qtype) in tensors.items():
-        if qtype is None:
-            w.add_tensor(name, arr)
-        else:
-            w.add_tensor(name, gguf.quants.quantize(arr, qtype), raw_dtype=qtype)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
-
-
 def test_the_embedding_table_is_n_vocab_rows_of_n_embd(tmp_path):
     table = np.random.default_rng(1).standard_normal((7, 32)).astype(np.float32)
-    got = C.embedding_table(_gguf(tmp_path / "f32.gguf", {"token_embd.weight": (table, None)}))
+    got = C.embedding_table(write_tensors(tmp_path / "f32.gguf", {"token_embd.weight": (table, None)}))
     assert got.dtype == np.float32 and got.shape == (7, 32) and np.array_equal(got, table)
-    got = C.embedding_table(_gguf(tmp_path / "f16.gguf", {"token_embd.weight": (table.astype(np.float16), None)}))
+    got = C.embedding_table(write_tensors(tmp_path / "f16.gguf", {"token_embd.weight": (table.astype(np.float16), None)}))
     assert got.dtype == np.float32 and np.array_equal(got, table.astype(np.float16).astype(np.float32))
 
 
 def test_a_quantized_embedding_table_is_dequantized(tmp_path):
     table = np.random.default_rng(2).standard_normal((4, 64)).astype(np.float32)
-    got = C.embedding_table(_gguf(tmp_path / "q8.gguf", {"token_embd.weight": (table, gguf.GGMLQuantizationType.Q8_0)}))
+    got = C.embedding_table(write_tensors(tmp_path / "q8.gguf", {"token_embd.weight": (table, gguf.GGMLQuantizationType.Q8_0)}))
     assert got.shape == (4, 64)
     # q8_0: blocks of 32 rounded to 8 bits of the block's largest magnitude
     step = np.abs(table.reshape(4, 2, 32)).max(-1, keepdims=True) / 127
@@ -89,10 +76,10 @@ def test_a_quantized_embedding_table_is_dequantized(tmp_path):
 
 def test_tables_the_draft_cannot_borrow_are_refused(tmp_path):
     x = np.zeros((4, 32), dtype=np.float32)
-    path = _gguf(tmp_path / "none.gguf", {"output_norm.weight": (x[0], None)})
+    path = write_tensors(tmp_path / "none.gguf", {"output_norm.weight": (x[0], None)})
     with pytest.raises(TrainError, match="none.gguf: no token_embd.weight$"):
         C.embedding_table(path)
-    path = _gguf(tmp_path / "head.gguf", {"token_embd.weight": (x, None), "output.weight": (x, None)})
+    path = write_tensors(tmp_path / "head.gguf", {"token_embd.weight": (x, None), "output.weight": (x, None)})
     with pytest.raises(TrainError, match="head.gguf: has its own output.weight"):
         C.embedding_table(path)
 
@@ -177,7 +164,7 @@ def test_the_target_folder_holds_the_targets_config_and_tokenizer(smollm2, tmp_p
 
 
 def test_a_target_folder_is_written_for_llama_only(tmp_path):
-    path = _gguf(tmp_path / "q.gguf", {"token_embd.weight": (np.zeros((4, 32), np.float32), None)}, arch="qwen3")
+    path = write_tensors(tmp_path / "q.gguf", {"token_embd.weight": (np.zeros((4, 32), np.float32), None)}, arch="qwen3")
     with pytest.raises(TrainError, match="architecture 'qwen3'; the target folder is written for llama only"):
         C.write_target_folder(path, tmp_path / "out")
     assert not (tmp_path / "out").exists()
