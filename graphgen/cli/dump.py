@@ -174,7 +174,18 @@ def add_diff_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--layers", action="store_true",
                         help="print the per-layer strip even when every value agrees (default: only "
                              "when some value differs; --json always has it)")
+    add_local_args(parser)
     return parser
+
+
+def add_local_args(parser: argparse.ArgumentParser) -> None:
+    """--local / --weights, shared by diff and xdiff."""
+    parser.add_argument("--local", action="store_true",
+                        help="also each node's own error: every node of OURS re-run alone on REF's values of "
+                             "its sources, on the backend that computed it, against REF's output (default: off)")
+    parser.add_argument("--weights", metavar="GGUF", default=None,
+                        help="with --local: the model OURS ran, for the weights its nodes read (default: the "
+                             "dump's model file, found by name and sha256 beside the dumps or here)")
 
 
 def add_filter_args(parser: argparse.ArgumentParser) -> None:
@@ -212,13 +223,18 @@ def run_diff(args: argparse.Namespace) -> int:
             if _torch_side(args.ref) or _torch_side(args.ours):
                 return _authors_diff(args)
             from ..compare.probe import parse_target
+            if args.weights is not None and not args.local:
+                raise DumpError("--weights is read only with --local")
             results = diff_paths(args.ref, args.ours, nmse=args.nmse, rules_path=args.rules, progress=report,
                                  at=[parse_target(a) for a in args.at], show_layers=args.layers,
-                                 **filter_options(args))
+                                 local=args.local, model=args.weights, **filter_options(args))
         except (DumpError, RulesError, ProbeError, FilterError) as e:
             print(f"graphgen: error: {' '.join(str(e).split())}", file=sys.stderr)
             return 2
     code = exit_code(results)
+    unmeasured = _local_unmeasured(results) if args.local else None
+    if unmeasured:
+        code = 2
     if args.json:
         print(json.dumps({"identical": code == 0, "results": [r.to_dict() for r in results],
                           "warnings": sorted({w for r in results for w in r.warnings}),
@@ -243,7 +259,19 @@ def run_diff(args: argparse.Namespace) -> int:
         print("\n\n".join(r.format_text() for r in results))
         if len(results) > 1:
             print("\n" + _verdict(results))
+    if unmeasured:
+        print(f"graphgen: error: {unmeasured}", file=sys.stderr)
     return code
+
+
+def _local_unmeasured(results) -> str | None:
+    """--local that re-ran no node anywhere measured nothing: why, for stderr (None when it measured)."""
+    locs = [r.local for r in results if r.local is not None]
+    if any(loc.get("rerun") for loc in locs):
+        return None
+    whys = sorted({g["why"] for loc in locs for g in loc.get("not_rerun", [])} |
+                  {loc["error"] for loc in locs if loc.get("error")})
+    return "--local: no node could be re-run alone" + (f" ({'; '.join(whys)})" if whys else "")
 
 
 def _verdict(results) -> str:

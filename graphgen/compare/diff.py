@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import math
 import os
+
+import numpy as np
 from collections import Counter
 from typing import Any, Sequence
 
@@ -22,7 +24,7 @@ from .nodefilter import NodeFilter
 from .probe import Target, find_pairs, largest_errors, probe
 from .align import align_nodes
 from .report import (DiffResult, Difference, Explained, NumericResult, describe_build, digest_reason, fmt_feature,
-                     fmt_value, layer_strip, source_indices)
+                     fmt_value, layer_strip, source_indices, summarize_local)
 from .rules import Rule, load_rules, normalize_name
 from .values import compare_values, thresholds
 
@@ -131,14 +133,17 @@ def _compare_run(i0: int, i1: int, j0: int, j1: int, rsrc: _Sources, osrc: _Sour
 def diff_dumps(ref: Dump, ours: Dump, nmse: float | dict[str, float] | None = None,
                rules: Sequence[Rule] | str | os.PathLike | None = None, on_values=None,
                select: NodeFilter | None = None, per_op: dict[str, float] | None = None,
-               at: Sequence[Target] = ()) -> DiffResult:
+               at: Sequence[Target] = (), local: bool = False, model: str | os.PathLike | None = None,
+               on_local=None) -> DiffResult:
     """Compare two dumps; `rules` is a list of Rule or the path of a rules file.
 
     When either side is imported (structure only), both are first cut down to the fields every
     import involved shows, and a note says so. `on_values(done, total)` follows the value
     comparison, the slow part of a large graph. `select` keeps the comparison to the nodes it
     selects (on either side); `per_op` bounds NMSE per op or type (graphgen.compare.nodefilter); `at`
-    names nodes to probe (graphgen.compare.probe)."""
+    names nodes to probe (graphgen.compare.probe). `local` re-runs each compared node of ours alone
+    on ref's values (graphgen.compare.local), with `model` (ours's GGUF) for its weights and
+    `on_local(done, total)` following it."""
     if isinstance(rules, (str, os.PathLike)):
         rules = load_rules(rules)
     rules = list(rules or ())
@@ -283,6 +288,13 @@ def diff_dumps(ref: Dump, ours: Dump, nmse: float | dict[str, float] | None = No
                                    if v is None and not n.digest)
                 not_compared.append((i, j, r.name, f"no values or digest in {why}"))
 
+    inputs = [] if structure_only else compare_inputs(full_ref, full_ours)
+    local_summary = None
+    if local:
+        local_summary = _local(full_ref, full_ours, numeric, pair_map, osrc, model, on_local, structure_only,
+                               from_printed)
+        if local_summary is not None and not local_summary.get("error"):
+            local_summary["inputs_differ"] = [d for d in inputs if not d["equal"]]
     if ref.graph != ours.graph:
         notes.append(f"comparing a '{ref.graph}' graph with a '{ours.graph}' graph")
     warnings, provenance = _provenance(full_ref, full_ours)
@@ -342,6 +354,7 @@ def diff_dumps(ref: Dump, ours: Dump, nmse: float | dict[str, float] | None = No
         "numeric_compared": len(numeric), "numeric_failed": len(fails),
         "by_digest": sum(r.by_digest for r in numeric), "from_printed": sum(id(r) in from_printed for r in numeric), "not_compared": len(not_compared),
         "max_nmse": max(finite) if finite else None, "settings_differ": len(settings_differ),
+        "inputs_compared": len(inputs), "inputs_differ": sum(not r["equal"] for r in inputs),
     }
     # first_divergence is the earlier of the two below (kept for readers of older reports)
     return DiffResult(ref_path=str(ref.path), ours_path=str(ours.path), graph=ref.graph,
@@ -355,7 +368,51 @@ def diff_dumps(ref: Dump, ours: Dump, nmse: float | dict[str, float] | None = No
                       rules_fired=dict(Counter(e.rule for e in explained)),
                       explained=explained, notes=notes, summary=summary,
                       builds={"ref": describe_build(ref), "ours": describe_build(ours)},
-                      warnings=warnings, provenance=provenance)
+                      warnings=warnings, provenance=provenance, local=local_summary, inputs=inputs)
+
+
+def compare_inputs(ref: Dump, ours: Dump) -> list[dict[str, Any]]:
+    """The graph inputs both dumps record, by name: equal, or how they differ. A differing input
+    is an origin of its own: every node reading it is fed differently on the two sides."""
+    out = []
+    theirs = {i.name: i for i in ours.inputs}
+    for inp in ref.inputs:
+        o = theirs.get(inp.name)
+        if o is None:
+            continue
+        a, b = ref.input_values(inp.name), ours.input_values(inp.name)
+        row: dict[str, Any] = {"name": inp.name, "type_ref": inp.type, "type_ours": o.type, "ne_ref": inp.ne,
+                               "ne_ours": o.ne}
+        if a is None or b is None:
+            row.update(equal=inp.digest is not None and inp.digest == o.digest and inp.type == o.type, by_digest=True)
+        elif a.shape != b.shape:
+            row.update(equal=False, detail=f"ne {inp.ne} against {o.ne}")
+        else:
+            same = bool(np.array_equal(a, b, equal_nan=True))
+            row["equal"] = same
+            if not same:
+                diff = np.flatnonzero(~((a == b) | (np.isnan(a.astype(np.float64)) & np.isnan(b.astype(np.float64)))))
+                k = int(diff[0])
+                nm, mx, _ = compare_values(a, b)
+                row.update(nmse=nm, max_abs=mx, n_differ=int(diff.size),
+                           detail=f"{diff.size} of {a.size} elements differ, first at flat index {k}: "
+                                  f"ref {a.ravel()[k]!r}, ours {b.ravel()[k]!r}")
+        out.append(row)
+    return out
+
+
+def _local(ref: Dump, ours: Dump, numeric: list[NumericResult], pair_map: dict[int, int], osrc: _Sources,
+           model, on_local, structure_only, from_printed) -> dict[str, Any]:
+    """Each compared node's own error, set on its NumericResult; what was re-run, summed up."""
+    from .local import local_errors
+    if structure_only or from_printed:
+        return {"error": "an imported dump keeps no values to re-run nodes on"}
+    pairs = [(r.ref_index, r.ours_index) for r in numeric]
+    ref_of = {j: i for i, j in pair_map.items()}
+    found = local_errors(ref, ours, pairs, ref_of, osrc.slots, model=model, progress=on_local)
+    for r in numeric:
+        r.local = found.get(r.ours_index)
+    return summarize_local(numeric)
 
 
 def _build_notes(ref: Dump, ours: Dump) -> list[str]:

@@ -83,18 +83,38 @@ def pair_graphs(refs: list[Dump], ours: list[Dump], single: bool = False
     return pairs, lone_ref, lone_ours
 
 
+def local_model(ours: Dump, given: str | os.PathLike | None) -> Path | None:
+    """The GGUF whose weights ours's nodes read: `given`, else a file of the dump's model name
+    beside the dump folder, in it, or in the current folder whose sha256 is the one the dump
+    recorded; None when none is found (nodes that read a weight then say so)."""
+    if given is not None:
+        return Path(given)
+    if not ours.model or not ours.model_sha256:
+        return None
+    from ..dump.format import model_sha256
+    name = Path(ours.model).name
+    for folder in (ours.path.parent, ours.path.parent.parent, Path.cwd()):
+        cand = folder / name
+        if cand.is_file() and model_sha256(cand) == ours.model_sha256:
+            return cand
+    return None
+
+
 def diff_paths(ref_path: str | os.PathLike, ours_path: str | os.PathLike,
                nmse: float | dict[str, float] | None = None,
                rules_path: str | os.PathLike | None = None, progress=None,
                select: NodeFilter | None = None, per_op: dict[str, float] | None = None,
-               at: Sequence[Target] = (), show_layers: bool = False) -> list[DiffResult]:
+               at: Sequence[Target] = (), show_layers: bool = False, local: bool = False,
+               model: str | os.PathLike | None = None) -> list[DiffResult]:
     """Diff two sides, each a dump folder, a dump file or an importable file (see `load_side`).
 
     Graphs are paired by kind and step (`pair_graphs`); a graph without a partner gives a result
     that says so and fails, except that when one side is a single file the other side's remaining
     graphs are only named in a note (one graph was asked for). An imported side is compared on
     the fields its format shows (`graphgen.compare.importers.common_fields`). `progress(k, n, name,
-    detail)` is called as the work goes on: graph k of n, the files' names, how far its values are."""
+    detail)` is called as the work goes on: graph k of n, the files' names, how far its values are.
+    `local` adds each node's own error (graphgen.compare.local), reading weights from `model`
+    (ours's GGUF; default: `local_model`'s search)."""
     ref_path, ours_path = Path(ref_path), Path(ours_path)
     for p in (ref_path, ours_path):
         if not p.exists():
@@ -129,9 +149,14 @@ def diff_paths(ref_path: str | os.PathLike, ours_path: str | os.PathLike,
 
         def on_values(done, total, k=k, r=r, o=o):
             progress(k + 1, n, f"{r.path.name} / {o.path.name}", f"values {done}/{total}")
+
+        def on_local(done, total, k=k, r=r, o=o):
+            progress(k + 1, n, f"{r.path.name} / {o.path.name}", f"own error {done}/{total}")
         try:
             res = diff_dumps(r, o, nmse, rules, on_values=on_values if progress is not None else None,
-                             select=select, per_op=per_op, at=at)
+                             select=select, per_op=per_op, at=at, local=local,
+                             model=local_model(o, model) if local else None,
+                             on_local=on_local if progress is not None else None)
         finally:
             r.close()
             o.close()

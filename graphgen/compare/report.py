@@ -65,6 +65,7 @@ class NumericResult:
     # the element furthest apart (index, coord [i0..i3], ref, ours, abs); None when the values are
     # equal or not kept
     worst: dict[str, Any] | None = None
+    local: Any = None  # graphgen.compare.local.Local: the node's own error, when asked for
 
     def describe(self) -> str:
         why = self.reason or f"nmse {self.nmse:.3g} > {self.threshold:g}"
@@ -81,7 +82,8 @@ class NumericResult:
         return {"ref_index": self.ref_index, "ours_index": self.ours_index, "name": self.name,
                 "op": self.op, "type": self.type, "n": self.n, "nmse": _json_float(self.nmse),
                 "max_abs": _json_float(self.max_abs), "threshold": self.threshold, "ok": self.ok,
-                "reason": self.reason, "by_digest": self.by_digest, "worst": worst}
+                "reason": self.reason, "by_digest": self.by_digest, "worst": worst,
+                "local": None if self.local is None else self.local.to_dict()}
 
 
 @dataclass
@@ -123,6 +125,8 @@ class DiffResult:
     selection: str | None = None   # "-o MUL_MAT: 12 of 270 nodes" when a filter narrowed the diff
     show_layers: bool = False      # print the per-layer strip even when every value agrees
     nothing_selected: bool = False  # the filter selected no node of this graph: nothing was compared
+    local: dict[str, Any] | None = None  # each node's own error, summed up (summarize_local)
+    inputs: list[dict[str, Any]] = field(default_factory=list)  # graph inputs both sides record (compare_inputs)
 
     @property
     def status(self) -> str:
@@ -170,7 +174,8 @@ class DiffResult:
                 "settings_differ": list(self.settings_differ), "unseen": list(self.unseen),
                 "first_structural": self.first_structural, "first_value": self.first_value,
                 "layers": [_json_row(r) for r in self.layers], "probes": [_json_row(p) for p in self.probes],
-                "selection": self.selection}
+                "selection": self.selection, "local": None if self.local is None else _json_row(self.local),
+                "inputs": [_json_row(r) for r in self.inputs]}
 
     def format_text(self) -> str:
         s = self.summary
@@ -201,9 +206,16 @@ class DiffResult:
                     f"  numeric          {s['numeric_compared']} compared ({s.get('by_digest', 0)} by digest, {s.get('from_printed', 0)} from printed values), "
                     f"{s['numeric_failed']} failed, {s.get('not_compared', 0)} not compared",
                     f"  values           {self._values_verdict()}"]
+            if s.get("inputs_compared"):
+                out.append(f"  graph inputs     {s['inputs_compared']} recorded on both sides, "
+                           f"{s['inputs_differ']} differ")
         if self.layers and (self.show_layers or any(r["max_nmse"] for r in self.layers)):
             out += ["", "per layer (where the error grows):"]
             out += [f"  {_strip_line(r)}" for r in self.layers]
+        differ = [r for r in self.inputs if not r["equal"]]
+        if differ:
+            out += ["", "graph inputs that differ (every node reading one is fed differently):"]
+            out += [f"  '{r['name']}': {r.get('detail') or 'bytes differ (digest)'}" for r in differ]
         if self.settings_differ:
             out += ["", "settings differ (the graphs ran under different settings):"]
             out += [f"  {d}" for d in self.settings_differ]
@@ -231,7 +243,79 @@ class DiffResult:
             out += [f"  - {n}" for n in self.notes]
         for pr in self.probes:
             out += [""] + format_probe(pr)
+        if self.local is not None:
+            out += [""] + format_local(self.local)
         return "\n".join(out)
+
+
+OWN_LISTED = 8
+
+
+def summarize_local(numeric: Sequence[NumericResult]) -> dict[str, Any]:
+    """What re-running each node alone found: the nodes with the largest own error first (those
+    that explain most of what follows), the first node whose own error passes its bound, and
+    every node that could not be re-run, with why."""
+    rows = [r for r in numeric if r.local is not None]
+    rerun = [r for r in rows if r.local.kind == "rerun"]
+
+    def row(r: NumericResult) -> dict[str, Any]:
+        loc = r.local
+        share = loc.nmse / r.nmse if r.nmse and math.isfinite(r.nmse) and loc.nmse is not None else None
+        return {"ref_index": r.ref_index, "ours_index": r.ours_index, "name": r.name, "op": r.op,
+                "own_nmse": loc.nmse, "own_max_abs": loc.max_abs, "total_nmse": r.nmse, "threshold": r.threshold,
+                "own_share": share, "replay_exact": loc.replay_exact}
+    own = sorted((r for r in rerun if r.local.nmse), key=lambda r: (-r.local.nmse, r.ref_index))
+    past = [r for r in rerun if r.local.nmse is not None and (r.local.nmse > r.threshold or r.local.why)]
+    skipped = [r for r in rows if r.local.kind == "skipped"]
+    reasons: dict[str, list[str]] = {}
+    for r in skipped:
+        via = f" via {r.local.source}" if r.local.source else ""
+        reasons.setdefault(r.local.why or "?", []).append(f"#{r.ours_index} {r.name} ({r.op}){via}")
+    return {"rerun": len(rerun), "views": sum(r.local.kind == "view" for r in rows), "skipped": len(skipped),
+            "not_asked": len(numeric) - len(rows),
+            "own": [row(r) for r in own[:OWN_LISTED]],
+            "first_own_past_bound": row(min(past, key=lambda r: r.ref_index)) if past else None,
+            "not_rerun": [{"why": why, "count": len(names), "nodes": names[:6]} for why, names in reasons.items()],
+            "replay_inexact": [row(r) for r in rerun if r.local.replay_exact is False][:OWN_LISTED],
+            "n_replay_inexact": sum(r.local.replay_exact is False for r in rerun),
+            "n_replay_exact": sum(r.local.replay_exact is True for r in rerun),
+            "n_inputs_from_ours": sum(r.local.inputs_from_ours for r in rerun),
+            "n_replay_unchecked": sum(r.local.replay_exact is None for r in rerun)}
+
+
+def format_local(loc: dict[str, Any]) -> list[str]:
+    if loc.get("error"):
+        return [f"own error: not measured: {loc['error']}"]
+    out = [f"own error (each node of ours re-run alone on ref's values, on the backend that ran it): "
+           f"{loc['rerun']} re-run, {loc['views']} views (nil), {loc['skipped']} not re-run alone",
+           f"  replayed on ours's own values: {loc['n_replay_exact']} give ours's output exactly, "
+           f"{loc['n_replay_inexact']} do not, {loc['n_replay_unchecked']} not replayed (ours keeps no values of "
+           "a source)"]
+    if loc.get("n_inputs_from_ours"):
+        out.append(f"  note: ref records no graph inputs, so {loc['n_inputs_from_ours']} nodes reading one were fed "
+                   "ours's (a fault in ours's inputs does not show in their own error)")
+    for r in loc.get("inputs_differ", []):
+        out.append(f"  the graph input '{r['name']}' differs, an origin of its own: {r.get('detail') or 'bytes differ'}")
+    if loc["first_own_past_bound"]:
+        r = loc["first_own_past_bound"]
+        out.append(f"  first node whose own error passes its bound: ref #{r['ref_index']} / ours "
+                   f"#{r['ours_index']} '{r['name']}' ({r['op']}) own nmse {r['own_nmse']:.3g} > {r['threshold']:g}")
+    if loc["own"]:
+        out.append("  largest own error first (own / total nmse at the node):")
+        for r in loc["own"]:
+            share = f"  ({r['own_share']:.0%} of its total)" if r["own_share"] is not None else ""
+            out.append(f"    ours #{r['ours_index']:<5} {r['name'][:40]:<40} {r['op']:<14} own {r['own_nmse']:.3g}  "
+                       f"total {r['total_nmse']:.3g}{share}")
+    elif loc["rerun"]:
+        out.append("  every node re-run alone gives ref's output exactly: no node adds error of its own")
+    for g in loc["not_rerun"]:
+        more = f", ... {g['count'] - len(g['nodes'])} more" if g["count"] > len(g["nodes"]) else ""
+        out.append(f"  not re-run alone ({g['count']}): {g['why']}: {', '.join(g['nodes'])}{more}")
+    if loc["n_replay_inexact"]:
+        out.append(f"  warning: {loc['n_replay_inexact']} nodes re-run on ours's own values do not give ours's own "
+                   "output exactly, so their own error is uncertain: "
+                   + ", ".join(f"#{r['ours_index']} {r['name']}" for r in loc["replay_inexact"]))
+    return out
 
 
 def digest_reason(r: Node, o: Node) -> str:

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from .pairing import diff_paths
+from .report import _json_row, format_local, summarize_local
 from .values import EXACT_TYPES
 from ..staging import staged_dump_dir
 from ..ops import ggml as G
@@ -43,7 +44,7 @@ class XDiffResult:
 
     def to_dict(self) -> dict:
         return {"backends": list(self.backends), "ok": self.ok, "nmse": self.nmse, "selection": self.selection,
-                "graphs": self.graphs}
+                "graphs": [_json_row(g) for g in self.graphs]}
 
     def format_text(self) -> str:
         ref, other = self.backends
@@ -62,6 +63,8 @@ class XDiffResult:
                            f"nmse {b['nmse']:.3g} > {b['threshold']:.1g}")
             for d in g["structural"][:5]:
                 out.append(f"    {d}")
+            if g.get("local"):
+                out += [f"    {line}" for line in format_local(g["local"])]
             if g.get("not_compared"):
                 out.append(f"    {len(g['not_compared'])} nodes not compared (no values on a side), first "
                            f"{g['not_compared'][0]}")
@@ -69,10 +72,11 @@ class XDiffResult:
 
 
 def xdiff(model, scenario, backends, out=None, progress=None, nmse: float | None = None,
-          select=None, per_op: dict[str, float] | None = None) -> XDiffResult:
+          select=None, per_op: dict[str, float] | None = None, local: bool = False) -> XDiffResult:
     """Run `scenario` on both `backends` and compare them (see `compare_dirs`; `nmse` overrides the
     per-op bounds, `per_op` (op or type -> bound) overrides both where it names the node's op or
-    type; `select` (graphgen.compare.nodefilter.NodeFilter) keeps the comparison to the nodes it selects)."""
+    type; `select` (graphgen.compare.nodefilter.NodeFilter) keeps the comparison to the nodes it selects;
+    `local` adds each node's own error: the second backend's node re-run on the first's values)."""
     if len(backends) != 2:
         raise ValueError("xdiff compares two backends, e.g. --backends cpu,vulkan")
     # both backends must open before either side runs: a missing one is reported at once
@@ -92,11 +96,12 @@ def xdiff(model, scenario, backends, out=None, progress=None, nmse: float | None
             # every value is kept: backends differ in the last bits, which a digest cannot weigh
             run_scenario(model, scenario, d, backend=b, progress=progress, max_data=1 << 62)
             dirs.append(d)
-        return compare_dirs(dirs[0], dirs[1], backends, nmse, select=select, per_op=per_op)
+        return compare_dirs(dirs[0], dirs[1], backends, nmse, select=select, per_op=per_op,
+                            local=local, model=model if local else None)
 
 
 def compare_dirs(dir_a, dir_b, backends, nmse: float | None = None, select=None,
-                 per_op: dict[str, float] | None = None) -> XDiffResult:
+                 per_op: dict[str, float] | None = None, local: bool = False, model=None) -> XDiffResult:
     """The comparison half of xdiff: two dump folders of one scenario, node by node, per-op bounds;
     `nmse` replaces them with one bound (as diff's --nmse), integer results staying exact."""
     if nmse is not None and not (isinstance(nmse, (int, float)) and not isinstance(nmse, bool) and nmse >= 0):
@@ -110,7 +115,8 @@ def compare_dirs(dir_a, dir_b, backends, nmse: float | None = None, select=None,
     per_op = dict(per_op or {})
     res.selection = str(select) if select.active else None
     n_selected = 0
-    for r in diff_paths(dir_a, dir_b, nmse=1.0, select=select if select.active else None):
+    for r in diff_paths(dir_a, dir_b, nmse=1.0, select=select if select.active else None, local=local,
+                        model=model):
         if r.unpaired:  # one run evaluated a graph the other did not
             res.graphs.append({"graph": r.graph, "nodes": None, "structural": list(r.notes), "worst_nmse": 0.0,
                                "worst_name": "-", "first_bad": None, "order_dependent": 0, "not_compared": []})
@@ -145,6 +151,7 @@ def compare_dirs(dir_a, dir_b, backends, nmse: float | None = None, select=None,
                 thr = per_op.get(op, per_op.get(node.type, per_op.get("default")))
             else:
                 thr = OP_NMSE.get(op, DEFAULT_NMSE) if bound is None else bound
+            n.threshold = thr  # xdiff's bound, which the own-error summary measures against
             bad = (reason is not None) or nmse > thr
             if nmse > worst:
                 worst, worst_name = nmse, n.name
@@ -156,7 +163,8 @@ def compare_dirs(dir_a, dir_b, backends, nmse: float | None = None, select=None,
         unseen = [n for _, _, n, _ in r.not_compared if not n.startswith("cache_")]
         res.graphs.append({"graph": r.graph, "nodes": r.summary.get("nodes_ref"), "structural": structural,
                            "worst_nmse": worst, "worst_name": worst_name, "first_bad": first_bad,
-                           "order_dependent": n_perm, "not_compared": unseen})
+                           "order_dependent": n_perm, "not_compared": unseen,
+                           "local": summarize_local(r.numeric) if local else None})
         # a graph compared on no node fails, unless the filter left none of its nodes to compare
         idle_ok = select.active and not selected_here
         res.ok &= not structural and first_bad is None and not unseen and (bool(r.numeric) or idle_ok)

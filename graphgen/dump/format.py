@@ -2,8 +2,10 @@
 
 A dump folder holds `NN-<graph>.json` (NN = evaluation index 00, 01, ...; graph is inject, block
 or encoder) and, next to each, an optional `NN-<graph>.npz` with node values keyed `n<index>` in
-numpy order (ne3, ne2, ne1, ne0). llama.cpp (the reference) and graphgen both write it, and
-graph-diff compares two dumps node for node.
+numpy order (ne3, ne2, ne1, ne0). The graph's inputs (token ids, positions, masks: the leaves
+the builder marks as inputs) may be listed too, under `inputs`, their values keyed `i<k>`; with
+them every node can be re-run alone on the dump's own data (graphgen.compare.local). llama.cpp
+(the reference) and graphgen both write it, and graph-diff compares two dumps node for node.
 
 Reading is strict: a malformed field raises DumpError with a one-line message naming the file and
 the field, because a silently misread dump would turn the diff into nonsense. Unknown keys are
@@ -79,6 +81,25 @@ class Node:
 
 
 @dataclass
+class Input:
+    """A graph input as a node first read it: a leaf, so no op, no sources."""
+    name: str
+    type: str
+    ne: list[int]
+    digest: str | None = None
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(reversed(self.ne))
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {"name": self.name, "type": self.type, "ne": list(self.ne)}
+        if self.digest is not None:
+            d["digest"] = self.digest
+        return d
+
+
+@dataclass
 class Dump:
     path: Path
     format: str
@@ -94,6 +115,7 @@ class Dump:
     # the whole scenario document that ran (the file's `scenario.doc`), which parse_scenario reads
     # back to rerun it; kept apart from `scenario` so reports that show `scenario` stay short
     scenario_doc: dict[str, Any] | None = None
+    inputs: list[Input] = field(default_factory=list)  # absent from dumps made before they were recorded
     _npz: Any = field(default=None, init=False, repr=False, compare=False)
 
     @property
@@ -109,9 +131,20 @@ class Dump:
     def values(self, index: int) -> np.ndarray | None:
         """Values of node `index` in numpy shape (ne3, ne2, ne1, ne0), or None if not stored."""
         node = self.nodes[index]
+        return self._array(f"n{index}", node.nelements, node.shape,
+                           f"node {index} ('{node.name}') has ne {node.ne}")
+
+    def input_values(self, name: str) -> np.ndarray | None:
+        """Values of the graph input `name` in numpy shape, or None when the dump does not keep them."""
+        for k, inp in enumerate(self.inputs):
+            if inp.name == name:
+                return self._array(f"i{k}", math.prod(inp.ne), inp.shape,
+                                   f"input '{name}' has ne {inp.ne}")
+        return None
+
+    def _array(self, key: str, size: int, shape, mismatch: str) -> np.ndarray | None:
         if self.values_path is None:
             return None
-        key = f"n{index}"
         try:
             if self._npz is None:
                 self._npz = np.load(self.values_path, allow_pickle=False)
@@ -120,10 +153,9 @@ class Dump:
             arr = self._npz[key]
         except (OSError, ValueError, zipfile.BadZipFile, zlib.error, EOFError) as e:
             raise DumpError(f"{self.values_path}: cannot read array '{key}': {_one_line(e)}") from None
-        if arr.size != node.nelements:
-            raise DumpError(f"{self.values_path}: array '{key}' has {arr.size} elements but node "
-                            f"{index} ('{node.name}') has ne {node.ne}")
-        return arr.reshape(node.shape)
+        if arr.size != size:
+            raise DumpError(f"{self.values_path}: array '{key}' has {arr.size} elements but {mismatch}")
+        return arr.reshape(shape)
 
     def close(self) -> None:
         if self._npz is not None:
@@ -291,9 +323,34 @@ def _parse_doc(doc: Any, path: Path) -> dict[str, Any]:
             raise _fail(path, "scenario.doc", f"expected an object, got {_short(scenario['doc'])}")
     scenario = dict(scenario) if scenario is not None else None
     scenario_doc = scenario.pop("doc", None) if scenario is not None else None
+    inputs = _parse_inputs(doc.get("inputs", []), path)
     return {"format": FORMAT, "source": dict(source), "model": model, "graph": graph,
             "settings": dict(settings), "cpu_features": dict(cpu), "nodes": nodes,
-            "model_sha256": model_sha256, "scenario": scenario, "scenario_doc": scenario_doc}
+            "model_sha256": model_sha256, "scenario": scenario, "scenario_doc": scenario_doc,
+            "inputs": inputs}
+
+
+def _parse_inputs(raw: Any, path: Path) -> list[Input]:
+    if not _is_list(raw):
+        raise _fail(path, "inputs", f"expected a list, got {_short(raw)}")
+    out, seen = [], set()
+    for pos, item in enumerate(raw):
+        fld = f"inputs[{pos}]"
+        if not _is_dict(item):
+            raise _fail(path, fld, f"expected an object, got {_short(item)}")
+        name = _get(item, "name", path, fld + ".", _is_nonempty_str, "a name")
+        if name in seen:
+            raise _fail(path, fld + ".name", f"'{name}' is listed twice")
+        seen.add(name)
+        typ = _get(item, "type", path, fld + ".", _is_nonempty_str, "a type name")
+        ne = _get(item, "ne", path, fld + ".", _is_list, "a list of 4 ints")
+        if len(ne) != 4 or not all(_is_int(x) and x >= 0 for x in ne):
+            raise _fail(path, fld + ".ne", f"expected 4 non-negative ints, got {_short(ne)}")
+        digest = item.get("digest")
+        if digest is not None and not _is_sha256(digest):
+            raise _fail(path, fld + ".digest", f"expected a sha256 in hex, got {_short(digest)}")
+        out.append(Input(name, typ, list(ne), digest))
+    return out
 
 
 def _is_sha256(v: Any) -> bool:
@@ -363,6 +420,10 @@ def _encode(doc: dict[str, Any]) -> str:
     for key in ("format", "source", "model", "model_sha256", "scenario", "graph", "settings", "cpu_features"):
         if key in doc:
             lines.append(f" {json.dumps(key)}: {json.dumps(doc[key], sort_keys=True)},")
+    if doc.get("inputs"):
+        lines.append(' "inputs": [')
+        lines.append(",\n".join("  " + json.dumps(i) for i in doc["inputs"]))
+        lines.append(" ],")
     lines.append(' "nodes": [')
     lines.append(",\n".join("  " + json.dumps(n) for n in doc["nodes"]))
     lines.append(" ]")
@@ -411,11 +472,12 @@ def prepare_dump_dir(directory: str | os.PathLike) -> Path:
 
 def write_dump(directory: str | os.PathLike, seq: int, graph: str, header: dict[str, Any],
                nodes: list[Node], values: dict[int, np.ndarray] | None = None,
-               max_data: int | None = None) -> Path:
+               max_data: int | None = None, inputs: list[tuple[Input, np.ndarray]] = ()) -> Path:
     """Write `NN-<graph>.json` (and `.npz` when there are values) into `directory`.
 
     `header` holds source, model, settings and cpu_features, and optionally model_sha256 and
-    scenario (see `provenance`). Values are stored for nodes with
+    scenario (see `provenance`); `inputs` the graph's inputs with their values, as the recorder
+    read them. Values are stored for nodes with
     at most `max_data` elements (all when None), as float32 unless given as integers. The
     document is validated with the reader's rules first, so what is written can be read back.
     """
@@ -429,6 +491,8 @@ def write_dump(directory: str | os.PathLike, seq: int, graph: str, header: dict[
     doc.update({k: header[k] for k in _HEADER_KEYS
                 if k in header and not (header[k] is None and k in ("model_sha256", "scenario"))})
     doc["nodes"] = [n.to_dict() for n in nodes]
+    if inputs:
+        doc["inputs"] = [inp.to_dict() for inp, _ in inputs]
     parsed = _parse_doc(doc, json_path)
 
     arrays: dict[str, np.ndarray] = {}
@@ -445,6 +509,12 @@ def write_dump(directory: str | os.PathLike, seq: int, graph: str, header: dict[
         if arr.dtype.kind not in "iu":
             arr = arr.astype(np.float32, copy=False)
         arrays[f"n{index}"] = arr.reshape(node.shape)
+    for k, (inp, arr) in enumerate(inputs):
+        arr = np.asarray(arr)
+        if arr.size != math.prod(inp.ne):
+            raise DumpError(f"{json_path}: values of input '{inp.name}' have {arr.size} elements, ne "
+                            f"{inp.ne} needs {math.prod(inp.ne)}")
+        arrays[f"i{k}"] = arr.reshape(inp.shape)
 
     directory.mkdir(parents=True, exist_ok=True)
     npz_path = json_path.with_suffix(".npz")

@@ -82,7 +82,9 @@ def src_names(t: TensorStruct) -> list[str]:
     return names
 
 
+GGML_TENSOR_FLAG_INPUT = 1
 GGML_TENSOR_FLAG_OUTPUT = 2
+GGML_OP_NONE = 0  # the one op id every ggml version shares: a leaf
 
 
 def read_array(t: TensorStruct, read_bytes=None, addr: int = 0) -> np.ndarray | None:
@@ -178,9 +180,13 @@ class NodeRecorder:
         self.values = {}
         self.backends = {}
         self.addrs = []
+        self.inputs = []   # (dump.format.Input, values) of each graph input, as first read
+        self._seen = set()  # names of the nodes and inputs recorded
+        self.input_names = set()  # inputs the engine names, where a leaf's flags do not tell
 
     def reset(self):
-        self.nodes, self.values, self.backends, self.addrs = [], {}, {}, []
+        self.nodes, self.values, self.backends, self.addrs, self.inputs = [], {}, {}, [], []
+        self._seen = set()
 
     def reorder(self, graph_index: dict):
         """Put the nodes in the graph's order. The CPU evaluates a graph in that order; a backend
@@ -221,6 +227,8 @@ class NodeRecorder:
         ))
         if backend is not None:
             self.backends[idx] = backend
+        self._record_inputs(t)
+        self._seen.add(self.nodes[idx].name)
         arr = read_array(t, self.read_bytes, addr)
         if arr is None:
             rows = read_quantized_rows(t, self.read_bytes, addr)
@@ -233,6 +241,30 @@ class NodeRecorder:
         # what a caller reads back (logits, embeddings, lattices) is kept whole at any size
         if arr.size <= self.max_data or t.flags & GGML_TENSOR_FLAG_OUTPUT:
             self.values[idx] = as_float32(arr, t.type)
+
+
+    def _record_inputs(self, t: TensorStruct):
+        """The graph inputs `t` reads, on the first read: the scheduler may hand an input's memory
+        to a later node once its last reader ran, so nothing later can read it back."""
+        from .format import Input
+        names = src_names(t)
+        for i, name in enumerate(names):
+            s = t.src[i]
+            if not name or not s or s.contents.op != GGML_OP_NONE:
+                continue
+            if not s.contents.flags & GGML_TENSOR_FLAG_INPUT and name not in self.input_names:
+                continue
+            if name in self._seen:
+                continue  # read before, or a scheduler's copy of a node already recorded
+            self._seen.add(name)
+            src = s.contents
+            saddr = ctypes.addressof(src)
+            arr = read_array(src, self.read_bytes, saddr)
+            if arr is None or arr.size > self.max_data:
+                continue
+            digest = hashlib.sha256(np.ascontiguousarray(arr).tobytes()).hexdigest()
+            vals = arr.copy() if arr.dtype.kind in "iu" else as_float32(arr, src.type)
+            self.inputs.append((Input(name, self.type_name(src.type), [int(x) for x in src.ne], digest), vals))
 
 
 def n_kv_from_nodes(nodes) -> int | None:

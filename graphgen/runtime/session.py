@@ -458,6 +458,8 @@ class Session:
         failed: list[BaseException] = []
         if recorder is not None:
             sched = slot.sched
+            # the scheduler's copies of inputs for another backend carry no input flag: name them
+            recorder.input_names = {G.tname(t) for t, _, _ in g.live_inputs}
 
             def _eval(t, ask, _ud):
                 # an exception cannot cross the C callback (ctypes would print and drop it, and the

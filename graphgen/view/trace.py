@@ -206,7 +206,7 @@ def run_trace(model, scenario, out: TextIO = sys.stdout, filter_patterns=None, a
         if dump_dir is not None:
             settings = dict(sess.settings(step.kind), n_kv=n_kv_from_nodes(rec.nodes))
             write_dump(dump_dir, index, step.kind, dict(engine_header(model.name, model, scenario), settings=settings),
-                       rec.nodes, rec.values)
+                       rec.nodes, rec.values, inputs=rec.inputs)
         return False
 
     try:

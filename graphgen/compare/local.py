@@ -1,0 +1,398 @@
+"""Each node's own error: a node of one dump re-run alone on the other dump's recorded inputs.
+
+Where two runs legitimately differ a little (two backends, ggml against the authors' PyTorch, a
+q8_0 draft against its f32 source), every node after the first imprecise one inherits its error,
+and a node's total error cannot tell a kernel that is wrong from one that is fed wrong inputs.
+Re-running the node of `ours` on the values `ref` recorded for its sources, on the backend that
+computed it, and comparing with `ref`'s output leaves only what the node itself adds: its local
+error (the FX Numeric Suite's shadow comparison, for ggml graphs).
+
+A node's sources come from `ref`'s values of the nodes they are paired with, its inputs (token
+ids, positions, masks) from the inputs a dump records, its weights from `ours`'s GGUF. The node is
+rebuilt from what the dump says of it (op, type, ne, op_params) with contiguous sources: ggml's
+kernels read sources through their strides, so a permuted view fed as contiguous values computes
+the same elements. In the same graph the node also runs on `ours`'s own recorded sources; that
+replay must give `ours`'s own output bit for bit, or the re-run does not reproduce the node and
+its local figure is flagged. A node that cannot be re-run alone says why.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from ..dump.format import Dump, Node
+from ..errors import GraphgenError
+from .values import compare_values
+
+# ops that compute nothing: their output is their source's bytes, so their own error is nil
+VIEW_OPS = {"VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE", "NONE"}
+# the source a kernel writes into rather than reads (its result is a view of it): only its layout,
+# which is the node's own, matters; the output starts from the recorded output, so elements the
+# kernel leaves alone (a cache's other rows) agree by construction
+WRITE_TARGET = {"SET_ROWS": 2, "CPY": 1}
+# ops whose parameters hold what a dump cannot carry (function pointers)
+NOT_REPLAYABLE = {"CUSTOM": "a custom op's function pointer is not in the dump",
+                  "MAP_CUSTOM1": "a custom op's function pointer is not in the dump",
+                  "MAP_CUSTOM2": "a custom op's function pointer is not in the dump",
+                  "MAP_CUSTOM3": "a custom op's function pointer is not in the dump"}
+
+
+@dataclass
+class Local:
+    """One node's own error. `kind`: rerun (nmse set), view (nil by construction), or skipped
+    (`why` says what stopped it)."""
+    ref_index: int
+    ours_index: int
+    name: str
+    op: str
+    kind: str
+    nmse: float | None = None
+    max_abs: float | None = None
+    why: str | None = None
+    source: str | None = None  # the source that stopped it, when one did: "source 2 'cache_k_l0'"
+    # the node on ours's own sources against ours's own output: exact when the re-run reproduces it
+    replay_exact: bool | None = None
+    replay_nmse: float | None = None
+    inputs_from_ours: bool = False  # ref records no graph inputs: ours's fed the re-run
+
+    def to_dict(self) -> dict[str, Any]:
+        def f(v):
+            return v if v is None or math.isfinite(v) else str(v)
+        return {"kind": self.kind, "nmse": f(self.nmse), "max_abs": f(self.max_abs), "why": self.why, "source": self.source,
+                "replay_exact": self.replay_exact, "replay_nmse": f(self.replay_nmse),
+                "inputs_from_ours": self.inputs_from_ours}
+
+
+class LocalError(GraphgenError, ValueError):
+    """Local errors cannot be computed at all (a model that is not ours's, or unreadable)."""
+
+
+# ---- the weights a node reads ------------------------------------------------------------------
+
+class Weights:
+    """Tensors of a GGUF by name: ggml type id, ne and raw bytes, as the backend receives them."""
+
+    def __init__(self, path: str | Path | None):
+        self.path = Path(path) if path else None
+        self._reader = None
+        self._by_name: dict[str, Any] = {}
+        if self.path is not None:
+            from gguf import GGUFReader
+            try:
+                self._reader = GGUFReader(str(self.path))
+            except (OSError, ValueError) as e:
+                raise LocalError(f"{self.path}: cannot read the model: {' '.join(str(e).split())}") from None
+            self._by_name = {t.name: t for t in self._reader.tensors}
+
+    def get(self, name: str) -> tuple[int, list[int], np.ndarray] | None:
+        t = self._by_name.get(name)
+        if t is None:
+            return None
+        ne = [int(x) for x in t.shape] + [1] * (4 - len(t.shape))
+        return int(t.tensor_type), ne, np.ascontiguousarray(t.data).view(np.uint8).ravel()
+
+
+# ---- ggml ids by name, in the loaded library ---------------------------------------------------
+
+def _op_id(G, desc: str, op_params: list[int]) -> tuple[int | None, str | None]:
+    """The loaded ggml's op id for a dump's op description (op_desc names a unary or GLU op by its
+    sub-op), or why there is none."""
+    ids = G.OP_IDS
+    if f"GGML_OP_{desc}" in ids and desc not in ("UNARY", "GLU"):
+        return ids[f"GGML_OP_{desc}"], None
+    if f"GGML_GLU_OP_{desc}" in ids:
+        if ids[f"GGML_GLU_OP_{desc}"] != op_params[0]:
+            return None, f"GLU op {desc} has another id in this ggml ({ids[f'GGML_GLU_OP_{desc}']}, dump {op_params[0]})"
+        return ids["GGML_OP_GLU"], None
+    sub = op_params[0]
+    if 0 <= sub < G.GGML_UNARY_OP_COUNT and G.ggml_unary_op_name(sub).decode() == desc:
+        return ids["GGML_OP_UNARY"], None
+    return None, f"this ggml has no op {desc}"
+
+
+def _type_ids(G) -> dict[str, int]:
+    return {G.ggml_type_name(i).decode(): i for i in range(G.GGML_TYPE_COUNT)}
+
+
+def _encode(values: np.ndarray, type_name: str) -> np.ndarray | None:
+    """Float values as a tensor of `type_name` holds them, rounded as ggml rounds; None when the
+    type is quantized (a dump keeps no values of such a node)."""
+    v = np.asarray(values)
+    if type_name == "f32":
+        return np.ascontiguousarray(v, dtype=np.float32)
+    if type_name == "f16":
+        return np.ascontiguousarray(v.astype(np.float32).astype(np.float16))
+    if type_name == "bf16":
+        bits = np.ascontiguousarray(v, dtype=np.float32).view(np.uint32)
+        rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+        nan = np.isnan(v.astype(np.float32))
+        return np.where(nan, ((bits >> 16) | 64).astype(np.uint16), rounded)
+    ints = {"i32": np.int32, "i64": np.int64, "i16": np.int16, "i8": np.int8}
+    if type_name in ints:
+        return np.ascontiguousarray(np.rint(v) if v.dtype.kind == "f" else v, dtype=ints[type_name])
+    if type_name == "f64":
+        return np.ascontiguousarray(v, dtype=np.float64)
+    return None
+
+
+def _decode(raw: np.ndarray, type_name: str) -> np.ndarray:
+    if type_name == "bf16":
+        return (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    dt = {"f32": np.float32, "f16": np.float16, "i32": np.int32, "i64": np.int64, "i16": np.int16,
+          "i8": np.int8, "f64": np.float64}[type_name]
+    return raw.view(dt).astype(np.float32)
+
+
+# ---- the backends nodes ran on -----------------------------------------------------------------
+
+def backend_spec(name: str | None) -> str:
+    """A node's recorded backend name (CPU, Vulkan0, CUDA1, RPC[host:port]) as open_backend's spec."""
+    if not name or name == "CPU":
+        return "cpu"
+    for prefix, kind in (("Vulkan", "vulkan"), ("CUDA", "cuda"), ("Metal", "metal"), ("MTL", "metal")):
+        if name.startswith(prefix):
+            tail = name[len(prefix):]
+            return f"{kind}:{tail}" if tail.isdigit() else kind
+    if name.startswith("RPC[") and name.endswith("]"):
+        return f"rpc://{name[4:-1]}"
+    return name
+
+
+class _Backends:
+    def __init__(self, n_threads: int):
+        self.n_threads, self.open = n_threads, {}
+
+    def get(self, spec: str):
+        if spec not in self.open:
+            from ..runtime.backends import BackendUnavailable, open_backend
+            try:
+                self.open[spec] = open_backend(spec, self.n_threads)[0]
+            except BackendUnavailable as e:
+                self.open[spec] = e
+        b = self.open[spec]
+        if isinstance(b, Exception):
+            raise b
+        return b
+
+    def close(self, G):
+        for b in self.open.values():
+            if not isinstance(b, Exception):
+                G.ggml_backend_free(b)
+        self.open.clear()
+
+
+# ---- one node, alone ---------------------------------------------------------------------------
+
+@dataclass
+class _Source:
+    type: int
+    ne: list[int]
+    ref: np.ndarray | None      # bytes fed to the re-run on ref's values
+    ours: np.ndarray | None     # bytes fed to the replay on ours's own values
+    layout_only: bool = False   # a write target: its values are never read
+    from_ours: bool = False     # a graph input ref does not record, taken from ours
+
+
+def _run_alone(G, backend, node: Node, op_id: int, sources: list[_Source | None], type_id: int,
+               prefill: tuple[np.ndarray | None, np.ndarray | None]) -> tuple[np.ndarray | None, ...] | str:
+    """Compute `node` twice in one graph (on ref's sources, on ours's), returning both outputs'
+    raw bytes, or why the backend cannot."""
+    n_tensors = 2 * (len(sources) + 1)
+    params = G.ggml_init_params(mem_size=(n_tensors + 4) * G.ggml_tensor_overhead() + G.ggml_graph_overhead(),
+                                mem_buffer=None, no_alloc=True)
+    ctx = G.ggml_init(params)
+    buf = None
+    try:
+        outs, feeds = [], []
+        for side in (0, 1):
+            srcs = []
+            for s in sources:
+                if s is None:
+                    srcs.append(None)
+                    continue
+                t = G.ggml_new_tensor(ctx, s.type, 4, (ctypes.c_int64 * 4)(*s.ne))
+                srcs.append(t)
+                feeds.append((t, s.ref if side == 0 else s.ours))
+            out = G.ggml_new_tensor(ctx, type_id, 4, (ctypes.c_int64 * 4)(*node.ne))
+            c = out.contents
+            c.op = op_id
+            for k, v in enumerate(node.op_params):
+                c.op_params[k] = v
+            for k, t in enumerate(srcs):
+                if t is not None:
+                    c.src[k] = t
+            G.ggml_set_output(out)
+            outs.append(out)
+            if prefill[side] is not None:
+                feeds.append((out, prefill[side]))
+        if not G.ggml_backend_supports_op(backend, outs[0]):
+            return f"the {G.ggml_backend_name(backend).decode()} backend does not run this op on these types"
+        gf = G.ggml_new_graph_custom(ctx, 16, False)
+        for out in outs:
+            G.ggml_build_forward_expand(gf, out)
+        buf = G.ggml_backend_alloc_ctx_tensors(ctx, backend)
+        if not buf:
+            return "could not allocate its tensors on the backend"
+        for t, data in feeds:
+            if data is None:
+                continue
+            G.ggml_backend_tensor_set(t, data.ctypes.data_as(ctypes.c_void_p), 0, data.nbytes)
+        status = G.ggml_backend_graph_compute(backend, gf)
+        if status != 0:
+            return f"the backend's compute failed (status {status})"
+        results = []
+        for out in outs:
+            raw = np.empty(G.ggml_nbytes(out), dtype=np.uint8)
+            G.ggml_backend_tensor_get(out, raw.ctypes.data_as(ctypes.c_void_p), 0, raw.nbytes)
+            results.append(raw)
+        return tuple(results)
+    finally:
+        if buf:
+            G.ggml_backend_buffer_free(buf)
+        G.ggml_free(ctx)
+
+
+def local_errors(ref: Dump, ours: Dump, pairs: list[tuple[int, int]], ref_of: dict[int, int],
+                 source_slots: Callable[[int], list[tuple[str, int | None]]], model: str | Path | None = None,
+                 n_threads: int = 1, progress: Callable[[int, int], None] | None = None) -> dict[int, Local]:
+    """Local error of each ours node in `pairs` (ref index, ours index), keyed by ours index.
+
+    `ref_of` maps an ours node index to its ref partner; `source_slots(j)` gives ours node j's src
+    slots as (name, ours index or None for a leaf); `model` is ours's GGUF, for the weights."""
+    from ..ops import ggml as G
+    weights = Weights(model)
+    if model is not None and ours.model_sha256:
+        from ..dump.format import model_sha256
+        if model_sha256(model) != ours.model_sha256:
+            raise LocalError(f"{model} is not the model ours ran ({ours.model}, sha256 {ours.model_sha256[:12]}): "
+                             "the weights a node reads must be the ones it ran with")
+    types = _type_ids(G)
+    backends = _Backends(n_threads)
+    out: dict[int, Local] = {}
+    try:
+        for k, (i, j) in enumerate(pairs):
+            if progress is not None and k % 16 == 0:
+                progress(k, len(pairs))
+            out[j] = _one(G, ref, ours, i, j, ref_of, source_slots, weights, types, backends)
+    finally:
+        backends.close(G)
+    return out
+
+
+def _one(G, ref: Dump, ours: Dump, i: int, j: int, ref_of, source_slots, weights: Weights, types,
+         backends: _Backends) -> Local:
+    node = ours.nodes[j]
+    res = Local(i, j, node.name, node.op, "skipped")
+    if node.op in VIEW_OPS:
+        res.kind, res.nmse, res.max_abs = "view", 0.0, 0.0
+        return res
+    if node.op in NOT_REPLAYABLE:
+        res.why = NOT_REPLAYABLE[node.op]
+        return res
+    op_id, why = _op_id(G, node.op, node.op_params)
+    if op_id is None:
+        res.why = why
+        return res
+    if node.type not in types:
+        res.why = f"this ggml has no type {node.type}"
+        return res
+    expect = ref.values(i)
+    if expect is None:
+        res.why = "ref keeps no values of it (quantized, or over --max-data)"
+        return res
+    target = WRITE_TARGET.get(node.op)
+    sources: list[_Source | None] = []
+    slots = source_slots(j)
+    for s, name in enumerate(node.src):
+        if not name:
+            sources.append(None)
+            continue
+        if s == target:
+            sources.append(_Source(types[node.type], list(node.ne), None, None, layout_only=True))
+            continue
+        src, why = _source(ref, ours, slots[s], ref_of, weights, types)
+        if src is None:
+            res.why, res.source = why, f"source {s} '{name}'"
+            return res
+        sources.append(src)
+    res.inputs_from_ours = any(s is not None and s.from_ours for s in sources)
+    prefill = (None, None)
+    if target is not None:
+        own = ours.values(j)
+        pre = _encode(expect, node.type), None if own is None else _encode(own, node.type)
+        if pre[0] is None:
+            res.why = f"its output is {node.type}: the dumps keep no values of it"
+            return res
+        prefill = pre
+    from ..runtime.backends import BackendUnavailable
+    try:
+        backend = backends.get(backend_spec(node.backend))
+    except BackendUnavailable as e:
+        res.why = f"its backend cannot be opened here: {e}"
+        return res
+    ran = _run_alone(G, backend, node, op_id, sources, types[node.type], prefill)
+    if isinstance(ran, str):
+        res.why = ran
+        return res
+    got = _decode(ran[0], node.type).reshape(node.shape) if node.type in _DECODABLE else None
+    if got is None:
+        res.why = f"its output is {node.type}: not compared by value"
+        return res
+    res.kind = "rerun"
+    res.nmse, res.max_abs, reason = compare_values(expect, got)
+    if reason:
+        res.why = reason
+    own = ours.values(j)
+    if own is not None and all(s is None or s.layout_only or s.ours is not None for s in sources):
+        replay = _decode(ran[1], node.type).reshape(node.shape)
+        res.replay_exact = bool(np.array_equal(own, replay, equal_nan=True))
+        res.replay_nmse = compare_values(own, replay)[0]
+    return res
+
+
+_DECODABLE = {"f32", "f16", "bf16", "i32", "i64", "i16", "i8", "f64"}
+
+
+def _source(ref: Dump, ours: Dump, slot: tuple[str, int | None], ref_of: dict[int, int], weights: Weights,
+            types: dict[str, int]) -> tuple[_Source | None, str | None]:
+    name, at = slot
+    if at is not None:
+        src = ours.nodes[at]
+        if src.type not in types:
+            return None, f"this ggml has no type {src.type}"
+        k = ref_of.get(at)
+        if k is None:
+            return None, "it has no counterpart in ref"
+        vals = ref.values(k)
+        if vals is None:
+            return None, "ref keeps no values of it (quantized, or over --max-data)"
+        if vals.size != math.prod(src.ne):
+            return None, f"ref's counterpart has {vals.size} elements, ours's {math.prod(src.ne)}"
+        data = _encode(vals, src.type)
+        if data is None:
+            return None, f"it is {src.type}, whose values a dump does not keep"
+        own = ours.values(at)
+        return _Source(types[src.type], list(src.ne), data, None if own is None else _encode(own, src.type)), None
+    # a graph input as ref fed it; a dump that records no inputs at all (made before they were
+    # recorded, or the authors' torch side) lends ours's, and the node says so
+    src_dump = ref if ref.inputs else ours
+    for inp in src_dump.inputs:
+        if inp.name == name and inp.type in types:
+            vals = src_dump.input_values(name)
+            if vals is not None:
+                own = ours.input_values(name)
+                return _Source(types[inp.type], list(inp.ne), _encode(vals, inp.type),
+                               None if own is None else _encode(own, inp.type), from_ours=src_dump is ours), None
+    w = weights.get(name)
+    if w is not None:
+        t, ne, raw = w
+        return _Source(t, ne, raw, raw), None
+    if weights.path is None:
+        return None, "a leaf the dumps do not record: a weight needs the model (-m), an input a dump that records inputs"
+    return None, f"a leaf neither dump records and {weights.path.name} does not hold"
