@@ -353,3 +353,32 @@ def staged_dump_dir(out: str | os.PathLike):
         shutil.rmtree(tmp, ignore_errors=True)
         if not ok:
             _undo_parents(made)
+
+
+@contextlib.contextmanager
+def staged_new_folder(out: str | os.PathLike):
+    """Yield a temporary folder beside `out`, a folder that must not exist yet (or be empty); when
+    the block completes it becomes `out` in one rename. On failure or interrupt it goes, and `out`
+    is as it was: a folder appears whole or not at all."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+    out = Path(out)
+    if out.exists() and not (out.is_dir() and not any(out.iterdir())):
+        raise NotAFolder(f"{out}: exists and is not an empty folder; give a new folder")
+    made = _made_parents(out)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
+    tmp.chmod(0o777 & ~_umask())
+    ok = False
+    try:
+        yield tmp
+        _stop_if_interrupted()
+        with signals_deferred():
+            if out.is_dir():
+                out.rmdir()
+            os.replace(tmp, out)
+        ok = True
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not ok:
+            _undo_parents(made)

@@ -1176,6 +1176,35 @@ MUTATIONS = [
 ]
 
 
+# Faults the debugging tools are tested on: each is planted in a copy of the package (`plant`),
+# run there, and the tools must name it. A builder's fault whose error at its own node stays
+# under the diff's bound and grows past it downstream; a fault in a kernel's input.
+FAULTS = [
+    Mutation("fault_ffn_norm_eps", "graphgen/models/dflash.py:GraphBase.build_layers",
+             "cur = self.build_norm(ffn_inp, layer.ffn_norm, None, il)",
+             "cur = ggml_rms_norm(ctx, ffn_inp, hp.f_norm_rms_eps * (600.0 if il == 0 else 1.0))\n"
+             "            self.cb(cur, 'norm', il)\n"
+             "            cur = ggml_mul(ctx, cur, layer.ffn_norm)", ()),
+    Mutation("fault_positions_shifted", "GraphContext.build_inp_pos.values",
+             "p = np.asarray(params.ubatch.pos, dtype=np.int32)",
+             "p = np.asarray(params.ubatch.pos, dtype=np.int32) + 1", ()),
+]
+
+
+def plant(name: str, dest: Path) -> Path:
+    """A copy of the graphgen package under `dest` with the fault (or mutation) `name` applied;
+    put `dest` first on PYTHONPATH to run it. Returns `dest`."""
+    chosen = [m for m in FAULTS + MUTATIONS if m.name == name]
+    if not chosen:
+        raise ValueError(f"no fault or mutation named {name!r}")
+    dest = Path(dest)
+    shutil.copytree(ROOT / "graphgen", dest / "graphgen", ignore=shutil.ignore_patterns("__pycache__"))
+    target, a, b = locate(dest, chosen[0])
+    text = target.read_text()
+    target.write_text(text[:a] + chosen[0].new + text[b:])
+    return dest
+
+
 def _copy_tree(dst: Path) -> None:
     files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, check=True,
                            capture_output=True).stdout.decode().split("\0")
@@ -1221,7 +1250,15 @@ def main(argv=None) -> int:
     ap.add_argument("--check", action="store_true",
                     help="find every mutation's place and code in the tree, run no test (after a refactor)")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per mutation (default 900)")
+    ap.add_argument("--plant", metavar="NAME", help="write a copy of the package with the fault (or mutation) NAME "
+                                                    "applied into --into DIR, and run nothing")
+    ap.add_argument("--into", metavar="DIR", help="with --plant: the folder to write the copy into")
     args = ap.parse_args(argv)
+    if args.plant:
+        if not args.into:
+            ap.error("--plant needs --into DIR")
+        print(plant(args.plant, Path(args.into)))
+        return 0
     chosen = [m for m in MUTATIONS if not args.k or any(w in m.name for w in args.k)]
     if not chosen:
         print(f"no mutation matches {' or '.join(args.k)}", file=sys.stderr)
@@ -1232,7 +1269,7 @@ def main(argv=None) -> int:
         return 0
     if args.check:
         bad = 0
-        for m in chosen:
+        for m in chosen + ([] if args.k else FAULTS):
             try:
                 f, a, b = locate(ROOT, m)
             except ValueError as e:
@@ -1242,7 +1279,8 @@ def main(argv=None) -> int:
             if f.read_text()[a:b] == m.new:
                 bad += 1
                 print(f"ERROR    {m.name}: the mutation changes nothing")
-        print(f"{len(chosen) - bad}/{len(chosen)} mutations found their place")
+        n = len(chosen) + (0 if args.k else len(FAULTS))
+        print(f"{n - bad}/{n} mutations and faults found their place")
         return 1 if bad else 0
     with tempfile.TemporaryDirectory(prefix="graphgen-mutate-") as tmp:
         tree = Path(tmp)

@@ -21,6 +21,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "graphgen.cli.demo",     # demo
     "graphgen.cli.convert",  # convert
     "graphgen.cli.authors",  # check (the draft authors' models; make-model --format hf, dump --engine torch)
+    "graphgen.cli.reduce",   # reduce
 )
 
 
