@@ -101,13 +101,21 @@ def _diff(args, ref: Dump, ours: Dump | None):
     if ours is None:
         return None
     from ..compare.diff import diff_dumps
-    return diff_dumps(ref, ours, rules=args.rules_list)
+    if not getattr(args, "local", False):
+        return diff_dumps(ref, ours, rules=args.rules_list)
+    from ..compare.pairing import local_model
+    return diff_dumps(ref, ours, rules=args.rules_list, local=True,
+                      model=local_model(ours, getattr(args, "weights", None)))
 
 
 def _cmd_view(args) -> int:
     from ..compare.rules import RulesError, load_rules
     if args.rules and not args.ours:
         raise ValueError("--rules needs two dumps (view REF OURS): rules explain differences between them")
+    if (args.local or args.weights) and not args.ours:
+        raise ValueError("--local needs two dumps (view REF OURS): a node's own error is against the other's values")
+    if args.weights and not args.local:
+        raise ValueError("--weights is read only with --local")
     try:
         args.rules_list = load_rules(args.rules) if args.rules else []
     except RulesError as e:
@@ -274,6 +282,11 @@ def register(sub) -> None:
     p.add_argument("dump", help="dump file or folder (or an eval-callback / dot / sched-debug file)")
     p.add_argument("ours", nargs="?", help="a second dump: show the diff of DUMP (ref) and this")
     p.add_argument("--format", choices=VIEW_FORMATS, default="html")
+    p.add_argument("--local", action="store_true",
+                   help="with two dumps: also each node's own error (a strip on its left edge and a row of its "
+                        "details), every node of OURS re-run alone on DUMP's values, as diff --local")
+    p.add_argument("--weights", metavar="GGUF", default=None,
+                   help="with --local: the model OURS ran (default: found by name and sha256 beside the dumps)")
     p.add_argument("--rules", metavar="FILE", default=None,
                    help="with two dumps: equivalence rules (JSON) that explain known structural differences, "
                         "as for diff")

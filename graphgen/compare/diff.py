@@ -396,7 +396,7 @@ def compare_inputs(ref: Dump, ours: Dump) -> list[dict[str, Any]]:
                 nm, mx, _ = compare_values(a, b)
                 row.update(nmse=nm, max_abs=mx, n_differ=int(diff.size),
                            detail=f"{diff.size} of {a.size} elements differ, first at flat index {k}: "
-                                  f"ref {a.ravel()[k]!r}, ours {b.ravel()[k]!r}")
+                                  f"ref {a.ravel()[k].item()!r}, ours {b.ravel()[k].item()!r}")
         out.append(row)
     return out
 

@@ -165,8 +165,30 @@ def backend_spec(name: str | None) -> str:
 
 
 class _Backends:
+    """The backends the re-runs compute on, opened once each, and one buffer per backend that every
+    re-run reuses: a buffer is never freed while its backend lives (freeing a Vulkan buffer between
+    graphs has corrupted the process's memory in ggml 0.26.0's Vulkan backend)."""
+
     def __init__(self, n_threads: int):
         self.n_threads, self.open = n_threads, {}
+        self.arena: dict[int, int] = {}   # backend -> its buffer
+        self.retired: list[int] = []      # outgrown buffers, freed with their backend
+
+    def buffer(self, G, backend, ctx):
+        """A buffer of `backend` holding every tensor of `ctx` (placed), or None."""
+        buf = self.arena.get(backend)
+        if buf is None or not _place(G, buf, ctx):
+            need = ctx_bytes(G, backend, ctx)
+            if buf is not None:
+                self.retired.append(buf)
+                need = max(need, 2 * G.ggml_backend_buffer_get_size(buf))
+            buf = G.ggml_backend_buft_alloc_buffer(G.ggml_backend_get_default_buffer_type(backend), need)
+            if not buf:
+                return None
+            self.arena[backend] = buf
+            if not _place(G, buf, ctx):
+                return None
+        return buf
 
     def get(self, spec: str):
         if spec not in self.open:
@@ -181,6 +203,9 @@ class _Backends:
         return b
 
     def close(self, G):
+        for buf in self.retired + list(self.arena.values()):
+            G.ggml_backend_buffer_free(buf)
+        self.retired, self.arena = [], {}
         for b in self.open.values():
             if not isinstance(b, Exception):
                 G.ggml_backend_free(b)
@@ -199,7 +224,7 @@ class _Source:
     from_ours: bool = False     # a graph input ref does not record, taken from ours
 
 
-def _run_alone(G, backend, node: Node, op_id: int, sources: list[_Source | None], type_id: int,
+def _run_alone(G, backends: _Backends, backend, node: Node, op_id: int, sources: list[_Source | None], type_id: int,
                prefill: tuple[np.ndarray | None, np.ndarray | None]) -> tuple[np.ndarray | None, ...] | str:
     """Compute `node` twice in one graph (on ref's sources, on ours's), returning both outputs'
     raw bytes, or why the backend cannot."""
@@ -207,7 +232,6 @@ def _run_alone(G, backend, node: Node, op_id: int, sources: list[_Source | None]
     params = G.ggml_init_params(mem_size=(n_tensors + 4) * G.ggml_tensor_overhead() + G.ggml_graph_overhead(),
                                 mem_buffer=None, no_alloc=True)
     ctx = G.ggml_init(params)
-    buf = None
     try:
         outs, feeds = [], []
         for side in (0, 1):
@@ -236,7 +260,7 @@ def _run_alone(G, backend, node: Node, op_id: int, sources: list[_Source | None]
         gf = G.ggml_new_graph_custom(ctx, 16, False)
         for out in outs:
             G.ggml_build_forward_expand(gf, out)
-        buf = G.ggml_backend_alloc_ctx_tensors(ctx, backend)
+        buf = backends.buffer(G, backend, ctx)
         if not buf:
             return "could not allocate its tensors on the backend"
         for t, data in feeds:
@@ -244,6 +268,7 @@ def _run_alone(G, backend, node: Node, op_id: int, sources: list[_Source | None]
                 continue
             G.ggml_backend_tensor_set(t, data.ctypes.data_as(ctypes.c_void_p), 0, data.nbytes)
         status = G.ggml_backend_graph_compute(backend, gf)
+        G.ggml_backend_synchronize(backend)
         if status != 0:
             return f"the backend's compute failed (status {status})"
         results = []
@@ -253,9 +278,33 @@ def _run_alone(G, backend, node: Node, op_id: int, sources: list[_Source | None]
             results.append(raw)
         return tuple(results)
     finally:
-        if buf:
-            G.ggml_backend_buffer_free(buf)
         G.ggml_free(ctx)
+
+
+def _place(G, buf, ctx) -> bool:
+    """Every tensor of `ctx` at its aligned place in `buf`; False when they do not fit."""
+    buft = G.ggml_backend_buffer_get_type(buf)
+    align = G.ggml_backend_buft_get_alignment(buft)
+    base, cap = G.ggml_backend_buffer_get_base(buf), G.ggml_backend_buffer_get_size(buf)
+    places, off = [], 0
+    t = G.ggml_get_first_tensor(ctx)
+    while t:
+        places.append((t, off))
+        off += (G.ggml_backend_buft_get_alloc_size(buft, t) + align - 1) // align * align
+        t = G.ggml_get_next_tensor(ctx, t)
+    if off > cap:
+        return False
+    return all(G.ggml_backend_tensor_alloc(buf, t, ctypes.c_void_p(base + o)) == 0 for t, o in places)
+
+
+def ctx_bytes(G, backend, ctx) -> int:
+    buft = G.ggml_backend_get_default_buffer_type(backend)
+    align = G.ggml_backend_buft_get_alignment(buft)
+    n, t = 0, G.ggml_get_first_tensor(ctx)
+    while t:
+        n += (G.ggml_backend_buft_get_alloc_size(buft, t) + align - 1) // align * align
+        t = G.ggml_get_next_tensor(ctx, t)
+    return n
 
 
 def local_errors(ref: Dump, ours: Dump, pairs: list[tuple[int, int]], ref_of: dict[int, int],
@@ -264,25 +313,103 @@ def local_errors(ref: Dump, ours: Dump, pairs: list[tuple[int, int]], ref_of: di
     """Local error of each ours node in `pairs` (ref index, ours index), keyed by ours index.
 
     `ref_of` maps an ours node index to its ref partner; `source_slots(j)` gives ours node j's src
-    slots as (name, ours index or None for a leaf); `model` is ours's GGUF, for the weights."""
-    from ..ops import ggml as G
-    weights = Weights(model)
+    slots as (name, ours index or None for a leaf); `model` is ours's GGUF, for the weights.
+
+    The nodes are re-run in a child process, one backend instance for all of them: a node whose
+    kernel aborts (a GGML_ASSERT) ends the child, not the caller, and is reported as such; the
+    rest go on in a new child. A GPU backend is opened there once, as the run it checks did (a
+    second instance of a Vulkan device in one process has corrupted memory in ggml 0.26.0)."""
     if model is not None and ours.model_sha256:
         from ..dump.format import model_sha256
         if model_sha256(model) != ours.model_sha256:
             raise LocalError(f"{model} is not the model ours ran ({ours.model}, sha256 {ours.model_sha256[:12]}): "
                              "the weights a node reads must be the ones it ran with")
-    types = _type_ids(G)
-    backends = _Backends(n_threads)
+    Weights(model)  # an unreadable model is refused here, in a line, not in the child
+    request = {"ref": str(ref.path), "ours": str(ours.path), "model": None if model is None else str(model),
+               "n_threads": n_threads, "ref_of": {str(j): i for j, i in ref_of.items()},
+               "slots": {str(j): [list(s) for s in source_slots(j)] for _, j in pairs}}
     out: dict[int, Local] = {}
+    todo = list(pairs)
+    while todo:
+        request["pairs"] = todo
+        done_now = _child(request, out, len(pairs), progress)
+        if done_now is None:
+            break
+        # the child died at todo[done_now]: that node says so, the rest go on in a new child
+        i, j, why = done_now
+        node = ours.nodes[j]
+        out[j] = Local(i, j, node.name, node.op, "skipped", why=why)
+        todo = [p for p in todo if p[1] not in out]
+    return out
+
+
+def _child(request: dict, out: dict[int, Local], total: int, progress) -> tuple[int, int, str] | None:
+    """Run one child over request["pairs"], filling `out`; None when it finished them all, else
+    (ref index, ours index, why) of the node it died on."""
+    import json
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ)
+    from ..ops.runtime import activate
+    rt = activate()
+    if rt.origin != "reference":
+        env["GRAPHGEN_GGML_DIR"] = str(rt.lib_dir)  # the ggml this process computes on
+    p = subprocess.Popen([sys.executable, "-m", "graphgen.compare.local"], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
-        for k, (i, j) in enumerate(pairs):
-            if progress is not None and k % 16 == 0:
-                progress(k, len(pairs))
-            out[j] = _one(G, ref, ours, i, j, ref_of, source_slots, weights, types, backends)
+        p.stdin.write(json.dumps(request))
+        p.stdin.close()
+        pending = list(request["pairs"])
+        for line in p.stdout:
+            row = json.loads(line)
+            j = row["ours_index"]
+            out[j] = Local(**row)
+            pending = [x for x in pending if x[1] != j]
+            if progress is not None and len(out) % 16 == 0:
+                progress(len(out), total)
+        err = p.stderr.read()
+        rc = p.wait()
+    except BaseException:
+        p.kill()
+        p.wait()
+        raise
+    if rc == 0 and not pending:
+        return None
+    if not pending:
+        return None
+    tail = " ".join(ln for ln in err.splitlines()[-3:] if "ggml_vulkan" not in ln)[-300:]
+    if rc == 0:
+        raise RuntimeError(f"the re-run ended without {len(pending)} of its nodes: {tail}")
+    if rc == 2 and not out:
+        raise LocalError(f"the nodes cannot be re-run: {tail or 'exit status 2'}")
+    how = f"signal {-rc}" if rc < 0 else f"exit status {rc}"
+    i, j = pending[0]
+    return i, j, f"re-running it alone ended its backend's process ({how}): {tail or 'nothing printed'}"
+
+
+def _serve() -> int:
+    """The child's side (`python -m graphgen.compare.local`): a request on stdin, a JSON line per
+    node on stdout, as each is done."""
+    import json
+    import sys
+    from ..dump.format import load_dump
+    from ..ops import ggml as G
+    req = json.loads(sys.stdin.read())
+    ref, ours = load_dump(req["ref"]), load_dump(req["ours"])
+    weights = Weights(req["model"])
+    ref_of = {int(j): i for j, i in req["ref_of"].items()}
+    slots = {int(j): [(n, k) for n, k in v] for j, v in req["slots"].items()}
+    types = _type_ids(G)
+    backends = _Backends(req["n_threads"])
+    try:
+        for i, j in req["pairs"]:
+            res = _one(G, ref, ours, i, j, ref_of, slots.__getitem__, weights, types, backends)
+            sys.stdout.write(json.dumps(vars(res)) + "\n")
+            sys.stdout.flush()
     finally:
         backends.close(G)
-    return out
+    return 0
 
 
 def _one(G, ref: Dump, ours: Dump, i: int, j: int, ref_of, source_slots, weights: Weights, types,
@@ -336,7 +463,7 @@ def _one(G, ref: Dump, ours: Dump, i: int, j: int, ref_of, source_slots, weights
     except BackendUnavailable as e:
         res.why = f"its backend cannot be opened here: {e}"
         return res
-    ran = _run_alone(G, backend, node, op_id, sources, types[node.type], prefill)
+    ran = _run_alone(G, backends, backend, node, op_id, sources, types[node.type], prefill)
     if isinstance(ran, str):
         res.why = ran
         return res
@@ -394,5 +521,11 @@ def _source(ref: Dump, ours: Dump, slot: tuple[str, int | None], ref_of: dict[in
         t, ne, raw = w
         return _Source(t, ne, raw, raw), None
     if weights.path is None:
-        return None, "a leaf the dumps do not record: a weight needs the model (-m), an input a dump that records inputs"
+        return None, ("a leaf the dumps do not record: a weight needs the model (--weights), an input a dump that "
+                      "records inputs")
     return None, f"a leaf neither dump records and {weights.path.name} does not hold"
+
+
+if __name__ == "__main__":
+    import sys as _sys
+    _sys.exit(_serve())

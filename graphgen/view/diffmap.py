@@ -37,6 +37,9 @@ class Row:
     fields: dict[str, tuple[Any, Any]] = field(default_factory=dict)
     # the element furthest apart of a compared node (DiffResult's numeric "worst"), or None
     worst: dict[str, Any] | None = None
+    # the node's own error (diff --local): its NMSE re-run alone on ref's values, or why it has none
+    own: float | None = None
+    own_why: str | None = None
 
 
 @dataclass
@@ -90,6 +93,12 @@ def diff_map(res: DiffResult, ref: Dump, ours: Dump) -> DiffMap:
             row.nmse, row.max_abs = _num(nr.nmse), _num(nr.max_abs)
             # read through to_dict: the shape the diff publishes, whatever its fields are called
             row.worst = nr.to_dict().get("worst")
+            loc = nr.local
+            if loc is not None:
+                row.own = None if loc.nmse is None else _num(loc.nmse)
+                row.own_why = ("a view: computes nothing" if loc.kind == "view" else
+                               (f"{loc.source}: {loc.why}" if loc.source else loc.why) if loc.kind == "skipped"
+                               else None)
             if not nr.ok and row.status == "matched":
                 row.status, row.detail = "value", nr.describe()
         elif i in uncompared and row.status == "matched":

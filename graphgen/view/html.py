@@ -31,7 +31,7 @@ from .dot import OP_KINDS, OTHER_COLOUR, op_kind
 # row fields, in the order the page's JS reads them; stats are [min, max, mean, nan, inf, count]
 # (changes: [field, ref text, ours text] of a changed node; worst: the element furthest apart)
 FIELDS = ("name", "op", "type", "ne", "layer", "src", "status", "nmse", "max_abs", "detail", "ref", "ours",
-          "params", "backend", "stats", "vals", "ostats", "ovals", "obackend", "changes", "worst")
+          "params", "backend", "stats", "vals", "ostats", "ovals", "obackend", "changes", "worst", "own", "own_why")
 N_FIRST_VALUES = 8
 STATIC = Path(__file__).with_name("static")
 
@@ -119,7 +119,7 @@ def _single_rows(d: Dump) -> list[list]:
     sources = V.resolve_sources(d.nodes)
     layers = V.node_layers(d.nodes, sources)
     return [[n.name, n.op, n.type, n.ne, il, [[s, -1 if k is None else k] for _, s, k in srcs],
-             "", None, None, "", n.index, None, *_node_fields(d, n.index), None, None, None, None, None]
+             "", None, None, "", n.index, None, *_node_fields(d, n.index), None, None, None, None, None, None, None]
             for n, il, srcs in zip(d.nodes, layers, sources)]
 
 
@@ -145,7 +145,7 @@ def _diff_rows(res: DiffResult, ref: Dump, ours: Dump) -> tuple[list[list], int 
         rows.append([n.name, n.op, n.type, n.ne, il,
                      [[s, -1 if k is None else to_row.get(k, -1)] for _, s, k in srcs],
                      r.status, _f(r.nmse), _f(r.max_abs), r.detail, r.ref, r.ours,
-                     params, backend, stats, vals, ostats, ovals, obackend, changes, r.worst])
+                     params, backend, stats, vals, ostats, ovals, obackend, changes, r.worst, _f(r.own), r.own_why])
     at = {id(r): k for k, r in enumerate(dm.rows)}
     firsts = {key: None if row is None else at[id(row)] for key, row in
               (("first", dm.first), ("firstStructural", dm.first_structural), ("firstValue", dm.first_value))}
@@ -273,6 +273,10 @@ def to_html(ref: Dump, ours: Dump | None = None, res: DiffResult | None = None,
                             ("first value failure", res.first_value)):
             if event:
                 summary += f" | {what}: {event['detail']}"
+        if res.local and res.local.get("own"):
+            top = res.local["own"][0]
+            summary += (f" | largest own error: #{top['ref_index']} '{top['name']}' ({top['op']}) "
+                        f"{top['own_nmse']:.3g}")
         thr = min((r.threshold for r in res.numeric), default=None)
         plot = nmse_plot(rows, thr)
     title = title or page_title(ref, ours)

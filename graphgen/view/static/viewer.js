@@ -176,6 +176,9 @@ function nodeEl(k, x, y, detail) {
   g.appendChild(el("rect", {"class": "body", width: NODE_W, height: NODE_H, rx: 5, fill: colour(r)}));
   var nc = diff ? nmseColour(r[F.nmse]) : null;
   if (nc) g.appendChild(el("rect", {"class": "nmse", x: NODE_W - STRIP_W, y: 1, width: STRIP_W - 1, height: NODE_H - 2, fill: nc}));
+  // the node's own error (diff --local), in the same scale, on the left edge
+  var oc = diff ? nmseColour(r[F.own]) : null;
+  if (oc) g.appendChild(el("rect", {"class": "own", x: 1, y: 1, width: 4, height: NODE_H - 2, fill: oc}));
   if (detail === null) {
     g.appendChild(el("title", {}, (r[F.name] || "(unnamed)") + "\n" + r[F.op]));
   } else if (!detail) {
@@ -190,7 +193,8 @@ function nodeEl(k, x, y, detail) {
     g.appendChild(el("text", {x: 6, y: 16, "class": "nm"}, idx + " " + name));
     g.appendChild(el("text", {x: 6, y: 32, "class": "sub"}, r[F.op] + " " + r[F.type] + " " + ne(r)));
     g.appendChild(el("title", {}, (r[F.name] || "(unnamed)") + "\n" + r[F.op] + (r[F.params] ? " " + r[F.params] : "") +
-                     (diff && r[F.nmse] !== null ? "\nnmse " + fmt(r[F.nmse]) : "")));
+                     (diff && r[F.nmse] !== null ? "\nnmse " + fmt(r[F.nmse]) : "") +
+                     (diff && r[F.own] !== null ? "\nown error " + fmt(r[F.own]) : "")));
   }
   return g;
 }
@@ -319,6 +323,8 @@ function showDetails(k) {
   }
   if (diff) t.push(["status", esc(D.statusLabels[r[F.status]] || r[F.status])], ["ref index", r[F.ref] === null ? "-" : r[F.ref]],
     ["ours index", r[F.ours] === null ? "-" : r[F.ours]], ["nmse", fmt(r[F.nmse])], ["max abs", fmt(r[F.max_abs])]);
+  if (diff && (r[F.own] !== null || r[F.own_why])) t.push(["own error", '<span class="own">' +
+    (r[F.own] !== null ? fmt(r[F.own]) + (r[F.own_why] ? " (" + esc(r[F.own_why]) + ")" : "") : esc(r[F.own_why])) + "</span>"]);
   if (!diff || r[F.ref] !== null) statsRows(t, r[F.stats], r[F.vals], diff ? "ref" : "");
   if (diff && r[F.ours] !== null) statsRows(t, r[F.ostats], r[F.ovals], "ours");
   var srcs = r[F.src].map(function (s) { return s[1] >= 0 ? jump(s[1], s[0]) : esc(s[0]) + " (leaf)"; }).join("<br>");
@@ -392,6 +398,8 @@ var legendHtml = Object.keys(cols).map(function (key) {
     esc(label) + ' <span class="n">' + (counts[key] || 0) + "</span></span>";
 }).join("");
 if (diff) legendHtml += '<span class="item strip"><i class="sw grad"></i>NMSE strip: 0 green to \u22651e-2 red, log scale</span>';
+if (diff && rows.some(function (r) { return r[F.own] !== null; }))
+  legendHtml += '<span class="item strip own"><i class="sw grad"></i>left strip: the node\'s own error (re-run alone on ref\'s values), same scale</span>';
 legendHtml += '<span class="item"><i class="sw ring sel"></i>selected</span>' +
   (diff ? '<span class="item"><i class="sw ring first"></i>first divergence</span>' : "") +
   '<span class="item"><i class="sw ring hit"></i>search hit</span>';
