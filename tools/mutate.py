@@ -141,6 +141,9 @@ IMPORT_VALUES = ("tests/compare/test_import_values.py",)
 CHECK_BATCH = ("tests/checkbatch/test_plan.py", "tests/checkbatch/test_engines.py", "tests/checkbatch/test_matching.py",
                "tests/checkbatch/test_measure.py", "tests/checkbatch/test_results.py", "tests/checkbatch/test_check.py")
 LOOP = ("tests/speculative/test_llamaloop.py",)
+LOCAL = ("tests/compare/test_local.py",)
+REDUCE = ("tests/reduce/test_case.py", "tests/reduce/test_failure.py", "tests/reduce/test_shrink.py",
+          "tests/reduce/test_repro.py")
 LOOP_UNIT = ("tests/speculative/test_llamaloop.py::test_compare_names_the_earliest_parting_and_refuses_nothing",)
 
 MUTATIONS = [
@@ -1173,6 +1176,40 @@ MUTATIONS = [
              "raise ReferenceFailed(f\"{reference_label()} could not load {model}\")",
              ("tests/reference/test_target_errors.py::test_a_refused_draft_is_named_with_the_reason_too",)),
     # (end of the check -m and target-refusal mutations)
+    # --- each node's own error (graphgen/compare/local.py) and the reducer (graphgen/reduce/) ---
+    Mutation("local_write_target_slot", "graphgen/compare/local.py",
+             'WRITE_TARGET = {"SET_ROWS": 2, "CPY": 1, "FILL": 0}', 'WRITE_TARGET = {"SET_ROWS": 0, "CPY": 1, "FILL": 0}', LOCAL),
+    Mutation("local_inputs_from_ours", "_source",
+             "src_dump = ref if ref.inputs else ours", "src_dump = ours", LOCAL),
+    Mutation("local_bf16_truncated", "graphgen/compare/local.py:_encode",
+             "rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)",
+             "rounded = (bits >> 16).astype(np.uint16)", LOCAL),
+    Mutation("local_replay_never_checked", "graphgen/compare/local.py:_one",
+             "res.replay_exact = bool(np.array_equal(own, replay, equal_nan=True))", "res.replay_exact = True", LOCAL),
+    Mutation("local_ranked_smallest_first", "summarize_local",
+             "key=lambda r: (-r.local.nmse, r.ref_index)", "key=lambda r: (r.local.nmse, r.ref_index)", LOCAL),
+    Mutation("local_first_past_bound_latest", "summarize_local",
+             "row(min(past, key=lambda r: r.ref_index))", "row(max(past, key=lambda r: r.ref_index))", LOCAL),
+    Mutation("local_inputs_never_differ", "compare_inputs",
+             "same = bool(np.array_equal(a, b, equal_nan=True))", "same = True", LOCAL),
+    Mutation("local_other_model_accepted", "local_errors",
+             "if model_sha256(model) != ours.model_sha256:", "if False:", LOCAL),
+    Mutation("local_nothing_rerun_passes", "_local_unmeasured",
+             'if any(loc.get("rerun") for loc in locs):', "if True:", LOCAL),
+    Mutation("reduce_signature_with_detail", "graphgen/reduce/failure.py",
+             'detail: str = field(default="", compare=False)', 'detail: str = field(default="")', REDUCE),
+    Mutation("reduce_vocab_mask_kept", "Case._vocab",
+             "b[\"tokens\"] = [v - 1 if t == old_mask or t >= v - 1 else t for t in b[\"tokens\"]]",
+             "b[\"tokens\"] = [t for t in b[\"tokens\"]]", REDUCE),
+    Mutation("reduce_inject_cut_not_followed", "Case._tokens",
+             'b["pos0"] = max(0, b["pos0"] - cut)', 'b["pos0"] = b["pos0"]', REDUCE),
+    Mutation("reduce_crash_read_as_refusal", "_side_failure",
+             'if rc < 0 or rc >= 128 or "GGML_ASSERT" in text', 'if rc < 0', REDUCE),
+    Mutation("reduce_repro_not_rerun", "write_repro",
+             "reproduced = again.failure == res.failure", "reproduced = True", REDUCE),
+    Mutation("reduce_max_tries_ignored", "reduce",
+             "res.complete = res.tries < max_tries", "res.complete = True", REDUCE),
+
 ]
 
 

@@ -409,7 +409,17 @@ def _local(ref: Dump, ours: Dump, numeric: list[NumericResult], pair_map: dict[i
         return {"error": "an imported dump keeps no values to re-run nodes on"}
     pairs = [(r.ref_index, r.ours_index) for r in numeric]
     ref_of = {j: i for i, j in pair_map.items()}
-    found = local_errors(ref, ours, pairs, ref_of, osrc.slots, model=model, progress=on_local)
+
+    def slots(j: int) -> list[tuple[str, int | None]]:
+        # the recorded source indices where the dump has them (names repeat: " (reshaped)"),
+        # else the names resolved as the diff resolves them
+        by_name = osrc.slots(j)
+        at = ours.nodes[j].src_at
+        if at is None or osrc.passthrough:
+            return by_name
+        return [(name, k if k is not None else by_name[s][1]) for s, (name, k) in
+                enumerate(zip(ours.nodes[j].src, at))] + by_name[len(at):]
+    found = local_errors(ref, ours, pairs, ref_of, slots, model=model, progress=on_local)
     for r in numeric:
         r.local = found.get(r.ours_index)
     return summarize_local(numeric)

@@ -28,14 +28,14 @@ import numpy as np
 
 from ..dump.format import Dump, Node
 from ..errors import GraphgenError
-from .values import compare_values
+from .values import ORDER_FREE, compare_values
 
 # ops that compute nothing: their output is their source's bytes, so their own error is nil
 VIEW_OPS = {"VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE", "NONE"}
 # the source a kernel writes into rather than reads (its result is a view of it): only its layout,
 # which is the node's own, matters; the output starts from the recorded output, so elements the
 # kernel leaves alone (a cache's other rows) agree by construction
-WRITE_TARGET = {"SET_ROWS": 2, "CPY": 1}
+WRITE_TARGET = {"SET_ROWS": 2, "CPY": 1, "FILL": 0}
 # ops whose parameters hold what a dump cannot carry (function pointers)
 NOT_REPLAYABLE = {"CUSTOM": "a custom op's function pointer is not in the dump",
                   "MAP_CUSTOM1": "a custom op's function pointer is not in the dump",
@@ -343,6 +343,9 @@ def local_errors(ref: Dump, ours: Dump, pairs: list[tuple[int, int]], ref_of: di
     return out
 
 
+_ROW = "graphgen-local-row "
+
+
 def _child(request: dict, out: dict[int, Local], total: int, progress) -> tuple[int, int, str] | None:
     """Run one child over request["pairs"], filling `out`; None when it finished them all, else
     (ref index, ours index, why) of the node it died on."""
@@ -362,7 +365,10 @@ def _child(request: dict, out: dict[int, Local], total: int, progress) -> tuple[
         p.stdin.close()
         pending = list(request["pairs"])
         for line in p.stdout:
-            row = json.loads(line)
+            # ggml's abort prints a backtrace on stdout: only the rows marked as such are read
+            if not line.startswith(_ROW):
+                continue
+            row = json.loads(line[len(_ROW):])
             j = row["ours_index"]
             out[j] = Local(**row)
             pending = [x for x in pending if x[1] != j]
@@ -378,7 +384,8 @@ def _child(request: dict, out: dict[int, Local], total: int, progress) -> tuple[
         return None
     if not pending:
         return None
-    tail = " ".join(ln for ln in err.splitlines()[-3:] if "ggml_vulkan" not in ln)[-300:]
+    lines = [ln for ln in err.splitlines() if "ggml_vulkan" not in ln]
+    tail = next((ln.strip() for ln in lines if "GGML_ASSERT" in ln or "error" in ln.lower()), " ".join(lines[-3:]))[-300:]
     if rc == 0:
         raise RuntimeError(f"the re-run ended without {len(pending)} of its nodes: {tail}")
     if rc == 2 and not out:
@@ -405,7 +412,7 @@ def _serve() -> int:
     try:
         for i, j in req["pairs"]:
             res = _one(G, ref, ours, i, j, ref_of, slots.__getitem__, weights, types, backends)
-            sys.stdout.write(json.dumps(vars(res)) + "\n")
+            sys.stdout.write(_ROW + json.dumps(vars(res)) + "\n")
             sys.stdout.flush()
     finally:
         backends.close(G)
@@ -472,12 +479,17 @@ def _one(G, ref: Dump, ours: Dump, i: int, j: int, ref_of, source_slots, weights
         res.why = f"its output is {node.type}: not compared by value"
         return res
     res.kind = "rerun"
+    if node.op in ORDER_FREE:
+        # the order among equal-ranked candidates is the kernel's: compared as sorted rows
+        expect, got = np.sort(expect, axis=-1), np.sort(got, axis=-1)
     res.nmse, res.max_abs, reason = compare_values(expect, got)
     if reason:
         res.why = reason
     own = ours.values(j)
     if own is not None and all(s is None or s.layout_only or s.ours is not None for s in sources):
         replay = _decode(ran[1], node.type).reshape(node.shape)
+        if node.op in ORDER_FREE:
+            own, replay = np.sort(own, axis=-1), np.sort(replay, axis=-1)
         res.replay_exact = bool(np.array_equal(own, replay, equal_nan=True))
         res.replay_nmse = compare_values(own, replay)[0]
     return res

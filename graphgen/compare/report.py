@@ -264,8 +264,10 @@ def summarize_local(numeric: Sequence[NumericResult]) -> dict[str, Any]:
         return {"ref_index": r.ref_index, "ours_index": r.ours_index, "name": r.name, "op": r.op,
                 "own_nmse": loc.nmse, "own_max_abs": loc.max_abs, "total_nmse": r.nmse, "threshold": r.threshold,
                 "own_share": share, "replay_exact": loc.replay_exact}
-    own = sorted((r for r in rerun if r.local.nmse), key=lambda r: (-r.local.nmse, r.ref_index))
-    past = [r for r in rerun if r.local.nmse is not None and (r.local.nmse > r.threshold or r.local.why)]
+    # a node whose replay on its own values is not exact has no own error to trust: listed apart
+    trusted = [r for r in rerun if r.local.replay_exact is not False]
+    own = sorted((r for r in trusted if r.local.nmse), key=lambda r: (-r.local.nmse, r.ref_index))
+    past = [r for r in trusted if r.local.nmse is not None and (r.local.nmse > r.threshold or r.local.why)]
     skipped = [r for r in rows if r.local.kind == "skipped"]
     reasons: dict[str, list[str]] = {}
     for r in skipped:

@@ -17,7 +17,7 @@ import numpy as np
 
 from .pairing import diff_paths
 from .report import _json_row, format_local, summarize_local
-from .values import EXACT_TYPES
+from .values import EXACT_TYPES, ORDER_FREE
 from ..staging import staged_dump_dir
 from ..ops import ggml as G
 from ..play.engine import run_scenario
@@ -30,8 +30,6 @@ OP_NMSE = {
 DEFAULT_NMSE = 5e-4
 # data movement and integer results must agree exactly
 EXACT_OPS = {"ARGMAX", "ARGSORT", "TOP_K", "GET_ROWS_BACK"}
-# ops whose output order is the kernel's choice: compared as sorted rows
-ORDER_FREE = {"TOP_K", "ARGSORT"}
 
 
 @dataclass

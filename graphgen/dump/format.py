@@ -58,6 +58,9 @@ class Node:
     backend: str | None = None  # the ggml backend that computed the node, when recorded
     digest: str | None = None   # sha256 of the node's bytes, for every node the recorder could read
     stats: dict | None = None   # count, sum, sumsq, min, max, nan, inf of its values
+    # the index of the node each src slot read, where the recorder saw it (None: a leaf, or a
+    # scheduler's copy): names repeat (" (reshaped)"), indices do not
+    src_at: list[int | None] | None = None
 
     @property
     def nelements(self) -> int:
@@ -77,6 +80,8 @@ class Node:
         if self.digest is not None:
             d["digest"] = self.digest
             d["stats"] = dict(self.stats or {})
+        if self.src_at is not None:
+            d["src_at"] = list(self.src_at)
         return d
 
 
@@ -271,8 +276,12 @@ def _parse_node(raw: Any, pos: int, path: Path) -> Node:
     stats = raw.get("stats")
     if stats is not None and not isinstance(stats, dict):
         raise _fail(path, fld + ".stats", f"expected an object, got {_short(stats)}")
+    src_at = raw.get("src_at")
+    if src_at is not None and not (isinstance(src_at, list) and len(src_at) == len(src) and
+                                   all(k is None or (_is_int(k) and 0 <= k < pos) for k in src_at)):
+        raise _fail(path, fld + ".src_at", f"expected one earlier node index (or null) per source, got {_short(src_at)}")
     return Node(index, name, op, typ, list(ne), list(src), view_src, view_offs, list(op_params), backend,
-                digest, dict(stats) if stats is not None else None)
+                digest, dict(stats) if stats is not None else None, None if src_at is None else list(src_at))
 
 
 def _parse_doc(doc: Any, path: Path) -> dict[str, Any]:

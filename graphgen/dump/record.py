@@ -182,11 +182,12 @@ class NodeRecorder:
         self.addrs = []
         self.inputs = []   # (dump.format.Input, values) of each graph input, as first read
         self._seen = set()  # names of the nodes and inputs recorded
+        self._at: dict[int, int] = {}  # address -> index of the nodes recorded
         self.input_names = set()  # inputs the engine names, where a leaf's flags do not tell
 
     def reset(self):
         self.nodes, self.values, self.backends, self.addrs, self.inputs = [], {}, {}, [], []
-        self._seen = set()
+        self._seen, self._at = set(), {}
 
     def reorder(self, graph_index: dict):
         """Put the nodes in the graph's order. The CPU evaluates a graph in that order; a backend
@@ -205,6 +206,11 @@ class NodeRecorder:
             if old in self.backends:
                 backends[new] = self.backends[old]
         self.addrs = [self.addrs[o] for o in order]
+        new_of = {old: new for new, old in enumerate(order)}
+        for n in nodes:
+            if n.src_at is not None:
+                n.src_at = [None if k is None else new_of[k] for k in n.src_at]
+        self._at = {a: k for k, a in enumerate(self.addrs)}
         self.nodes, self.values, self.backends = nodes, values, backends
 
     def record(self, addr: int, backend: str | None = None):
@@ -212,6 +218,9 @@ class NodeRecorder:
         t = TensorStruct.from_address(addr)
         idx = len(self.nodes)
         self.addrs.append(addr)
+        names = src_names(t)
+        src_at = [self._at.get(ctypes.addressof(t.src[k].contents)) if t.src[k] else None for k in range(len(names))]
+        self._at[addr] = idx
         vs = t.view_src
         self.nodes.append(Node(
             index=idx,
@@ -219,11 +228,12 @@ class NodeRecorder:
             op=self.op_desc(addr),
             type=self.type_name(t.type),
             ne=[int(x) for x in t.ne],
-            src=src_names(t),
+            src=names,
             view_src=vs.contents.name.decode(errors="replace") if vs else None,
             view_offs=int(t.view_offs),
             op_params=[int(x) for x in t.op_params],
             backend=backend,
+            src_at=src_at,
         ))
         if backend is not None:
             self.backends[idx] = backend

@@ -114,6 +114,19 @@ class TraceRecorder:
     def values(self):
         return self._rec.values
 
+    @property
+    def inputs(self):
+        return self._rec.inputs
+
+    @property
+    def input_names(self):
+        return self._rec.input_names
+
+    @input_names.setter
+    def input_names(self, names):
+        # the session names its inputs on the recorder it is given: this one's inner recorder
+        self._rec.input_names = names
+
     def reset(self):
         self._rec.reset()
 
