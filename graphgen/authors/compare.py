@@ -350,3 +350,39 @@ def compare_paths(a_path, b_path, band: float | None = None) -> AuthorsDiff:
             o_side[0].scenario.get("digest") != t0.scenario.get("digest"):
         res.notes.append("the two sides ran different scenarios (digests differ)")
     return res
+
+
+def own_errors(torch_path, ggml_path, model, lenders=()) -> dict:
+    """Each mapped node's own error on the authors' values (graphgen.compare.local): the ggml node
+    re-run alone with its sources set to the authors' values of their mapped partners. Only nodes
+    whose every source the tensor map covers can be (l_out from ffn_out and ffn_inp, the output
+    head from result_norm); the rest say which source has no authors' counterpart."""
+    from ..compare.local import local_errors
+    from ..compare.pairing import load_side, pair_graphs
+    from ..compare.report import source_indices
+    t_side, o_side = load_side(torch_path), load_side(ggml_path)
+    rows, reasons = [], {}
+    for t, o in pair_graphs(t_side, o_side)[0]:
+        t_at = {n.name: n.index for n in t.nodes}
+        ref_of: dict[int, int] = {}
+        for tn in t.nodes:
+            entry = _entry_for(tn.name)
+            on = _find(entry, tn.name, o) if entry is not None and entry.kind != "tokens" else None
+            if on is not None and list(on.ne) == list(tn.ne):
+                ref_of[on.index] = t_at[tn.name]
+        by_name = source_indices(o.nodes)
+
+        def slots(j, o=o, by_name=by_name):
+            n = o.nodes[j]
+            at = n.src_at or [None] * len(n.src)
+            return [(s, k if k is not None else by_name[j][i]) for i, (s, k) in enumerate(zip(n.src, at))]
+        pairs = [(i, j) for j, i in sorted(ref_of.items())]
+        for j, loc in sorted(local_errors(t, o, pairs, ref_of, slots, model=model, lenders=list(lenders)).items()):
+            row = {"graph": o.path.name, "name": o.nodes[j].name, "op": o.nodes[j].op, "kind": loc.kind,
+                   "own_nmse": loc.nmse, "why": loc.why, "source": loc.source}
+            rows.append(row)
+            if loc.kind == "skipped":
+                reasons.setdefault(loc.why, []).append(f"{row['name']} ({loc.source or ''})".replace(" ()", ""))
+    return {"rows": rows, "rerun": sum(r["kind"] == "rerun" for r in rows),
+            "views": sum(r["kind"] == "view" for r in rows), "skipped": sum(r["kind"] == "skipped" for r in rows),
+            "not_rerun": [{"why": w, "count": len(v), "nodes": v[:6]} for w, v in reasons.items()]}

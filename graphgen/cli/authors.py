@@ -221,7 +221,8 @@ def _beside_gguf(ck, target_gguf: Path, target_dir, work: Path, say):
     return conv, drafts[0], drafts[1]
 
 
-def run_check(hf_dir, scenario_path=None, target=None, keep=None, f16=False, say=None, target_gguf=None) -> dict:
+def run_check(hf_dir, scenario_path=None, target=None, keep=None, f16=False, say=None, target_gguf=None,
+              local=False) -> dict:
     """The triangle: llama.cpp's converter (the draft as it writes it, and its target folder), then
     the scenario in the authors' model (float32, and float64 as the arbiter), in llama.cpp b11739 and
     in graphgen, both beside the target's GGUF; each side's distance to the arbiter, and graphgen
@@ -313,8 +314,14 @@ def run_check(hf_dir, scenario_path=None, target=None, keep=None, f16=False, say
         arb = arbitrate(load_side(dirs["arbiter"]), load_side(dirs["torch"]),
                         compare_paths(dirs["arbiter"], dirs["llama.cpp"], band=1.0),
                         compare_paths(dirs["arbiter"], dirs["graphgen"], band=1.0), draft.n_layer, cache, head)
-        graph = diff_paths(dirs["llama.cpp"], dirs["graphgen"])
+        graph = diff_paths(dirs["llama.cpp"], dirs["graphgen"], local=local, model=gguf if local else None)
         identical = exit_code(graph) == 0
+        own = None
+        if local:
+            # each mapped node of llama.cpp's graph re-run alone on the authors' values
+            from ..authors.compare import own_errors
+            say("re-running llama.cpp's mapped nodes on the authors' values")
+            own = own_errors(dirs["torch"], dirs["llama.cpp"], gguf, lenders=[lender] if lender.is_file() else [])
         if keep:
             Path(keep).parent.mkdir(parents=True, exist_ok=True)
             if Path(keep).is_dir():
@@ -326,7 +333,7 @@ def run_check(hf_dir, scenario_path=None, target=None, keep=None, f16=False, say
                 "target_converted": target_gguf is None,
                 "work": str(keep or work), "kept": bool(keep),
                 "authors_vs_llama.cpp": vs_ref, "authors_vs_graphgen": vs_ours, "arbiter": arb,
-                "graphgen_identical": identical, "graph_diff": graph, "scenario_cut": cut,
+                "graphgen_identical": identical, "graph_diff": graph, "scenario_cut": cut, "own_errors": own,
                 "block_size": draft.block_size}
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -382,7 +389,7 @@ def _cmd_check(args) -> int:
     from .. import progress
     with progress.task(f"check {args.hf_dir}") as task:
         r = run_check(args.hf_dir, args.scenario, args.target, args.keep, f16=args.type_kv == "f16", say=task.update,
-                      target_gguf=args.target_model)
+                      target_gguf=args.target_model, local=args.local)
     code, line = verdict(r)
     ref, ours, arb = r["authors_vs_llama.cpp"], r["authors_vs_graphgen"], r["arbiter"]
     if args.json:
@@ -393,6 +400,7 @@ def _cmd_check(args) -> int:
                           "block_size": r["block_size"], "arbiter": arb.to_dict(),
                           "authors_vs_llama.cpp": _distances(ref), "authors_vs_graphgen": _distances(ours),
                           "graphgen_identical_to_llama.cpp": r["graphgen_identical"],
+                          **({"own_errors": _own_json(r)} if args.local else {}),
                           "work": r["work"] if r["kept"] else None}, indent=1))
         return code
     print(f"{r['hf_dir']}: {r['class']}, converted by llama.cpp's converter {r['converter']}")
@@ -415,10 +423,35 @@ def _cmd_check(args) -> int:
     bad = arb.first_departure
     if bad is not None:
         print(f"  first node where llama.cpp departs: {bad.name} in {bad.graph}")
+    if args.local:
+        for line in _own_lines(r):
+            print(line)
     if r["kept"]:
         print(f"  dumps and GGUFs kept in {r['work']}")
     print(line)
     return code
+
+
+def _own_json(r: dict) -> dict:
+    from ..compare.report import _json_row
+    return {"authors_vs_llama.cpp": _json_row(r["own_errors"]),
+            "graphgen_on_llama.cpp": [_json_row(g.local) for g in r["graph_diff"] if g.local is not None]}
+
+
+def _own_lines(r: dict) -> list[str]:
+    """check --local: the own errors, after the verdict's lines."""
+    from ..compare.report import format_local
+    own = r["own_errors"]
+    out = [f"  own error of llama.cpp's mapped nodes on the authors' values: {own['rerun']} re-run, "
+           f"{own['views']} views (nil), {own['skipped']} not re-run alone"]
+    for row in sorted((x for x in own["rows"] if x["kind"] == "rerun"), key=lambda x: -(x["own_nmse"] or 0))[:8]:
+        out.append(f"    {row['name']:28s} {row['op']:14s} own nmse {row['own_nmse']:.3g}  ({row['graph']})")
+    for g in own["not_rerun"]:
+        out.append(f"    not re-run alone ({g['count']}): {g['why']}: {', '.join(g['nodes'])}")
+    for g in r["graph_diff"]:
+        if g.local is not None:
+            out += [f"  graphgen's {Path(g.ours_path).name} on llama.cpp's values:"] + [f"  {x}" for x in format_local(g.local)]
+    return out
 
 
 def register(sub) -> None:
@@ -438,6 +471,9 @@ def register(sub) -> None:
                    help="cache type of the default scenario (default f32)")
     p.add_argument("--keep", metavar="DIR", default=None,
                    help="keep the GGUFs (draft and target; with -m, the draft) and the dump folders in DIR")
+    p.add_argument("--local", action="store_true",
+                   help="also each node's own error: llama.cpp's mapped nodes re-run alone on the authors' values, "
+                        "and graphgen's nodes on llama.cpp's (diff --local)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(fn=_cmd_check)
 

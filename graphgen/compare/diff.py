@@ -134,7 +134,7 @@ def diff_dumps(ref: Dump, ours: Dump, nmse: float | dict[str, float] | None = No
                rules: Sequence[Rule] | str | os.PathLike | None = None, on_values=None,
                select: NodeFilter | None = None, per_op: dict[str, float] | None = None,
                at: Sequence[Target] = (), local: bool = False, model: str | os.PathLike | None = None,
-               on_local=None) -> DiffResult:
+               on_local=None, lenders: Sequence[str | os.PathLike] = ()) -> DiffResult:
     """Compare two dumps; `rules` is a list of Rule or the path of a rules file.
 
     When either side is imported (structure only), both are first cut down to the fields every
@@ -292,7 +292,7 @@ def diff_dumps(ref: Dump, ours: Dump, nmse: float | dict[str, float] | None = No
     local_summary = None
     if local:
         local_summary = _local(full_ref, full_ours, numeric, pair_map, osrc, model, on_local, structure_only,
-                               from_printed)
+                               from_printed, lenders)
         if local_summary is not None and not local_summary.get("error"):
             local_summary["inputs_differ"] = [d for d in inputs if not d["equal"]]
     if ref.graph != ours.graph:
@@ -402,7 +402,7 @@ def compare_inputs(ref: Dump, ours: Dump) -> list[dict[str, Any]]:
 
 
 def _local(ref: Dump, ours: Dump, numeric: list[NumericResult], pair_map: dict[int, int], osrc: _Sources,
-           model, on_local, structure_only, from_printed) -> dict[str, Any]:
+           model, on_local, structure_only, from_printed, lenders=()) -> dict[str, Any]:
     """Each compared node's own error, set on its NumericResult; what was re-run, summed up."""
     from .local import local_errors
     if structure_only or from_printed:
@@ -419,7 +419,7 @@ def _local(ref: Dump, ours: Dump, numeric: list[NumericResult], pair_map: dict[i
             return by_name
         return [(name, k if k is not None else by_name[s][1]) for s, (name, k) in
                 enumerate(zip(ours.nodes[j].src, at))] + by_name[len(at):]
-    found = local_errors(ref, ours, pairs, ref_of, slots, model=model, progress=on_local)
+    found = local_errors(ref, ours, pairs, ref_of, slots, model=model, progress=on_local, lenders=list(lenders))
     for r in numeric:
         r.local = found.get(r.ours_index)
     return summarize_local(numeric)

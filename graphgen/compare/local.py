@@ -76,19 +76,23 @@ class LocalError(GraphgenError, ValueError):
 # ---- the weights a node reads ------------------------------------------------------------------
 
 class Weights:
-    """Tensors of a GGUF by name: ggml type id, ne and raw bytes, as the backend receives them."""
+    """Tensors of the GGUFs a graph read weights from (the draft, then a target lending it its
+    embeddings and head), by name: ggml type id, ne and raw bytes, as the backend receives them."""
 
-    def __init__(self, path: str | Path | None):
-        self.path = Path(path) if path else None
-        self._reader = None
+    def __init__(self, *paths):
+        self.paths = [Path(p) for p in paths if p]
+        self.path = self.paths[0] if self.paths else None
         self._by_name: dict[str, Any] = {}
-        if self.path is not None:
-            from gguf import GGUFReader
+        self._readers = []
+        from gguf import GGUFReader
+        for p in self.paths:
             try:
-                self._reader = GGUFReader(str(self.path))
+                reader = GGUFReader(str(p))
             except (OSError, ValueError) as e:
-                raise LocalError(f"{self.path}: cannot read the model: {' '.join(str(e).split())}") from None
-            self._by_name = {t.name: t for t in self._reader.tensors}
+                raise LocalError(f"{p}: cannot read the model: {' '.join(str(e).split())}") from None
+            self._readers.append(reader)
+            for t in reader.tensors:
+                self._by_name.setdefault(t.name, t)  # the draft's own before a lender's
 
     def get(self, name: str) -> tuple[int, list[int], np.ndarray] | None:
         t = self._by_name.get(name)
@@ -221,7 +225,45 @@ class _Source:
     ref: np.ndarray | None      # bytes fed to the re-run on ref's values
     ours: np.ndarray | None     # bytes fed to the replay on ours's own values
     layout_only: bool = False   # a write target: its values are never read
+    nb: list[int] | None = None  # the strides it was read through, when the dump has them
+    strided: bool = False        # those strides are not its shape's own: it is laid out as read
     from_ours: bool = False     # a graph input ref does not record, taken from ours
+
+
+ITEMSIZE = {"f32": 4, "f16": 2, "bf16": 2, "i32": 4, "i64": 8, "i16": 2, "i8": 1, "f64": 8}
+
+
+def _strided(ne: list[int], nb: list[int] | None, type_name: str) -> bool:
+    """Whether a source was read through strides other than its shape's own (a permuted view)."""
+    if nb is None or type_name not in ITEMSIZE:
+        return False
+    want = [ITEMSIZE[type_name]]
+    for k in range(3):
+        want.append(want[-1] * ne[k])
+    return any(nb[k] != want[k] for k in range(4) if ne[k] > 1)
+
+
+def _source_tensor(G, ctx, s: "_Source", data):
+    """A source tensor laid out as the node read it: a permuted view read through its strides
+    takes another kernel path than its contiguous copy (llamafile's sgemm wants contiguous
+    operands), so the values are placed at the recorded strides of a buffer and viewed there."""
+    ne = (ctypes.c_int64 * 4)(*s.ne)
+    if not s.strided:
+        t = G.ggml_new_tensor(ctx, s.type, 4, ne)
+        return t, t, data
+    itemsize = G.ggml_type_size(s.type)
+    extent = sum((n - 1) * b for n, b in zip(s.ne, s.nb)) + itemsize
+    base = G.ggml_new_tensor_1d(ctx, s.type, (extent + itemsize - 1) // itemsize)
+    view = G.ggml_view_4d(ctx, base, s.ne[0], s.ne[1], s.ne[2], s.ne[3], s.nb[1], s.nb[2], s.nb[3], 0)
+    for k in range(4):
+        view.contents.nb[k] = s.nb[k]
+    if data is None:
+        return view, base, None
+    raw = np.zeros(G.ggml_nbytes(base), dtype=np.uint8)
+    placed = np.ndarray(shape=tuple(reversed(s.ne)), dtype=data.dtype, buffer=raw,
+                        strides=tuple(reversed(s.nb)))
+    placed[...] = data.reshape(placed.shape)
+    return view, base, raw
 
 
 def _run_alone(G, backends: _Backends, backend, node: Node, op_id: int, sources: list[_Source | None], type_id: int,
@@ -240,9 +282,9 @@ def _run_alone(G, backends: _Backends, backend, node: Node, op_id: int, sources:
                 if s is None:
                     srcs.append(None)
                     continue
-                t = G.ggml_new_tensor(ctx, s.type, 4, (ctypes.c_int64 * 4)(*s.ne))
+                t, fed, data = _source_tensor(G, ctx, s, s.ref if side == 0 else s.ours)
                 srcs.append(t)
-                feeds.append((t, s.ref if side == 0 else s.ours))
+                feeds.append((fed, data))
             out = G.ggml_new_tensor(ctx, type_id, 4, (ctypes.c_int64 * 4)(*node.ne))
             c = out.contents
             c.op = op_id
@@ -286,15 +328,20 @@ def _place(G, buf, ctx) -> bool:
     buft = G.ggml_backend_buffer_get_type(buf)
     align = G.ggml_backend_buft_get_alignment(buft)
     base, cap = G.ggml_backend_buffer_get_base(buf), G.ggml_backend_buffer_get_size(buf)
-    places, off = [], 0
+    places, views, off = [], [], 0
     t = G.ggml_get_first_tensor(ctx)
     while t:
-        places.append((t, off))
-        off += (G.ggml_backend_buft_get_alloc_size(buft, t) + align - 1) // align * align
+        if t.contents.view_src:
+            views.append(t)  # a view lives in its source's memory
+        else:
+            places.append((t, off))
+            off += (G.ggml_backend_buft_get_alloc_size(buft, t) + align - 1) // align * align
         t = G.ggml_get_next_tensor(ctx, t)
     if off > cap:
         return False
-    return all(G.ggml_backend_tensor_alloc(buf, t, ctypes.c_void_p(base + o)) == 0 for t, o in places)
+    if not all(G.ggml_backend_tensor_alloc(buf, t, ctypes.c_void_p(base + o)) == 0 for t, o in places):
+        return False
+    return all(G.ggml_backend_view_init(v) == 0 for v in views)
 
 
 def ctx_bytes(G, backend, ctx) -> int:
@@ -302,18 +349,21 @@ def ctx_bytes(G, backend, ctx) -> int:
     align = G.ggml_backend_buft_get_alignment(buft)
     n, t = 0, G.ggml_get_first_tensor(ctx)
     while t:
-        n += (G.ggml_backend_buft_get_alloc_size(buft, t) + align - 1) // align * align
+        if not t.contents.view_src:
+            n += (G.ggml_backend_buft_get_alloc_size(buft, t) + align - 1) // align * align
         t = G.ggml_get_next_tensor(ctx, t)
     return n
 
 
 def local_errors(ref: Dump, ours: Dump, pairs: list[tuple[int, int]], ref_of: dict[int, int],
                  source_slots: Callable[[int], list[tuple[str, int | None]]], model: str | Path | None = None,
-                 n_threads: int = 1, progress: Callable[[int, int], None] | None = None) -> dict[int, Local]:
+                 n_threads: int = 1, progress: Callable[[int, int], None] | None = None,
+                 lenders: list[str | Path] = ()) -> dict[int, Local]:
     """Local error of each ours node in `pairs` (ref index, ours index), keyed by ours index.
 
     `ref_of` maps an ours node index to its ref partner; `source_slots(j)` gives ours node j's src
-    slots as (name, ours index or None for a leaf); `model` is ours's GGUF, for the weights.
+    slots as (name, ours index or None for a leaf); `model` is ours's GGUF, for the weights, and
+    `lenders` the GGUFs that lent it tensors (a target's embeddings and head).
 
     The nodes are re-run in a child process, one backend instance for all of them: a node whose
     kernel aborts (a GGML_ASSERT) ends the child, not the caller, and is reported as such; the
@@ -324,8 +374,9 @@ def local_errors(ref: Dump, ours: Dump, pairs: list[tuple[int, int]], ref_of: di
         if model_sha256(model) != ours.model_sha256:
             raise LocalError(f"{model} is not the model ours ran ({ours.model}, sha256 {ours.model_sha256[:12]}): "
                              "the weights a node reads must be the ones it ran with")
-    Weights(model)  # an unreadable model is refused here, in a line, not in the child
-    request = {"ref": str(ref.path), "ours": str(ours.path), "model": None if model is None else str(model),
+    models = [str(m) for m in (model, *lenders) if m is not None]
+    Weights(*models)  # an unreadable model is refused here, in a line, not in the child
+    request = {"ref": str(ref.path), "ours": str(ours.path), "models": models,
                "n_threads": n_threads, "ref_of": {str(j): i for j, i in ref_of.items()},
                "slots": {str(j): [list(s) for s in source_slots(j)] for _, j in pairs}}
     out: dict[int, Local] = {}
@@ -404,7 +455,7 @@ def _serve() -> int:
     from ..ops import ggml as G
     req = json.loads(sys.stdin.read())
     ref, ours = load_dump(req["ref"]), load_dump(req["ours"])
-    weights = Weights(req["model"])
+    weights = Weights(*req["models"])
     ref_of = {int(j): i for j, i in req["ref_of"].items()}
     slots = {int(j): [(n, k) for n, k in v] for j, v in req["slots"].items()}
     types = _type_ids(G)
@@ -517,7 +568,8 @@ def _source(ref: Dump, ours: Dump, slot: tuple[str, int | None], ref_of: dict[in
         if data is None:
             return None, f"it is {src.type}, whose values a dump does not keep"
         own = ours.values(at)
-        return _Source(types[src.type], list(src.ne), data, None if own is None else _encode(own, src.type)), None
+        return _Source(types[src.type], list(src.ne), data, None if own is None else _encode(own, src.type),
+                       nb=src.nb, strided=_strided(src.ne, src.nb, src.type)), None
     # a graph input as ref fed it; a dump that records no inputs at all (made before they were
     # recorded, or the authors' torch side) lends ours's, and the node says so
     src_dump = ref if ref.inputs else ours
@@ -535,7 +587,7 @@ def _source(ref: Dump, ours: Dump, slot: tuple[str, int | None], ref_of: dict[in
     if weights.path is None:
         return None, ("a leaf the dumps do not record: a weight needs the model (--weights), an input a dump that "
                       "records inputs")
-    return None, f"a leaf neither dump records and {weights.path.name} does not hold"
+    return None, f"a leaf neither dump records and {' nor '.join(p.name for p in weights.paths)} holds"
 
 
 if __name__ == "__main__":

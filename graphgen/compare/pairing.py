@@ -100,6 +100,19 @@ def local_model(ours: Dump, given: str | os.PathLike | None) -> Path | None:
     return None
 
 
+def local_lenders(ours: Dump) -> list[Path]:
+    """The target a scenario named (it lends a draft its embeddings and head): as written, beside
+    the dump folder, in it, or here."""
+    target = (ours.scenario_doc or {}).get("target")
+    if not target:
+        return []
+    p = Path(target)
+    for cand in ([p] if p.is_absolute() else [ours.path.parent / p, ours.path.parent.parent / p, Path.cwd() / p]):
+        if cand.is_file():
+            return [cand]
+    return []
+
+
 def diff_paths(ref_path: str | os.PathLike, ours_path: str | os.PathLike,
                nmse: float | dict[str, float] | None = None,
                rules_path: str | os.PathLike | None = None, progress=None,
@@ -156,6 +169,7 @@ def diff_paths(ref_path: str | os.PathLike, ours_path: str | os.PathLike,
             res = diff_dumps(r, o, nmse, rules, on_values=on_values if progress is not None else None,
                              select=select, per_op=per_op, at=at, local=local,
                              model=local_model(o, model) if local else None,
+                             lenders=local_lenders(o) if local else (),
                              on_local=on_local if progress is not None else None)
         finally:
             r.close()

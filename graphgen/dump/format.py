@@ -61,6 +61,7 @@ class Node:
     # the index of the node each src slot read, where the recorder saw it (None: a leaf, or a
     # scheduler's copy): names repeat (" (reshaped)"), indices do not
     src_at: list[int | None] | None = None
+    nb: list[int] | None = None  # its strides in bytes, as the recorder saw them (a view's are not its shape's)
 
     @property
     def nelements(self) -> int:
@@ -82,6 +83,8 @@ class Node:
             d["stats"] = dict(self.stats or {})
         if self.src_at is not None:
             d["src_at"] = list(self.src_at)
+        if self.nb is not None:
+            d["nb"] = list(self.nb)
         return d
 
 
@@ -280,8 +283,12 @@ def _parse_node(raw: Any, pos: int, path: Path) -> Node:
     if src_at is not None and not (isinstance(src_at, list) and len(src_at) == len(src) and
                                    all(k is None or (_is_int(k) and 0 <= k < pos) for k in src_at)):
         raise _fail(path, fld + ".src_at", f"expected one earlier node index (or null) per source, got {_short(src_at)}")
+    nb = raw.get("nb")
+    if nb is not None and not (isinstance(nb, list) and len(nb) == 4 and all(_is_int(x) and x >= 0 for x in nb)):
+        raise _fail(path, fld + ".nb", f"expected 4 non-negative ints, got {_short(nb)}")
     return Node(index, name, op, typ, list(ne), list(src), view_src, view_offs, list(op_params), backend,
-                digest, dict(stats) if stats is not None else None, None if src_at is None else list(src_at))
+                digest, dict(stats) if stats is not None else None, None if src_at is None else list(src_at),
+                None if nb is None else list(nb))
 
 
 def _parse_doc(doc: Any, path: Path) -> dict[str, Any]:

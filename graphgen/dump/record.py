@@ -234,6 +234,7 @@ class NodeRecorder:
             op_params=[int(x) for x in t.op_params],
             backend=backend,
             src_at=src_at,
+            nb=[int(x) for x in t.nb],
         ))
         if backend is not None:
             self.backends[idx] = backend
