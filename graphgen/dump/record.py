@@ -183,11 +183,12 @@ class NodeRecorder:
         self.inputs = []   # (dump.format.Input, values) of each graph input, as first read
         self._seen = set()  # names of the nodes and inputs recorded
         self._at: dict[int, int] = {}  # address -> index of the nodes recorded
+        self._by_digest: dict[tuple[str, str], int] = {}  # (name, digest) -> index, for copies
         self.input_names = set()  # inputs the engine names, where a leaf's flags do not tell
 
     def reset(self):
         self.nodes, self.values, self.backends, self.addrs, self.inputs = [], {}, {}, [], []
-        self._seen, self._at = set(), {}
+        self._seen, self._at, self._by_digest = set(), {}, {}
 
     def reorder(self, graph_index: dict):
         """Put the nodes in the graph's order. The CPU evaluates a graph in that order; a backend
@@ -211,6 +212,7 @@ class NodeRecorder:
             if n.src_at is not None:
                 n.src_at = [None if k is None else new_of[k] for k in n.src_at]
         self._at = {a: k for k, a in enumerate(self.addrs)}
+        self._by_digest = {(n.name, n.digest): n.index for n in nodes if n.digest}
         self.nodes, self.values, self.backends = nodes, values, backends
 
     def record(self, addr: int, backend: str | None = None):
@@ -219,7 +221,7 @@ class NodeRecorder:
         idx = len(self.nodes)
         self.addrs.append(addr)
         names = src_names(t)
-        src_at = [self._at.get(ctypes.addressof(t.src[k].contents)) if t.src[k] else None for k in range(len(names))]
+        src_at = [self._source_at(t.src[k], names[k]) if t.src[k] else None for k in range(len(names))]
         self._at[addr] = idx
         vs = t.view_src
         self.nodes.append(Node(
@@ -249,10 +251,23 @@ class NodeRecorder:
             return
         node = self.nodes[idx]
         node.digest, node.stats = summarize(arr, t.type)
+        self._by_digest[(node.name, node.digest)] = idx
         # what a caller reads back (logits, embeddings, lattices) is kept whole at any size
         if arr.size <= self.max_data or t.flags & GGML_TENSOR_FLAG_OUTPUT:
             self.values[idx] = as_float32(arr, t.type)
 
+
+    def _source_at(self, src, name: str) -> int | None:
+        """The index of the recorded node a source is: by address, or for a scheduler's copy
+        (another backend's, named "<backend>#<name>#<n>") by its name and the digest of its bytes."""
+        saddr = ctypes.addressof(src.contents)
+        at = self._at.get(saddr)
+        if at is not None or not _SCHED_COPY.match(src.contents.name.decode(errors="replace")):
+            return at
+        arr = read_array(src.contents, self.read_bytes, saddr)
+        if arr is None:
+            return None
+        return self._by_digest.get((name, hashlib.sha256(np.ascontiguousarray(arr).tobytes()).hexdigest()))
 
     def _record_inputs(self, t: TensorStruct):
         """The graph inputs `t` reads, on the first read: the scheduler may hand an input's memory
