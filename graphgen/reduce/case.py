@@ -86,6 +86,9 @@ class Case:
         for k in reversed(range(n_steps)):
             yield f"drop step {k}", lambda k=k: self._drop_step(k)
         yield "one sequence", self._one_sequence
+        seqs = sorted({b.get("seq", 0) for st in self.scenario["steps"] if "block" in st for b in _blocks(st)})
+        for q in reversed(seqs) if len(seqs) > 1 else ():
+            yield f"drop sequence {q}", lambda q=q: self._drop_sequence(q)
         if self.config is not None:
             c = self.settings()
             for v in _down(len(c["target_layers"]), 1):
@@ -120,20 +123,21 @@ class Case:
         for v in _down(n_ctx, 16):
             yield f"n_ctx {n_ctx} -> {v}", lambda v=v: self._scenario(n_ctx=v)
 
-    def _derive(self, what: str, config=None, scenario=None) -> Case:
+    def _derive(self, config=None, scenario=None) -> Case:
+        # the reducer appends the edit's words to `history` once it keeps the case
         return Case(scenario if scenario is not None else copy.deepcopy(self.scenario),
                     config if config is not None else copy.deepcopy(self.config), self.draft,
-                    self.history + [what])
+                    list(self.history))
 
     def _set(self, **kw) -> Case:
         cfg = dict(self.config)
         cfg.update(kw)
-        return self._derive("", config=cfg)
+        return self._derive(config=cfg)
 
     def _scenario(self, **kw) -> Case:
         sc = copy.deepcopy(self.scenario)
         sc.update(kw)
-        return self._derive("", scenario=sc)
+        return self._derive(scenario=sc)
 
     def _drop_step(self, k: int) -> Case | None:
         steps = self.scenario["steps"]
@@ -141,7 +145,7 @@ class Case:
             return None
         sc = copy.deepcopy(self.scenario)
         del sc["steps"][k]
-        return self._derive("", scenario=sc)
+        return self._derive(scenario=sc)
 
     def _one_sequence(self) -> Case | None:
         """Every step on sequence 0 alone: block steps keep their first sequence's rows."""
@@ -171,7 +175,24 @@ class Case:
         if not changed or not steps:
             return None
         sc["steps"], sc["n_seq"] = steps, 1
-        return self._derive("", scenario=sc)
+        return self._derive(scenario=sc)
+
+    def _drop_sequence(self, q: int) -> Case | None:
+        """Sequence q's rows gone from every step (the others keep their ids)."""
+        sc = copy.deepcopy(self.scenario)
+        steps = []
+        for st in sc["steps"]:
+            if "block" in st:
+                keep = [b for b in _blocks(st) if b.get("seq", 0) != q]
+                if keep:
+                    steps.append({"block": {"seqs": keep}})
+                continue
+            if st[next(iter(st))].get("seq", 0) != q:
+                steps.append(st)
+        if not steps:
+            return None
+        sc["steps"] = steps
+        return self._derive(scenario=sc)
 
     def _vocab(self, v: int) -> Case:
         """A smaller vocabulary; token ids past it become the new mask token, the last id."""
@@ -210,7 +231,7 @@ class Case:
     def _drop_option(self, key: str) -> Case:
         cfg = dict(self.config)
         del cfg[key]
-        return self._derive("", config=cfg)
+        return self._derive(config=cfg)
 
     def _tokens(self, k: int, kind: str, v: int) -> Case:
         """Fewer rows in an inject step; the later steps of its sequence move down with it."""
@@ -227,7 +248,7 @@ class Case:
                 kind2 = next(iter(s))
                 if s[kind2].get("seq", 0) == seq and "pos0" in s[kind2]:
                     s[kind2]["pos0"] = max(0, s[kind2]["pos0"] - cut)
-        return self._derive("", scenario=sc)
+        return self._derive(scenario=sc)
 
 
 _SIZE_KEYS = {"n_embd", "n_layer", "n_head", "n_head_kv", "n_ff", "n_vocab", "block_size", "target_layers",

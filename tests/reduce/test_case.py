@@ -54,6 +54,16 @@ def test_one_sequence_keeps_sequence_zero_and_runs():
     parse_scenario(c.scenario)
 
 
+def test_a_sequence_is_dropped_from_every_step():
+    _, c = edit(case(), "drop sequence 1")
+    seqs = [s.get("inject", {}).get("seq") for s in c.scenario["steps"] if "inject" in s]
+    assert seqs == [0, 2]
+    assert [b["seq"] for b in c.scenario["steps"][-1]["block"]["seqs"]] == [0, 2]
+    parse_scenario(c.scenario)
+    assert [w for w, _ in case().edits() if w.startswith("drop sequence")] == \
+        ["drop sequence 2", "drop sequence 1", "drop sequence 0"]
+
+
 def test_a_smaller_vocabulary_moves_the_mask_token():
     _, c = edit(case(), "n_vocab 256 -> 8")
     toks = [b["tokens"] for s in c.scenario["steps"] if "block" in s for b in s["block"]["seqs"]]
