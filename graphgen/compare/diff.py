@@ -375,12 +375,14 @@ def compare_inputs(ref: Dump, ours: Dump) -> list[dict[str, Any]]:
     """The graph inputs both dumps record, by name: equal, or how they differ. A differing input
     is an origin of its own: every node reading it is fed differently on the two sides."""
     out = []
-    theirs = {i.name: i for i in ours.inputs}
-    for inp in ref.inputs:
-        o = theirs.get(inp.name)
-        if o is None:
+    for k, inp in enumerate(ref.inputs):
+        # inputs pair by name and rank among inputs of that name (an iSWA draft has two masks)
+        rank = sum(i.name == inp.name for i in ref.inputs[:k])
+        theirs = [j for j, i in enumerate(ours.inputs) if i.name == inp.name]
+        if rank >= len(theirs):
             continue
-        a, b = ref.input_values(inp.name), ours.input_values(inp.name)
+        o = ours.inputs[theirs[rank]]
+        a, b = ref.input_values(k), ours.input_values(theirs[rank])
         row: dict[str, Any] = {"name": inp.name, "type_ref": inp.type, "type_ours": o.type, "ne_ref": inp.ne,
                                "ne_ours": o.ne}
         if a is None or b is None:

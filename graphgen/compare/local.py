@@ -227,19 +227,30 @@ class _Source:
     layout_only: bool = False   # a write target: its values are never read
     nb: list[int] | None = None  # the strides it was read through, when the dump has them
     strided: bool = False        # those strides are not its shape's own: it is laid out as read
+    quantized: bool = False      # ref / ours are raw rows of blocks (uint8, ne3, ne2, ne1, row bytes)
     from_ours: bool = False     # a graph input ref does not record, taken from ours
 
 
 ITEMSIZE = {"f32": 4, "f16": 2, "bf16": 2, "i32": 4, "i64": 8, "i16": 2, "i8": 1, "f64": 8}
 
 
-def _strided(ne: list[int], nb: list[int] | None, type_name: str) -> bool:
+def _row_layout(ne: list[int], type_name: str, type_id: int) -> tuple[int, int] | None:
+    """(bytes of one element or block, bytes of one row) of a plain or block-quantized type."""
+    from ..dump.record import QUANT_BLOCKS
+    if type_name in ITEMSIZE:
+        return ITEMSIZE[type_name], ITEMSIZE[type_name] * ne[0]
+    if type_id in QUANT_BLOCKS and ne[0] % QUANT_BLOCKS[type_id][0] == 0:
+        blck, size = QUANT_BLOCKS[type_id]
+        return size, ne[0] // blck * size
+    return None
+
+
+def _strided(ne: list[int], nb: list[int] | None, type_name: str, type_id: int) -> bool:
     """Whether a source was read through strides other than its shape's own (a permuted view)."""
-    if nb is None or type_name not in ITEMSIZE:
+    layout = _row_layout(ne, type_name, type_id)
+    if nb is None or layout is None:
         return False
-    want = [ITEMSIZE[type_name]]
-    for k in range(3):
-        want.append(want[-1] * ne[k])
+    want = [layout[0], layout[1], layout[1] * ne[1], layout[1] * ne[1] * ne[2]]
     return any(nb[k] != want[k] for k in range(4) if ne[k] > 1)
 
 
@@ -251,17 +262,23 @@ def _source_tensor(G, ctx, s: "_Source", data):
     if not s.strided:
         t = G.ggml_new_tensor(ctx, s.type, 4, ne)
         return t, t, data
-    itemsize = G.ggml_type_size(s.type)
-    extent = sum((n - 1) * b for n, b in zip(s.ne, s.nb)) + itemsize
-    base = G.ggml_new_tensor_1d(ctx, s.type, (extent + itemsize - 1) // itemsize)
+    unit, blck = G.ggml_type_size(s.type), G.ggml_blck_size(s.type)   # bytes and elements of a block
+    row = s.ne[0] // blck * unit
+    # the bytes the strided view spans, and at least what ggml takes a view of this shape to need
+    extent = sum((n - 1) * b for n, b in zip(s.ne[1:], s.nb[1:])) + (row if blck > 1 else (s.ne[0] - 1) * s.nb[0] + unit)
+    extent = max(extent, row * s.ne[1] * s.ne[2] * s.ne[3])
+    base = G.ggml_new_tensor_1d(ctx, s.type, (extent + unit - 1) // unit * blck)
     view = G.ggml_view_4d(ctx, base, s.ne[0], s.ne[1], s.ne[2], s.ne[3], s.nb[1], s.nb[2], s.nb[3], 0)
     for k in range(4):
         view.contents.nb[k] = s.nb[k]
     if data is None:
         return view, base, None
     raw = np.zeros(G.ggml_nbytes(base), dtype=np.uint8)
-    placed = np.ndarray(shape=tuple(reversed(s.ne)), dtype=data.dtype, buffer=raw,
-                        strides=tuple(reversed(s.nb)))
+    if s.quantized:  # whole blocks: rows of bytes at the row strides
+        shape, strides = (s.ne[3], s.ne[2], s.ne[1], data.shape[-1]), (s.nb[3], s.nb[2], s.nb[1], 1)
+    else:
+        shape, strides = tuple(reversed(s.ne)), tuple(reversed(s.nb))
+    placed = np.ndarray(shape=shape, dtype=data.dtype, buffer=raw, strides=strides)
     placed[...] = data.reshape(placed.shape)
     return view, base, raw
 
@@ -487,10 +504,17 @@ def _one(G, ref: Dump, ours: Dump, i: int, j: int, ref_of, source_slots, weights
     if node.type not in types:
         res.why = f"this ggml has no type {node.type}"
         return res
-    expect = ref.values(i)
-    if expect is None:
-        res.why = "ref keeps no values of it (quantized, or over --max-data)"
-        return res
+    quantized = node.type not in _DECODABLE
+    if quantized:
+        expect = ref.qrows(i) if ref.nodes[i].type == node.type else None
+        if expect is None:
+            res.why = f"ref keeps no blocks of it ({node.type})"
+            return res
+    else:
+        expect = ref.values(i)
+        if expect is None:
+            res.why = "ref keeps no values of it (over --max-data)"
+            return res
     target = WRITE_TARGET.get(node.op)
     sources: list[_Source | None] = []
     slots = source_slots(j)
@@ -501,7 +525,8 @@ def _one(G, ref: Dump, ours: Dump, i: int, j: int, ref_of, source_slots, weights
         if s == target:
             sources.append(_Source(types[node.type], list(node.ne), None, None, layout_only=True))
             continue
-        src, why = _source(ref, ours, slots[s], ref_of, weights, types)
+        inp_k = node.src_input[s] if node.src_input is not None else None
+        src, why = _source(ref, ours, slots[s], ref_of, weights, types, inp_k)
         if src is None:
             res.why, res.source = why, f"source {s} '{name}'"
             return res
@@ -509,12 +534,11 @@ def _one(G, ref: Dump, ours: Dump, i: int, j: int, ref_of, source_slots, weights
     res.inputs_from_ours = any(s is not None and s.from_ours for s in sources)
     prefill = (None, None)
     if target is not None:
-        own = ours.values(j)
-        pre = _encode(expect, node.type), None if own is None else _encode(own, node.type)
-        if pre[0] is None:
-            res.why = f"its output is {node.type}: the dumps keep no values of it"
-            return res
-        prefill = pre
+        if quantized:
+            prefill = (np.ascontiguousarray(expect), ours.qrows(j))
+        else:
+            own = ours.values(j)
+            prefill = (_encode(expect, node.type), None if own is None else _encode(own, node.type))
     from ..runtime.backends import BackendUnavailable
     try:
         backend = backends.get(backend_spec(node.backend))
@@ -525,10 +549,9 @@ def _one(G, ref: Dump, ours: Dump, i: int, j: int, ref_of, source_slots, weights
     if isinstance(ran, str):
         res.why = ran
         return res
-    got = _decode(ran[0], node.type).reshape(node.shape) if node.type in _DECODABLE else None
-    if got is None:
-        res.why = f"its output is {node.type}: not compared by value"
-        return res
+    if quantized:
+        return _compare_blocks(res, node, types[node.type], expect, ran, ours.qrows(j), sources)
+    got = _decode(ran[0], node.type).reshape(node.shape)
     res.kind = "rerun"
     if node.op in ORDER_FREE:
         # the order among equal-ranked candidates is the kernel's: compared as sorted rows
@@ -549,8 +572,39 @@ def _one(G, ref: Dump, ours: Dump, i: int, j: int, ref_of, source_slots, weights
 _DECODABLE = {"f32", "f16", "bf16", "i32", "i64", "i16", "i8", "f64"}
 
 
+def _compare_blocks(res: Local, node: Node, type_id: int, expect: np.ndarray, ran, own, sources) -> Local:
+    """A quantized output (a write into a q8_0 cache): its blocks dequantized as gguf-py does, the
+    NMSE of those values; the replay must give ours's blocks byte for byte."""
+    from gguf.quants import dequantize
+    row = expect.shape[-1]
+    try:
+        want = dequantize(np.ascontiguousarray(expect).reshape(-1, row), type_id)
+        got = dequantize(ran[0].reshape(-1, row), type_id)
+    except (NotImplementedError, ValueError, KeyError) as e:
+        res.why = f"its output is {node.type}, which cannot be dequantized here ({' '.join(str(e).split())})"
+        return res
+    res.kind = "rerun"
+    res.nmse, res.max_abs, reason = compare_values(want, got)
+    if reason:
+        res.why = reason
+    if own is not None and all(s is None or s.layout_only or s.ours is not None for s in sources):
+        res.replay_exact = bool(np.array_equal(np.ascontiguousarray(own).ravel(), ran[1].ravel()))
+        res.replay_nmse = compare_values(dequantize(np.ascontiguousarray(own).reshape(-1, row), type_id),
+                                         dequantize(ran[1].reshape(-1, row), type_id))[0]
+    return res
+
+
+def _same_input(dump: Dump, other: Dump, k: int) -> int | None:
+    """The input of `dump` that is `other`'s input k: the same name, the same rank among inputs of
+    that name (an iSWA draft's two masks)."""
+    name = other.inputs[k].name
+    rank = sum(inp.name == name for inp in other.inputs[:k])
+    ks = [j for j, inp in enumerate(dump.inputs) if inp.name == name]
+    return ks[rank] if rank < len(ks) else None
+
+
 def _source(ref: Dump, ours: Dump, slot: tuple[str, int | None], ref_of: dict[int, int], weights: Weights,
-            types: dict[str, int]) -> tuple[_Source | None, str | None]:
+            types: dict[str, int], inp_k: int | None = None) -> tuple[_Source | None, str | None]:
     name, at = slot
     if at is not None:
         src = ours.nodes[at]
@@ -559,27 +613,38 @@ def _source(ref: Dump, ours: Dump, slot: tuple[str, int | None], ref_of: dict[in
         k = ref_of.get(at)
         if k is None:
             return None, "it has no counterpart in ref"
+        strided = _strided(src.ne, src.nb, src.type, types[src.type])
+        if src.type not in _DECODABLE:
+            # a quantized source (a q8_0 cache's view): its blocks as ref recorded them
+            if ref.nodes[k].type != src.type:
+                return None, f"it is {src.type} in ours and {ref.nodes[k].type} in ref"
+            data = ref.qrows(k)
+            if data is None:
+                return None, f"ref keeps no blocks of it ({src.type}: a dump made before they were kept, or over --max-data)"
+            return _Source(types[src.type], list(src.ne), data, ours.qrows(at), nb=src.nb, strided=strided,
+                           quantized=True), None
         vals = ref.values(k)
         if vals is None:
-            return None, "ref keeps no values of it (quantized, or over --max-data)"
+            return None, "ref keeps no values of it (over --max-data)"
         if vals.size != math.prod(src.ne):
             return None, f"ref's counterpart has {vals.size} elements, ours's {math.prod(src.ne)}"
-        data = _encode(vals, src.type)
-        if data is None:
-            return None, f"it is {src.type}, whose values a dump does not keep"
         own = ours.values(at)
-        return _Source(types[src.type], list(src.ne), data, None if own is None else _encode(own, src.type),
-                       nb=src.nb, strided=_strided(src.ne, src.nb, src.type)), None
+        return _Source(types[src.type], list(src.ne), _encode(vals, src.type),
+                       None if own is None else _encode(own, src.type), nb=src.nb, strided=strided), None
     # a graph input as ref fed it; a dump that records no inputs at all (made before they were
     # recorded, or the authors' torch side) lends ours's, and the node says so
-    src_dump = ref if ref.inputs else ours
-    for inp in src_dump.inputs:
-        if inp.name == name and inp.type in types:
-            vals = src_dump.input_values(name)
-            if vals is not None:
-                own = ours.input_values(name)
-                return _Source(types[inp.type], list(inp.ne), _encode(vals, inp.type),
-                               None if own is None else _encode(own, inp.type), from_ours=src_dump is ours), None
+    if inp_k is None:  # a dump without src_input: the first input of the name
+        inp_k = next((j for j, inp in enumerate(ours.inputs) if inp.name == name), None)
+    if inp_k is not None:
+        inp = ours.inputs[inp_k]
+        own = ours.input_values(inp_k)
+        rk = _same_input(ref, ours, inp_k) if ref.inputs else None
+        vals = ref.input_values(rk) if rk is not None else (own if not ref.inputs else None)
+        if vals is not None and inp.type in types:
+            return _Source(types[inp.type], list(inp.ne), _encode(vals, inp.type),
+                           None if own is None else _encode(own, inp.type), from_ours=not ref.inputs), None
+        if ref.inputs:
+            return None, f"the graph input '{name}' has no counterpart among ref's inputs"
     w = weights.get(name)
     if w is not None:
         t, ne, raw = w

@@ -62,6 +62,7 @@ class Node:
     # scheduler's copy): names repeat (" (reshaped)"), indices do not
     src_at: list[int | None] | None = None
     nb: list[int] | None = None  # its strides in bytes, as the recorder saw them (a view's are not its shape's)
+    src_input: list[int | None] | None = None  # per src slot, the index in the dump's `inputs` it read
 
     @property
     def nelements(self) -> int:
@@ -85,6 +86,8 @@ class Node:
             d["src_at"] = list(self.src_at)
         if self.nb is not None:
             d["nb"] = list(self.nb)
+        if self.src_input is not None:
+            d["src_input"] = list(self.src_input)
         return d
 
 
@@ -142,12 +145,32 @@ class Dump:
         return self._array(f"n{index}", node.nelements, node.shape,
                            f"node {index} ('{node.name}') has ne {node.ne}")
 
-    def input_values(self, name: str) -> np.ndarray | None:
-        """Values of the graph input `name` in numpy shape, or None when the dump does not keep them."""
-        for k, inp in enumerate(self.inputs):
-            if inp.name == name:
-                return self._array(f"i{k}", math.prod(inp.ne), inp.shape,
-                                   f"input '{name}' has ne {inp.ne}")
+    def qrows(self, index: int) -> np.ndarray | None:
+        """A quantized node's rows as raw bytes (uint8, ne3, ne2, ne1, row bytes), or None."""
+        node = self.nodes[index]
+        if self.values_path is None:
+            return None
+        try:
+            if self._npz is None:
+                self._npz = np.load(self.values_path, allow_pickle=False)
+            if f"q{index}" not in self._npz.files:
+                return None
+            rows = self._npz[f"q{index}"]
+        except (OSError, ValueError, zipfile.BadZipFile, zlib.error, EOFError) as e:
+            raise DumpError(f"{self.values_path}: cannot read array 'q{index}': {_one_line(e)}") from None
+        if rows.ndim != 4 or list(rows.shape[:3]) != [node.ne[3], node.ne[2], node.ne[1]]:
+            raise DumpError(f"{self.values_path}: array 'q{index}' is {list(rows.shape)}, not the rows of node "
+                            f"{index} ('{node.name}') with ne {node.ne}")
+        return rows
+
+    def input_values(self, name: str | int) -> np.ndarray | None:
+        """Values of a graph input (its index in `inputs`, or the first of that name) in numpy
+        shape, or None when the dump does not keep them."""
+        ks = [name] if isinstance(name, int) else [k for k, inp in enumerate(self.inputs) if inp.name == name][:1]
+        for k in ks:
+            if 0 <= k < len(self.inputs):
+                inp = self.inputs[k]
+                return self._array(f"i{k}", math.prod(inp.ne), inp.shape, f"input '{inp.name}' has ne {inp.ne}")
         return None
 
     def _array(self, key: str, size: int, shape, mismatch: str) -> np.ndarray | None:
@@ -286,9 +309,13 @@ def _parse_node(raw: Any, pos: int, path: Path) -> Node:
     nb = raw.get("nb")
     if nb is not None and not (isinstance(nb, list) and len(nb) == 4 and all(_is_int(x) and x >= 0 for x in nb)):
         raise _fail(path, fld + ".nb", f"expected 4 non-negative ints, got {_short(nb)}")
+    src_input = raw.get("src_input")
+    if src_input is not None and not (isinstance(src_input, list) and len(src_input) == len(src) and
+                                      all(k is None or (_is_int(k) and k >= 0) for k in src_input)):
+        raise _fail(path, fld + ".src_input", f"expected one input index (or null) per source, got {_short(src_input)}")
     return Node(index, name, op, typ, list(ne), list(src), view_src, view_offs, list(op_params), backend,
                 digest, dict(stats) if stats is not None else None, None if src_at is None else list(src_at),
-                None if nb is None else list(nb))
+                None if nb is None else list(nb), None if src_input is None else list(src_input))
 
 
 def _parse_doc(doc: Any, path: Path) -> dict[str, Any]:
@@ -340,6 +367,11 @@ def _parse_doc(doc: Any, path: Path) -> dict[str, Any]:
     scenario = dict(scenario) if scenario is not None else None
     scenario_doc = scenario.pop("doc", None) if scenario is not None else None
     inputs = _parse_inputs(doc.get("inputs", []), path)
+    for n in nodes:
+        bad = [k for k in n.src_input or [] if k is not None and k >= len(inputs)]
+        if bad:
+            raise _fail(path, f"nodes[{n.index}] ('{n.name}').src_input",
+                        f"input {bad[0]} does not exist ({len(inputs)} inputs)")
     return {"format": FORMAT, "source": dict(source), "model": model, "graph": graph,
             "settings": dict(settings), "cpu_features": dict(cpu), "nodes": nodes,
             "model_sha256": model_sha256, "scenario": scenario, "scenario_doc": scenario_doc,
@@ -349,15 +381,12 @@ def _parse_doc(doc: Any, path: Path) -> dict[str, Any]:
 def _parse_inputs(raw: Any, path: Path) -> list[Input]:
     if not _is_list(raw):
         raise _fail(path, "inputs", f"expected a list, got {_short(raw)}")
-    out, seen = [], set()
+    out = []
     for pos, item in enumerate(raw):
         fld = f"inputs[{pos}]"
         if not _is_dict(item):
             raise _fail(path, fld, f"expected an object, got {_short(item)}")
-        name = _get(item, "name", path, fld + ".", _is_nonempty_str, "a name")
-        if name in seen:
-            raise _fail(path, fld + ".name", f"'{name}' is listed twice")
-        seen.add(name)
+        name = _get(item, "name", path, fld + ".", _is_nonempty_str, "a name")  # names may repeat
         typ = _get(item, "type", path, fld + ".", _is_nonempty_str, "a type name")
         ne = _get(item, "ne", path, fld + ".", _is_list, "a list of 4 ints")
         if len(ne) != 4 or not all(_is_int(x) and x >= 0 for x in ne):
@@ -488,12 +517,13 @@ def prepare_dump_dir(directory: str | os.PathLike) -> Path:
 
 def write_dump(directory: str | os.PathLike, seq: int, graph: str, header: dict[str, Any],
                nodes: list[Node], values: dict[int, np.ndarray] | None = None,
-               max_data: int | None = None, inputs: list[tuple[Input, np.ndarray]] = ()) -> Path:
+               max_data: int | None = None, inputs: list[tuple[Input, np.ndarray]] = (),
+               qrows: dict[int, np.ndarray] | None = None) -> Path:
     """Write `NN-<graph>.json` (and `.npz` when there are values) into `directory`.
 
     `header` holds source, model, settings and cpu_features, and optionally model_sha256 and
     scenario (see `provenance`); `inputs` the graph's inputs with their values, as the recorder
-    read them. Values are stored for nodes with
+    read them; `qrows` quantized nodes' rows as raw bytes (uint8, ne3, ne2, ne1, row bytes). Values are stored for nodes with
     at most `max_data` elements (all when None), as float32 unless given as integers. The
     document is validated with the reader's rules first, so what is written can be read back.
     """
@@ -525,6 +555,13 @@ def write_dump(directory: str | os.PathLike, seq: int, graph: str, header: dict[
         if arr.dtype.kind not in "iu":
             arr = arr.astype(np.float32, copy=False)
         arrays[f"n{index}"] = arr.reshape(node.shape)
+    for index, rows in sorted((qrows or {}).items()):
+        node = parsed["nodes"][index]
+        rows = np.asarray(rows)
+        if rows.dtype != np.uint8 or rows.ndim != 4 or list(rows.shape[:3]) != [node.ne[3], node.ne[2], node.ne[1]]:
+            raise DumpError(f"{json_path}: quantized rows of node {index} ('{node.name}') are {rows.dtype} "
+                            f"{list(rows.shape)}, not uint8 [ne3, ne2, ne1, row bytes] of ne {node.ne}")
+        arrays[f"q{index}"] = rows
     for k, (inp, arr) in enumerate(inputs):
         arr = np.asarray(arr)
         if arr.size != math.prod(inp.ne):

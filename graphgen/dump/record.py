@@ -181,14 +181,19 @@ class NodeRecorder:
         self.backends = {}
         self.addrs = []
         self.inputs = []   # (dump.format.Input, values) of each graph input, as first read
-        self._seen = set()  # names of the nodes and inputs recorded
+        self.qrows = {}    # index -> a quantized node's rows as raw bytes (uint8, ne3, ne2, ne1, row bytes)
+        self._node_names = set()  # names of the nodes recorded
+        self._input_at: dict[int, int] = {}  # an input's address -> its index in `inputs`
+        self._input_by_digest: dict[tuple[str, str], int] = {}
         self._at: dict[int, int] = {}  # address -> index of the nodes recorded
         self._by_digest: dict[tuple[str, str], int] = {}  # (name, digest) -> index, for copies
         self.input_names = set()  # inputs the engine names, where a leaf's flags do not tell
 
     def reset(self):
         self.nodes, self.values, self.backends, self.addrs, self.inputs = [], {}, {}, [], []
-        self._seen, self._at, self._by_digest = set(), {}, {}
+        self.qrows = {}
+        self._node_names, self._at, self._by_digest = set(), {}, {}
+        self._input_at, self._input_by_digest = {}, {}
 
     def reorder(self, graph_index: dict):
         """Put the nodes in the graph's order. The CPU evaluates a graph in that order; a backend
@@ -197,13 +202,15 @@ class NodeRecorder:
         order = sorted(range(len(self.nodes)), key=lambda k: (graph_index.get(self.addrs[k], 1 << 62), k))
         if order == list(range(len(self.nodes))):
             return
-        nodes, values, backends = [], {}, {}
+        nodes, values, backends, qrows = [], {}, {}, {}
         for new, old in enumerate(order):
             n = self.nodes[old]
             n.index = new
             nodes.append(n)
             if old in self.values:
                 values[new] = self.values[old]
+            if old in self.qrows:
+                qrows[new] = self.qrows[old]
             if old in self.backends:
                 backends[new] = self.backends[old]
         self.addrs = [self.addrs[o] for o in order]
@@ -213,7 +220,7 @@ class NodeRecorder:
                 n.src_at = [None if k is None else new_of[k] for k in n.src_at]
         self._at = {a: k for k, a in enumerate(self.addrs)}
         self._by_digest = {(n.name, n.digest): n.index for n in nodes if n.digest}
-        self.nodes, self.values, self.backends = nodes, values, backends
+        self.nodes, self.values, self.backends, self.qrows = nodes, values, backends, qrows
 
     def record(self, addr: int, backend: str | None = None):
         from .format import Node
@@ -240,14 +247,19 @@ class NodeRecorder:
         ))
         if backend is not None:
             self.backends[idx] = backend
-        self._record_inputs(t)
-        self._seen.add(self.nodes[idx].name)
+        src_in = self._record_inputs(t)
+        if any(k is not None for k in src_in):
+            self.nodes[idx].src_input = src_in
+        self._node_names.add(self.nodes[idx].name)
         arr = read_array(t, self.read_bytes, addr)
         if arr is None:
             rows = read_quantized_rows(t, self.read_bytes, addr)
-            if rows is not None:  # no values to keep, but the digest shows bit-exact equality
-                self.nodes[idx].digest = hashlib.sha256(np.ascontiguousarray(rows).tobytes()).hexdigest()
+            if rows is not None:  # no float values, but the digest shows bit-exact equality
+                rows = np.ascontiguousarray(rows)
+                self.nodes[idx].digest = hashlib.sha256(rows.tobytes()).hexdigest()
                 self.nodes[idx].stats = {"count": int(np.prod(t.ne[:4]))}
+                if int(np.prod(t.ne[:4])) <= self.max_data:
+                    self.qrows[idx] = rows.copy()  # the blocks themselves, to re-run a node on
             return
         node = self.nodes[idx]
         node.digest, node.stats = summarize(arr, t.type)
@@ -269,28 +281,43 @@ class NodeRecorder:
             return None
         return self._by_digest.get((name, hashlib.sha256(np.ascontiguousarray(arr).tobytes()).hexdigest()))
 
-    def _record_inputs(self, t: TensorStruct):
-        """The graph inputs `t` reads, on the first read: the scheduler may hand an input's memory
-        to a later node once its last reader ran, so nothing later can read it back."""
+    def _record_inputs(self, t: TensorStruct) -> list[int | None]:
+        """The graph inputs `t` reads, each recorded on its first read (the scheduler may hand an
+        input's memory to a later node once its last reader ran, so nothing later can read it
+        back); returns, per src slot, the index of the input it is in `inputs`, or None. Inputs
+        are told apart by address (an iSWA draft has two masks of one name), a scheduler's copy
+        by its name and bytes."""
         from .format import Input
         names = src_names(t)
+        out: list[int | None] = []
         for i, name in enumerate(names):
             s = t.src[i]
+            out.append(None)
             if not name or not s or s.contents.op != GGML_OP_NONE:
                 continue
             if not s.contents.flags & GGML_TENSOR_FLAG_INPUT and name not in self.input_names:
                 continue
-            if name in self._seen:
-                continue  # read before, or a scheduler's copy of a node already recorded
-            self._seen.add(name)
+            if name in self._node_names:
+                continue  # a scheduler's copy of a node: not an input
             src = s.contents
             saddr = ctypes.addressof(src)
+            if saddr in self._input_at:
+                out[-1] = self._input_at[saddr]
+                continue
             arr = read_array(src, self.read_bytes, saddr)
             if arr is None or arr.size > self.max_data:
                 continue
             digest = hashlib.sha256(np.ascontiguousarray(arr).tobytes()).hexdigest()
-            vals = arr.copy() if arr.dtype.kind in "iu" else as_float32(arr, src.type)
-            self.inputs.append((Input(name, self.type_name(src.type), [int(x) for x in src.ne], digest), vals))
+            k = self._input_by_digest.get((name, digest)) if _SCHED_COPY.match(src.name.decode(errors="replace")) \
+                else None
+            if k is None:
+                vals = arr.copy() if arr.dtype.kind in "iu" else as_float32(arr, src.type)
+                k = len(self.inputs)
+                self.inputs.append((Input(name, self.type_name(src.type), [int(x) for x in src.ne], digest), vals))
+                self._input_by_digest.setdefault((name, digest), k)
+            self._input_at[saddr] = k
+            out[-1] = k
+        return out
 
 
 def n_kv_from_nodes(nodes) -> int | None:

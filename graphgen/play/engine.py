@@ -48,7 +48,7 @@ def run_scenario(model_path, scenario: Scenario, out=None, max_data: int = 26214
         path = None
         if out is not None:
             settings = dict(sess.settings(step.kind), n_kv=n_kv_from_nodes(rec.nodes))
-            path = write_dump(out, index, step.kind, dict(header, settings=settings), rec.nodes, rec.values, inputs=rec.inputs)
+            path = write_dump(out, index, step.kind, dict(header, settings=settings), rec.nodes, rec.values, inputs=rec.inputs, qrows=rec.qrows)
         results.append((step, r, path))
 
     try:

@@ -314,7 +314,7 @@ def run_child(model: Path, scenario: Scenario, out: Path, max_data: int, scenari
             settings = {"flash_attn": scenario.flash_attn, "type_k": scenario.type_k,
                         "type_v": scenario.type_v, "n_ctx": scenario.n_ctx, "n_ubatch": scenario.n_ubatch,
                         "n_kv": n_kv_from_nodes(rec.nodes), "causal": meta["causal"] if step.kind == "block" else True}
-            written.append(write_dump(out, index, step.kind, dict(header, settings=settings), rec.nodes, rec.values, inputs=rec.inputs))
+            written.append(write_dump(out, index, step.kind, dict(header, settings=settings), rec.nodes, rec.values, inputs=rec.inputs, qrows=rec.qrows))
 
         play(scenario, engine, progress=lambda step: rc.log.enter(f"step {step.index}"),
              before=lambda index, step: rec.reset(), after=after)

@@ -119,6 +119,10 @@ class TraceRecorder:
         return self._rec.inputs
 
     @property
+    def qrows(self):
+        return self._rec.qrows
+
+    @property
     def input_names(self):
         return self._rec.input_names
 
@@ -219,7 +223,7 @@ def run_trace(model, scenario, out: TextIO = sys.stdout, filter_patterns=None, a
         if dump_dir is not None:
             settings = dict(sess.settings(step.kind), n_kv=n_kv_from_nodes(rec.nodes))
             write_dump(dump_dir, index, step.kind, dict(engine_header(model.name, model, scenario), settings=settings),
-                       rec.nodes, rec.values, inputs=rec.inputs)
+                       rec.nodes, rec.values, inputs=rec.inputs, qrows=rec.qrows)
         return False
 
     try:

@@ -263,3 +263,24 @@ def test_cpu_against_vulkan_tells_own_error_from_inherited(tmp_path):
     carriers = [r for r in own if r["own_share"] is not None and r["own_share"] > 0.5]
     inheritors = [r for r in own if r["own_share"] is not None and r["own_share"] < 0.1]
     assert carriers and inheritors
+
+
+@pytest.mark.parametrize("case_name", ["dflash-iswa-kq5v8-fa-on", "dflash-q8-fa-on", "dflash-sharedkv-fa-off",
+                                       "dflash2-fa-off", "dspark-d2t", "lilicorr-fa-on", "dsv4-q8-fa-on",
+                                       "dflash-encoder"])
+def test_every_node_of_the_reference_cases_reruns_exactly(case_name, tmp_path):
+    """The yardstick over the options the committed cases draw: quantized and iSWA caches (two
+    masks of one name, q5_1 / q8_0 blocks), shared K/V, the heads and a backbone, the encoder.
+    Every node that computes is re-run, replays its own output bit for bit, adds nothing."""
+    from make_references import build_model
+    case_dir = REF_DIR / case_name
+    model = build_model(case_dir, tmp_path)
+    sc = case_dir / "scenario.json"
+    for side, extra in (("ref", ["--engine", "llama.cpp"]), ("ours", [])):
+        p = run("dump", model, "--scenario", sc, "--out", tmp_path / side, *extra, cwd=tmp_path)
+        assert p.returncode == 0, p.stderr
+    res = local_report(tmp_path / "ref", tmp_path / "ours")
+    for graph, r in res.items():
+        loc = r["local"]
+        assert loc["skipped"] == 0, (graph, loc["not_rerun"])
+        assert loc["n_replay_exact"] == loc["rerun"] > 0 and loc["own"] == [], graph

@@ -1,6 +1,7 @@
 import hashlib
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -408,3 +409,52 @@ def test_run_scenario_names_the_refused_step(tmp_path):
     with pytest.raises(BatchError, match=r"^step 2 \(block\): sequence 0") as e:
         run_scenario(model, sc, tmp_path / "d")
     assert e.value.step.index == 2 and e.value.step.kind == "block"
+
+
+# ---- what a node is re-run alone from: inputs, source indices, strides, quantized blocks --------
+
+def _rerunnable(tmp_path):
+    from graphgen.dump.format import Input
+    nodes = make_nodes()
+    nodes[1].src_at, nodes[1].nb = [0], [4, 32, 96, 96]
+    nodes[0].src_input = [None, 1]
+    nodes.append(Node(4, "cache_k (view)", "SET_ROWS", "q8_0", [32, 2, 1, 1], ["inp_embd", "idx", "cache_k"],
+                      src_at=[0, None, None]))
+    inputs = [(Input("mask", "f16", [4, 3, 1, 1]), np.zeros((3, 4), np.float32)),
+              (Input("inp_tokens", "i32", [3, 1, 1, 1]), np.array([5, 6, 7], np.int32)),
+              (Input("mask", "f16", [4, 3, 1, 1]), np.full((3, 4), -np.inf, np.float32))]
+    rows = np.arange(2 * 34, dtype=np.uint8).reshape(1, 1, 2, 34)
+    return nodes, inputs, rows
+
+
+def test_inputs_source_indices_strides_and_blocks_round_trip(tmp_path):
+    nodes, inputs, rows = _rerunnable(tmp_path)
+    path = write_dump(tmp_path, 0, "block", HEADER, nodes, {}, inputs=inputs, qrows={4: rows})
+    d = load_dump(path)
+    assert d.nodes == nodes
+    assert [i.name for i in d.inputs] == ["mask", "inp_tokens", "mask"]  # a name may repeat
+    assert d.input_values(1).ravel().tolist() == [5, 6, 7] and d.input_values(1).dtype == np.int32
+    assert np.isneginf(d.input_values(2)).all() and not np.isneginf(d.input_values("mask")).any()
+    assert np.array_equal(d.qrows(4), rows) and d.qrows(1) is None
+
+
+@pytest.mark.parametrize("field, value, says", [
+    ("src_at", [1], "nodes[1] ('norm-0').src_at"),          # a source after its reader
+    ("src_at", [0, 0], "nodes[1] ('norm-0').src_at"),       # one index per source
+    ("nb", [4, 32], "nodes[1] ('norm-0').nb"),
+    ("src_input", [7], "nodes[1] ('norm-0').src_input"),  # no such input
+])
+def test_a_malformed_rerun_field_names_itself(tmp_path, field, value, says):
+    nodes, inputs, rows = _rerunnable(tmp_path)
+    path = write_dump(tmp_path, 0, "block", HEADER, nodes, {}, inputs=inputs)
+    doc = json.loads(path.read_text())
+    doc["nodes"][1][field] = value
+    path.write_text(json.dumps(doc))
+    with pytest.raises(DumpError, match=f"field '{re.escape(says)}'"):
+        load_dump(path)
+
+
+def test_quantized_rows_of_the_wrong_shape_are_refused(tmp_path):
+    nodes, inputs, rows = _rerunnable(tmp_path)
+    with pytest.raises(DumpError, match=r"quantized rows of node 4 \('cache_k \(view\)'\)"):
+        write_dump(tmp_path, 0, "block", HEADER, nodes, {}, inputs=inputs, qrows={4: rows.reshape(1, 2, 1, 34)})
