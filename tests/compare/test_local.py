@@ -246,16 +246,21 @@ def test_backend_names_map_to_what_open_backend_takes():
         ["cpu", "cpu", "vulkan:0", "vulkan:1", "cuda:0", "metal", "rpc://127.0.0.1:50052"]
 
 
-def test_cpu_against_vulkan_tells_own_error_from_inherited(tmp_path):
+@pytest.mark.parametrize("case_name", ["dflash-fa-on", "lilicorr-fa-off"])
+def test_cpu_against_vulkan_tells_own_error_from_inherited(case_name, tmp_path):
     """Through lavapipe: the attention's kernels carry error of their own, the nodes after them
-    mostly inherit it, and every node replays exactly on the Vulkan backend."""
+    mostly inherit it, and every node replays exactly on the backend that ran it (LiliCorr's
+    OUT_PROD runs on the CPU, on the scheduler's copies of its Vulkan-computed sources)."""
+    from make_references import build_model
     from runtime.test_backends import gpu_build
     d = gpu_build("vulkan")
-    model = tmp_path / "draft.gguf"
-    make_model(model, "dflash", n_layer=2, seed=3)
-    p = run("--ggml", d, "xdiff", model, "--scenario", SCENARIO, "-dev", "CPU,Vulkan0", "--local", "--json")
+    model = build_model(REF_DIR / case_name, tmp_path)
+    p = run("--ggml", d, "xdiff", model, "--scenario", REF_DIR / case_name / "scenario.json", "-dev", "CPU,Vulkan0",
+            "--local", "--json")
     assert p.returncode in (0, 1), p.stderr
     graphs = {g["graph"]: g for g in json.loads(p.stdout)["graphs"]}
+    for g in graphs.values():
+        assert g["local"]["skipped"] == 0 and g["local"]["n_replay_inexact"] == 0, g["local"]
     loc = graphs["block"]["local"]
     assert loc["rerun"] > 0 and loc["n_replay_inexact"] == 0 and loc["n_replay_exact"] == loc["rerun"]
     own = loc["own"]
