@@ -13,16 +13,16 @@ def _cmd_reduce(args) -> int:
     from ..reduce import reduce as run_reduce
     from ..reduce.case import load_case
     from ..staging import check_output
-    if (args.settings is None) == (args.model is None):
+    if (args.settings is None) == (args.model_flag is None):
         raise ValueError("reduce takes the draft as make-model settings (--settings FILE) or as a GGUF (-m FILE), "
                          "one of them")
-    if args.model is not None and not Path(args.model).is_file():
-        raise FileNotFoundError(f"{args.model}: no such draft file")
+    if args.model_flag is not None and not Path(args.model_flag).is_file():
+        raise FileNotFoundError(f"{args.model_flag}: no such draft file")
     out = Path(args.out)
     if out.exists() and not (out.is_dir() and not any(out.iterdir())):
         raise ValueError(f"--out {out}: exists and is not an empty folder; give a new folder")
     check_output("--out", out / "failure.json")
-    case = load_case(args.settings, args.model, args.scenario)
+    case = load_case(args.settings, args.model_flag, args.scenario)
     backends = None
     if args.backends:
         from .llamaflags import backend_of
@@ -60,7 +60,7 @@ def register(sub) -> None:
                    help="the draft as make-model settings: JSON of make_model's arguments, or a case.json "
                         "holding them under \"make_model\" (these drafts are reduced: layers, heads, sizes, "
                         "vocabulary, block, target layers, options, weight type)")
-    p.add_argument("-m", "--model", metavar="GGUF", default=None,
+    p.add_argument("-m", "--model", dest="model_flag", metavar="GGUF", default=None,
                    help="the draft as a GGUF, kept whole (only its scenario is reduced)")
     p.add_argument("--scenario", metavar="FILE", default=None,
                    help="the scenario that fails (default: the settings file's \"scenario\", when it has one)")

@@ -24,8 +24,8 @@ def _help_of(cmd, flag):
 def test_every_command_module_adds_its_verbs():
     assert list(_commands()) == ["make-model", "info", "dump", "diff", "draft", "accept", "devices", "xdiff",
                                  "rpc-server", "view", "trace", "import", "bench", "check-batch", "demo", "convert",
-                                 "check"]
-    assert len(COMMAND_MODULES) == 11 and all(m.startswith("graphgen.cli.") for m in COMMAND_MODULES)
+                                 "check", "reduce"]
+    assert len(COMMAND_MODULES) == 12 and all(m.startswith("graphgen.cli.") for m in COMMAND_MODULES)
 
 
 @pytest.mark.parametrize("kw, text", [
