@@ -16,10 +16,28 @@
 # ("cpu" builds the CPU and RPC libraries only). Vulkan installs glslc and Mesa's CPU driver
 # (lavapipe) with apt when they are missing and, when the system's Vulkan headers lack
 # VK_EXT_layer_settings (Debian 12), compiles against Debian 13's headers, fetched through a
-# private apt configuration that leaves the system's apt state and libvulkan untouched. CUDA
-# builds for the GPUs nvidia-smi reports (or $GGML_CUDA_ARCHITECTURES when set, or ggml's own
-# default list when neither is available). $GRAPHGEN_GGML_CMAKE_ARGS adds further CMake
-# arguments.
+# private apt configuration that leaves the system's apt state and libvulkan untouched.
+# $GRAPHGEN_GGML_CMAKE_ARGS adds further CMake arguments (they come last, so they win).
+#
+# CUDA needs no GPU to build. The toolkit is, in this order: $GRAPHGEN_CUDA_TOOLKIT when it is a
+# folder (its bin/nvcc); the toolkit of $CUDACXX; a system toolkit (nvcc on PATH, /usr/local/cuda,
+# /opt/cuda) that has cuBLAS, or whose missing cuBLAS $GRAPHGEN_CUDA_CUBLAS supplies (a folder
+# with cuBLAS's include/ and lib/, such as a pip nvidia/cu13 folder); else NVIDIA's PyPI wheels of
+# CUDA 13.5 (nvcc, runtime, cuBLAS, ~1.1 GB), installed once into $GRAPHGEN_CACHE/cuda-toolkit-*
+# ($GRAPHGEN_CUDA_TOOLKIT=pypi always takes these). ggml-cuda is built with GGML_CUDA_NO_VMM=ON:
+# its memory pool then grows with cudaMalloc instead of the driver's virtual-memory calls, so the
+# library has no link to the driver's libcuda.so.1 at all (the CUDA runtime opens the driver when
+# it starts). Nothing but a driver library can provide libcuda, none ships with the toolkit
+# wheels, and a library that needs libcuda.so.1 could not even be loaded on a machine without a
+# driver; the pool only changes how scratch memory is reserved, never a kernel or a result.
+# Architectures: $CUDAARCHS, else $GGML_CUDA_ARCHITECTURES, else the GPUs nvidia-smi reports,
+# else 75-virtual;80-real;86-real;89-real;90-real (each architecture compiles every kernel's
+# device code once more, about half a one-architecture build apiece; 90-real alone took 19
+# minutes on 2 shared cores, docs/backends.md). With the PyPI toolkit
+# (or $GRAPHGEN_CUDA_CUBLAS) the folder also links the CUDA runtime and cuBLAS libraries it was
+# built against (libcudart.so.13, libcublas.so.13, libcublasLt.so.13) from where they are, so it
+# loads as it is; with a system toolkit they must be on the loader's path, as the toolkit's own
+# installation puts them.
 #
 # The result goes to $GRAPHGEN_CACHE/ggml/<variant>-<key>, where the key hashes the sdist
 # version, the CMake arguments and this script, so a change of any input builds a new folder and
@@ -32,6 +50,10 @@
 # building the same folder at once. $GRAPHGEN_CACHE/ggml/<variant> is a symlink to the latest
 # build of that variant. Progress goes to stderr; stdout carries only the folder's absolute
 # path. Exit status: 0 on success, 1 on failure, 2 on a usage error.
+#
+# GRAPHGEN_GGML_CONFIGURE_ONLY=DIR configures the build into DIR with the very arguments a build
+# takes and stops there, printing DIR (and writing DIR/toolkit.env, the CUDA toolkit's paths), so
+# that a check can compile a few of its files (tools/ci_cuda.sh); nothing is cached or published.
 set -euo pipefail
 
 SDIST_NAME=xllamacpp
@@ -114,6 +136,111 @@ vulkan_headers() {   # fills $hdr_root with Debian 13's libvulkan-dev through a 
     || die "Debian 13's libvulkan-dev lacks VK_EXT_layer_settings too"
 }
 
+# --- CUDA toolkit ------------------------------------------------------------------------------
+# NVIDIA's PyPI wheels of one CUDA release land in one toolkit-shaped folder (nvidia/cu13/{bin,
+# include,lib,nvvm}); cccl and cuBLAS have version numbers of their own
+CUDA_PYPI_VERSION=13.5.37
+CUDA_PYPI_PACKAGES=(nvidia-cuda-nvcc==13.5.37 nvidia-cuda-runtime==13.5.37 nvidia-cuda-crt==13.5.37
+                    nvidia-nvvm==13.5.37 nvidia-cuda-nvrtc==13.5.37 nvidia-cuda-cccl==13.3.5.0.6
+                    nvidia-cublas==13.10.0.20)
+CUDA_DEFAULT_ARCHS='75-virtual;80-real;86-real;89-real;90-real'
+cuda_root=""; cuda_nvcc=""; cuda_cublas=""; cuda_cublas_dir=""; cuda_runtime_dirs=()
+
+nvcc_top() {   # the toolkit folder an nvcc belongs to (an nvcc on PATH may be a wrapper script)
+  local top
+  top=$("$1" --dryrun -x cu -c /dev/null -o /dev/null 2>&1 | sed -n 's/^#\$ TOP=//p' | head -n1) || true
+  [ -n "$top" ] && (cd "$top" 2>/dev/null && pwd -P)
+}
+has_cublas() {   # a toolkit folder with cuBLAS's header and its unversioned library
+  [ -n "$(find -L "$1/include" "$1/targets" -maxdepth 3 -name cublas_v2.h 2>/dev/null | head -n1)" ] &&
+    [ -n "$(find -L "$1/lib64" "$1/lib" "$1/targets" -maxdepth 3 -name libcublas.so 2>/dev/null | head -n1)" ]
+}
+cuda_pypi() {   # installs the wheels into the cache once; sets the toolkit's paths
+  local dir="$cache/cuda-toolkit-$CUDA_PYPI_VERSION" tmp f b
+  cuda_root="$dir/nvidia/cu13"
+  cuda_nvcc="$cuda_root/bin/nvcc"
+  cuda_runtime_dirs=("$cuda_root/lib")
+  [ -f "$dir/.complete" ] && return 0
+  if command -v flock >/dev/null; then
+    exec 8>"$cache/.cuda-toolkit-$CUDA_PYPI_VERSION.lock"
+    flock 8
+    [ -f "$dir/.complete" ] && { exec 8>&-; return 0; }
+  fi
+  log "installing CUDA $CUDA_PYPI_VERSION's compiler, runtime and cuBLAS from PyPI into $dir (~1.1 GB, once)"
+  tmp=$(mktemp -d "$cache/.cuda-toolkit.XXXXXX")
+  "$PY" -m pip install -q --disable-pip-version-check --no-deps --only-binary=:all: --target "$tmp" \
+        "${CUDA_PYPI_PACKAGES[@]}" >&2 || { rm -rf "$tmp"; die "pip install of the CUDA wheels failed"; }
+  [ -x "$tmp/nvidia/cu13/bin/nvcc" ] || { rm -rf "$tmp"; die "the CUDA wheels left no nvidia/cu13/bin/nvcc"; }
+  # the wheels ship versioned libraries only (libcudart.so.13); CMake looks for the plain names
+  for f in "$tmp/nvidia/cu13/lib"/lib*.so.*; do
+    b=$(basename "$f")
+    [ -e "$tmp/nvidia/cu13/lib/${b%%.so.*}.so" ] || ln -s "$b" "$tmp/nvidia/cu13/lib/${b%%.so.*}.so"
+  done
+  date -u +%Y-%m-%dT%H:%M:%SZ > "$tmp/.complete"
+  chmod 755 "$tmp"
+  rm -rf "$dir" && mv "$tmp" "$dir"
+  [ -e /dev/fd/8 ] && exec 8>&-
+  return 0
+}
+cuda_cublas_from() {   # cuBLAS taken from another folder: its headers and libraries alone, linked
+  local src farm tmp l v
+  src=$(cd "$1" 2>/dev/null && pwd -P) || die "GRAPHGEN_CUDA_CUBLAS=$1 is not a folder"
+  [ -f "$src/include/cublas_v2.h" ] || die "GRAPHGEN_CUDA_CUBLAS=$src has no include/cublas_v2.h"
+  # only cuBLAS's own headers: such a folder (a pip nvidia/cu13) also holds a CUDA runtime's
+  # headers, of another version than the compiler's
+  farm="$cache/cuda-cublas-$(printf '%s' "$src" | sha256 | cut -c1-12)"
+  tmp=$(mktemp -d "$cache/.cuda-cublas.XXXXXX")
+  mkdir -p "$tmp/include" "$tmp/lib"
+  ln -s "$src/include"/cublas*.h "$tmp/include/"
+  for l in libcublas libcublasLt; do
+    v=$(cd "$src/lib" && ls -1 "$l".so.* 2>/dev/null | awk '{ print length, $0 }' | sort -n | head -n1 | cut -d' ' -f2) || true
+    [ -n "$v" ] || { rm -rf "$tmp"; die "GRAPHGEN_CUDA_CUBLAS=$src has no lib/$l.so.*"; }
+    ln -s "$src/lib/$v" "$tmp/lib/$v"
+    ln -s "$v" "$tmp/lib/$l.so"
+  done
+  chmod 755 "$tmp"
+  rm -rf "$farm" && mv "$tmp" "$farm"
+  cuda_cublas=$src
+  cuda_cublas_dir=$farm
+  cuda_runtime_dirs+=("$farm/lib")
+}
+cuda_system() {   # the toolkit at $1, with cuBLAS from it or from $GRAPHGEN_CUDA_CUBLAS
+  cuda_root=$1
+  cuda_nvcc="$1/bin/nvcc"
+  if [ -n "${GRAPHGEN_CUDA_CUBLAS:-}" ]; then
+    cuda_cublas_from "$GRAPHGEN_CUDA_CUBLAS"
+  elif ! has_cublas "$1"; then
+    die "the CUDA toolkit in $1 has no cuBLAS: set GRAPHGEN_CUDA_CUBLAS to a folder with cuBLAS's include/ and lib/, or GRAPHGEN_CUDA_TOOLKIT=pypi"
+  fi
+}
+cuda_toolkit() {   # chooses the toolkit (see the header); sets cuda_root, cuda_nvcc and the rest
+  local want=${GRAPHGEN_CUDA_TOOLKIT:-} n top
+  case "$want" in
+    pypi) cuda_pypi ;;
+    "")
+      if [ -n "${CUDACXX:-}" ]; then
+        top=$(nvcc_top "$CUDACXX") || die "CUDACXX=$CUDACXX: not an nvcc that runs"
+        cuda_system "$top"
+        return 0
+      fi
+      for n in "$(command -v nvcc || true)" /usr/local/cuda/bin/nvcc /opt/cuda/bin/nvcc; do
+        [ -n "$n" ] && [ -x "$n" ] || continue
+        top=$(nvcc_top "$n") || continue
+        if [ -n "${GRAPHGEN_CUDA_CUBLAS:-}" ] || has_cublas "$top"; then
+          cuda_system "$top"
+          return 0
+        fi
+        log "the CUDA toolkit in $top has no cuBLAS (GRAPHGEN_CUDA_CUBLAS can name one); taking NVIDIA's PyPI wheels instead"
+        break
+      done
+      cuda_pypi ;;
+    *)
+      [ -x "$want/bin/nvcc" ] || die "GRAPHGEN_CUDA_TOOLKIT=$want has no bin/nvcc"
+      top=$(nvcc_top "$want/bin/nvcc") || die "$want/bin/nvcc does not run"
+      cuda_system "$top" ;;
+  esac
+}
+
 # --- CMake arguments ---------------------------------------------------------------------------
 args=(
   -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DGGML_BACKEND_DL=OFF -DGGML_RPC=ON
@@ -123,6 +250,7 @@ args=(
   -DCMAKE_INSTALL_LIBDIR=lib "-DCMAKE_INSTALL_RPATH=$rpath"
 )
 backend_lib=""
+key_extra=""   # what else decides the result: a system compiler's version
 case "$variant" in
   cpu) ;;
   vulkan)
@@ -138,18 +266,24 @@ case "$variant" in
     ;;
   cuda)
     backend_lib=libggml-cuda
-    if ! command -v nvcc >/dev/null; then
-      for d in /usr/local/cuda/bin /opt/cuda/bin; do [ -x "$d/nvcc" ] && PATH="$d:$PATH" && break; done
-    fi
-    command -v nvcc >/dev/null || die "nvcc not found: install the CUDA toolkit or put its bin/ on PATH"
-    # ggml's default without GGML_NATIVE is a long list of architectures (a much longer build)
-    archs=${GGML_CUDA_ARCHITECTURES:-}
+    cuda_toolkit   # also needed at run time (the PyPI toolkit's libraries), so checked on reuse too
+    # ggml's default without GGML_NATIVE is a long list of architectures, each a full device pass
+    archs=${CUDAARCHS:-${GGML_CUDA_ARCHITECTURES:-}}
     if [ -z "$archs" ] && command -v nvidia-smi >/dev/null; then
       archs=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null \
               | tr -d ' .' | grep -E '^[0-9]+$' | sort -u | sed 's/$/-real/' | paste -sd';' || true)
     fi
-    [ -n "$archs" ] && args+=("-DCMAKE_CUDA_ARCHITECTURES=$archs")
-    args+=(-DGGML_CUDA=ON)
+    archs=${archs:-$CUDA_DEFAULT_ARCHS}
+    # NCCL off: one device here, and a libnccl found on some machine would become a run-time need;
+    # GGML_CUDA_CCCL_VERSION stays empty (set, it clones CCCL from the network)
+    args+=(-DGGML_CUDA=ON "-DCMAKE_CUDA_COMPILER=$cuda_nvcc" "-DCUDAToolkit_ROOT=$cuda_root"
+           "-DCMAKE_CUDA_ARCHITECTURES=$archs" -DGGML_CUDA_NO_VMM=ON -DGGML_CUDA_NCCL=OFF
+           -DGGML_CUDA_FA_ALL_QUANTS=OFF)
+    if [ -n "$cuda_cublas" ]; then
+      args+=("-DCMAKE_CUDA_FLAGS=-I$cuda_cublas_dir/include" "-DCUDA_cublas_LIBRARY=$cuda_cublas_dir/lib/libcublas.so"
+             "-DCUDA_cublasLt_LIBRARY=$cuda_cublas_dir/lib/libcublasLt.so")
+    fi
+    key_extra="$("$cuda_nvcc" --version | tail -n1) cublas=$cuda_cublas"
     ;;
   metal)
     backend_lib=libggml-metal
@@ -161,7 +295,7 @@ if [ -n "${GRAPHGEN_GGML_CMAKE_ARGS:-}" ]; then
   args+=($GRAPHGEN_GGML_CMAKE_ARGS)
 fi
 
-key=$( { printf '%s==%s\n' "$SDIST_NAME" "$SDIST_VERSION"; printf '%s\n' "${args[@]}"; cat "$self"; } \
+key=$( { printf '%s==%s\n' "$SDIST_NAME" "$SDIST_VERSION"; printf '%s\n' "${args[@]}" "$key_extra"; cat "$self"; } \
        | sha256 | cut -c1-16)
 name="$variant-$key"
 out="$cache/ggml/$name"
@@ -177,14 +311,15 @@ publish() {   # points <variant> at the keyed folder and prints the folder
   printf '%s\n' "$out"
 }
 
-if [ -f "$out/.complete" ]; then
+configure_only=${GRAPHGEN_GGML_CONFIGURE_ONLY:-}
+if [ -z "$configure_only" ] && [ -f "$out/.complete" ]; then
   log "reusing $out"
   publish
   exit 0
 fi
 
 # one build per folder at a time: a second run waits, then finds the folder complete
-if command -v flock >/dev/null; then
+if [ -z "$configure_only" ] && command -v flock >/dev/null; then
   exec 9>"$cache/ggml/.$name.lock"
   if ! flock -n 9; then
     log "another build of $name is running; waiting for it"
@@ -198,8 +333,12 @@ if command -v flock >/dev/null; then
 fi
 
 # --- build tools ---------------------------------------------------------------------------------
+# make, or ninja where make is missing (a machine that cannot install packages may have only ninja)
+gen=()
+if ! command -v make >/dev/null && command -v ninja >/dev/null; then gen=(-G Ninja); fi
 need_tools=()
-for t in cmake make cc c++; do command -v "$t" >/dev/null || need_tools+=("$t"); done
+for t in cmake cc c++; do command -v "$t" >/dev/null || need_tools+=("$t"); done
+[ ${#gen[@]} -gt 0 ] || command -v make >/dev/null || need_tools+=(make)
 if [ "$os" = Linux ] && ! command -v readelf >/dev/null; then need_tools+=(readelf); fi
 if [ ${#need_tools[@]} -gt 0 ]; then
   apt_install cmake make build-essential binutils
@@ -253,6 +392,20 @@ ggml_version=$(sed -nE 's/^set\(GGML_VERSION_(MAJOR|MINOR|PATCH) ([0-9]+)\).*/\2
 [ -n "$ggml_version" ] || ggml_version=unknown
 
 # --- configure, build, install into a staging prefix -----------------------------------------
+if [ -n "$configure_only" ]; then
+  mkdir -p "$configure_only" || die "cannot create $configure_only"
+  configure_only=$(cd "$configure_only" && pwd)
+  log "configuring ggml $ggml_version ($variant, key $key) into $configure_only"
+  GIT_CEILING_DIRECTORIES="$(dirname "$src")" cmake ${gen[@]+"${gen[@]}"} -S "$src" -B "$configure_only" \
+      "-DCMAKE_INSTALL_PREFIX=$configure_only/stage" "${args[@]}" > "$configure_only/configure.log" 2>&1 \
+    || { tail -n 40 "$configure_only/configure.log" >&2; die "cmake configure failed (log: $configure_only/configure.log)"; }
+  {
+    printf 'cuda_root=%q\ncuda_nvcc=%q\ncuda_archs=%q\n' "$cuda_root" "$cuda_nvcc" "${archs:-}"
+    printf 'cuda_runtime_path=%q\n' "$(IFS=:; echo "${cuda_runtime_dirs[*]:-}")"
+  } > "$configure_only/toolkit.env"
+  printf '%s\n' "$configure_only"
+  exit 0
+fi
 work=$(mktemp -d "$cache/ggml/.build-$name.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 buildlog="$cache/ggml/logs/$name.log"
@@ -267,7 +420,7 @@ start=$(date +%s)
 log "configuring"
 # GIT_CEILING_DIRECTORIES: the cache may lie inside some other git repository, whose commit
 # ggml would otherwise take for its own
-GIT_CEILING_DIRECTORIES="$(dirname "$src")" cmake -S "$src" -B "$work/build" "-DCMAKE_INSTALL_PREFIX=$work/stage" "${args[@]}" >>"$buildlog" 2>&1 \
+GIT_CEILING_DIRECTORIES="$(dirname "$src")" cmake ${gen[@]+"${gen[@]}"} -S "$src" -B "$work/build" "-DCMAKE_INSTALL_PREFIX=$work/stage" "${args[@]}" >>"$buildlog" 2>&1 \
   || fail "cmake configure failed"
 log "compiling (this takes minutes)"
 cmake --build "$work/build" --config Release -j"$(ncpu)" >>"$buildlog" 2>&1 || fail "cmake build failed"
@@ -300,6 +453,29 @@ shopt -u nullglob
 for l in libggml-base libggml-cpu libggml-rpc libggml $backend_lib; do
   [ -f "$lib/$l.$so_ext" ] || fail "the build produced no $l.$so_ext"
 done
+# CUDA libraries from folders off the loader's path (the PyPI toolkit, $GRAPHGEN_CUDA_CUBLAS) are
+# linked into the folder, relative to where it ends up, so that $ORIGIN finds the very libraries
+# it was built against; until it is moved there, the checks below find them through
+# LD_LIBRARY_PATH
+rt_path=""
+if [ "$os" = Linux ] && [ ${#cuda_runtime_dirs[@]} -gt 0 ]; then
+  rt_path=$(IFS=:; echo "${cuda_runtime_dirs[*]}")
+  scan=("$lib"/*.so)
+  while [ ${#scan[@]} -gt 0 ]; do
+    f=${scan[0]}; scan=("${scan[@]:1}")
+    for n in $(readelf -d "$f" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p'); do
+      [ -e "$lib/$n" ] || [ -L "$lib/$n" ] && continue
+      for d in "${cuda_runtime_dirs[@]}"; do
+        if [ -e "$d/$n" ]; then
+          ln -s "$(realpath -m --relative-to="$out" "$d/$n")" "$lib/$n"
+          scan+=("$d/$n")
+          break
+        fi
+      done
+    done
+  done
+fi
+with_rt() { if [ -n "$rt_path" ]; then LD_LIBRARY_PATH="$rt_path${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$@"; else "$@"; fi; }
 if [ "$os" = Linux ]; then
   # every ggml library another one needs must be in the folder; other needs must resolve on
   # this system (CUDA's runtime libraries, libvulkan, libgomp)
@@ -309,14 +485,14 @@ if [ "$os" = Linux ]; then
     done
     [ "$(readelf -d "$f" | sed -n 's/.*(RUNPATH).*\[\(.*\)\]/\1/p')" = '$ORIGIN' ] \
       || fail "$(basename "$f") does not have RUNPATH \$ORIGIN"
-    missing=$(ldd "$f" 2>/dev/null | awk '/not found/ {print $1}' | paste -sd' ' || true)
+    missing=$(with_rt ldd "$f" 2>/dev/null | awk '/not found/ {print $1}' | paste -sd' ' || true)
     [ -z "$missing" ] || log "warning: $(basename "$f") needs $missing, not found on this system"
   done
 fi
 # a load test: the libraries open together in the order the Python loader uses and report
 # their version (skipped when Python is missing, or when a backend's runtime is absent here)
 if command -v "$PY" >/dev/null; then
-  loaded=$(cd "$lib" && "$PY" - "$lib" "$so_ext" $backend_lib <<'EOF' 2>>"$buildlog"
+  loaded=$(cd "$lib" && with_rt "$PY" - "$lib" "$so_ext" $backend_lib <<'EOF' 2>>"$buildlog"
 import ctypes, os, sys
 d, ext, extra = sys.argv[1], sys.argv[2], sys.argv[3:]
 for n in ["libggml-base", "libggml-cpu", "libggml-rpc"] + extra:
@@ -328,7 +504,7 @@ EOF
   ) || loaded=""
   if [ "$loaded" = "$ggml_version" ]; then
     log "load test passed: ggml_version() = $loaded"
-  elif [ -z "$loaded" ] && [ -n "$backend_lib" ] && [ -n "$(ldd "$lib/$backend_lib.$so_ext" 2>/dev/null | grep 'not found' || true)" ]; then
+  elif [ -z "$loaded" ] && [ -n "$backend_lib" ] && [ -n "$(with_rt ldd "$lib/$backend_lib.$so_ext" 2>/dev/null | grep 'not found' || true)" ]; then
     log "warning: load test skipped, $backend_lib's runtime libraries are missing on this machine"
   else
     fail "load test failed (ggml_version() = '${loaded}', expected $ggml_version)"
@@ -346,6 +522,7 @@ fi
   echo "host: $(uname -srm)"
   echo "compiler: $(c++ --version 2>/dev/null | head -n1)"
   echo "cmake: $(cmake --version | head -n1)"
+  [ -z "$cuda_nvcc" ] || echo "cuda: $cuda_root ($("$cuda_nvcc" --version | tail -n1))${cuda_cublas:+, cuBLAS from $cuda_cublas}"
   echo "files:"
   (cd "$lib" && ls -1 | sed 's/^/  /')
 } > "$lib/build-info.txt"

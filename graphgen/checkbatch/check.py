@@ -34,7 +34,7 @@ def parse_n_seq(text: str) -> list[int]:
 def check_batch(model, n_seqs=DEFAULT_N_SEQ, block: int | None = None, prompt: int = 6, flash_attn: bool | str = False,
                 type_k: str = "f16", type_v: str = "f16", engines=ENGINES, seed: int = 0, progress=None,
                 n_ctx: int | None = None, n_ubatch: int | None = None, n_threads: int = 1,
-                fail_on: str = "batch") -> Report:
+                fail_on: str = "batch", backend: str = "cpu") -> Report:
     """Run every case in each engine and compare; `progress(text)` is told what runs.
     flash_attn: a bool, or -fa's "on", "off" or "auto" (b11739 then decides itself, graphgen as
     scenario.resolve_fa does; the engines' parity shows a disagreement)."""
@@ -98,7 +98,7 @@ def check_batch(model, n_seqs=DEFAULT_N_SEQ, block: int | None = None, prompt: i
                 if progress:
                     progress(f"run {run} of {n_runs}: n_seq {case.n_seq}, {case.kind} blocks, {label(e)} "
                              f"({len(roles)} block graphs)")
-                graphs = run_graphgen(model, sc) if e == "graphgen" else worker.run(model, sc)
+                graphs = run_graphgen(model, sc, backend) if e == "graphgen" else worker.run(model, sc)
                 cr.seqs[e], cr.reproducible[e], runs[e] = compare_case(case, graphs, roles, e)
             if parity is not None:
                 for k, (x, y) in enumerate(zip(runs["graphgen"], runs["llama.cpp"])):

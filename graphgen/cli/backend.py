@@ -9,21 +9,55 @@ import tempfile
 
 
 def _cmd_devices(args) -> int:
+    import ctypes
+
     from ..ops.runtime import activate
     from ..runtime.backends import BUILD_HINT, devices, has_backend
     rt = activate()
+    devs = devices()
+    kinds = ("cpu", "vulkan", "cuda", "metal", "rpc")
+    prefixes = {"vulkan": ("vulkan",), "cuda": ("cuda",), "metal": ("metal", "mtl")}
+
+    def why_no_cuda_device() -> str:
+        # a CUDA build loads without a driver (the runtime opens libcuda.so.1 only when it starts),
+        # so an empty list means no driver, or a driver without a GPU or too old for the runtime
+        try:
+            ctypes.CDLL("libcuda.so.1")
+        except OSError:
+            return "no NVIDIA driver on this machine (libcuda.so.1 not found)"
+        try:
+            with open("/proc/self/maps") as f:
+                cudart = next((ln.split()[-1] for ln in f if "/libcudart.so" in ln), None)
+            if cudart is not None:
+                rt_lib = ctypes.CDLL(cudart)
+                rt_lib.cudaGetErrorString.restype = ctypes.c_char_p
+                err = rt_lib.cudaGetDeviceCount(ctypes.byref(ctypes.c_int(0)))
+                if err:
+                    return f"the CUDA runtime says: {rt_lib.cudaGetErrorString(err).decode()}"
+        except (OSError, AttributeError):
+            pass
+        return "the NVIDIA driver reports no GPU"
+
+    # a backend built in whose kind has no device here: said so, not an error (a CUDA build made on
+    # a machine without a GPU, say)
+    idle = {k: (why_no_cuda_device() if k == "cuda" else "no device found")
+            for k, pre in prefixes.items()
+            if has_backend(k) and not any(d.name.lower().startswith(pre) for d in devs)}
     if args.json:
         print(json.dumps({"ggml": {"version": rt.version, "dir": str(rt.lib_dir), "origin": rt.origin},
-                          "backends": {k: has_backend(k) for k in ("cpu", "vulkan", "cuda", "metal", "rpc")},
-                          "devices": [vars(d) for d in devices()]}, indent=1))
+                          "backends": {k: has_backend(k) for k in kinds},
+                          "backends_without_device": idle,
+                          "devices": [vars(d) for d in devs]}, indent=1))
         return 0
     print(f"ggml {rt.version} from {rt.lib_dir} ({rt.origin})")
     print("backends in this ggml build:")
-    for kind in ("cpu", "vulkan", "cuda", "metal", "rpc"):
-        state = "yes" if has_backend(kind) else f"no (build with {BUILD_HINT[kind]})" if kind in BUILD_HINT else "no"
+    for kind in kinds:
+        if has_backend(kind):
+            state = f"yes (built in, but no {kind} device here: {idle[kind]})" if kind in idle else "yes"
+        else:
+            state = f"no (build with {BUILD_HINT[kind]})" if kind in BUILD_HINT else "no"
         print(f"  {kind:7s} {state}")
     print("devices (llama.cpp's names, as -dev takes them):")
-    devs = devices()
     for d in devs:
         mem = (f"{d.memory_free / 2**20:,.0f} MiB free of {d.memory_total / 2**20:,.0f} MiB"
                if d.memory_total else "memory not reported")
@@ -31,6 +65,8 @@ def _cmd_devices(args) -> int:
     for d in devs:
         if d.memory_free_source and d.kind == "cpu":
             print(f"  ({d.name}'s free memory: {d.memory_free_source})")
+    for kind, why in idle.items():
+        print(f"  (no {kind} devices: {why}; the backend is built in)")
     return 0
 
 
@@ -54,18 +90,24 @@ def _cmd_xdiff(args) -> int:
             def on_step(step):
                 if step.kind != "seq_rm":
                     task.update(f"step {step.index}: {step.kind}")
-            res = xdiff(model, sc, backends, out, on_step, nmse=args.nmse, **filters)
+            res = xdiff(model, sc, backends, out, on_step, nmse=args.nmse, local=args.local, **filters)
     except BaseException:
         if not args.out:
             shutil.rmtree(out, ignore_errors=True)
         raise
     print(json.dumps(res.to_dict(), indent=1) if args.json else res.format_text())
+    locs = [g["local"] for g in res.graphs if g.get("local")]
+    if args.local and not any(loc.get("rerun") for loc in locs):
+        whys = sorted({g["why"] for loc in locs for g in loc.get("not_rerun", [])})
+        print("graphgen: error: --local: no node could be re-run alone" + (f" ({'; '.join(whys)})" if whys else ""),
+              file=sys.stderr)
+        res.ok = None
     if not args.out:
         if args.keep:
             progress.note(f"the dumps of both runs are in {out}")
         else:
             shutil.rmtree(out, ignore_errors=True)
-    return 0 if res.ok else 1
+    return 2 if res.ok is None else 0 if res.ok else 1
 
 
 def _cmd_rpc_server(args) -> int:
@@ -110,6 +152,9 @@ def register(sub) -> None:
                    help="one NMSE bound for every node instead of the per-op ones (default: matmuls 5e-4, f16 "
                         "attention 5e-3, ...); integer results (argmax, argsort, top-k) stay exact")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--local", action="store_true",
+                   help="also each node's own error: every node of the second backend re-run alone on the "
+                        "first backend's values of its sources, against the first's output (default: off)")
     add_filter_args(p)
     p.set_defaults(fn=_cmd_xdiff)
     from .mmapflag import add_mmap_flag

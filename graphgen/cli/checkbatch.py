@@ -24,12 +24,19 @@ def _cmd_check_batch(args) -> int:
     fa = args.flash_attn or "off"
     type_k, type_v = kv_types(args, "f16", "f16", bool(resolve_fa(fa)), "-fa on")
     engines = ENGINES if args.engine == "both" else (args.engine,)
+    from .llamaflags import backend_of
+    backend = backend_of(args.backend or "cpu")
+    if backend != "cpu" and "llama.cpp" in engines:
+        # b11739's wheel computes on its CPU: a parity across devices would not be one
+        raise GraphgenError(f"-dev {args.backend}: llama.cpp b11739 runs on the CPU here; give --engine graphgen "
+                            "to measure graphgen's batches on that device")
     # llama.cpp caps the micro-batch at the logical batch
     n_ubatch = args.n_ubatch if args.n_batch is None else min(args.n_batch, args.n_ubatch or args.n_batch)
     with progress_task(f"check-batch {given}", every_step=True) as task:
         report = check_batch(args.model, n_seqs=n_seqs, block=args.block, prompt=args.prompt, flash_attn=fa,
                              type_k=type_k, type_v=type_v, engines=engines, seed=args.seed, progress=task.update,
-                             n_ctx=args.n_ctx, n_ubatch=n_ubatch, n_threads=args.threads or 1, fail_on=args.fail_on)
+                             n_ctx=args.n_ctx, n_ubatch=n_ubatch, n_threads=args.threads or 1, fail_on=args.fail_on,
+                             backend=backend)
     report.model = draft_label(given)  # draft.gguf, a shipped draft's file, names none of them
     if args.json:
         json.dump(report.to_dict(), sys.stdout, indent=1)
@@ -46,7 +53,7 @@ def _nonneg(text: str) -> int:
 
 def register(sub) -> None:
     from ..checkbatch import DEFAULT_N_SEQ, THOROUGH_N_SEQ
-    from .llamaflags import add_context_flags, add_model
+    from .llamaflags import add_context_flags, add_device, add_model
 
     p = sub.add_parser(
         "check-batch", help="does a sequence's block depend on the batch? (graphgen and llama.cpp b11739)",
@@ -71,6 +78,7 @@ def register(sub) -> None:
                         "llama.cpp's -p prompt text) (default 6)")
     add_context_flags(p, scenario=False, parallel=False, threads_default="1")
     add_kv_type_flags(p, "f16", fa_hint="-fa on")
+    add_device(p)
     p.add_argument("--engine", choices=("graphgen", "llama.cpp", "both"), default="both",
                    help="which engines to measure (default both; both also compares them)")
     p.add_argument("--fail-on", choices=("batch", "parity"), default="batch",

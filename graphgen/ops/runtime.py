@@ -37,6 +37,14 @@ BINDINGS_PACKAGE = "ggml-python"
 BINDINGS_VERSION = "0.0.45"
 BINDINGS_FILES = ("__init__.py", "ggml.py", "utils.py", "py.typed")
 
+# ggml-python binds a backend's functions when the library has that backend (enabled=...); a
+# backend newer than the bindings may lack some of them (b11549's ggml-cuda has no split buffer
+# type, and declares ggml_backend_cuda_allreduce_tensor without defining it), which would fail the
+# import: the laid-out copy leaves such a function unbound, as it leaves every function of a
+# backend that is not built in
+CONDITIONAL_BINDING = ("            if enabled:\n                func = getattr(lib, name)\n",
+                       "            if enabled and hasattr(lib, name):\n                func = getattr(lib, name)\n")
+
 # the libraries ggml-python's loader preloads by name, in its order; libggml itself comes last
 LIBRARIES = ("ggml-base", "ggml-cpu", "ggml-blas", "ggml-cuda", "ggml-metal", "ggml-rpc", "ggml-vulkan", "ggml")
 REQUIRED_LIBRARIES = ("ggml-base", "ggml-cpu", "ggml")
@@ -139,7 +147,7 @@ def bound_functions(bindings_py: Path) -> list[str]:
 
 def _package_for(lib_dir: Path, bindings: Path) -> Path:
     """A folder holding a `ggml` package: the bindings, and lib/ linking to lib_dir's libraries."""
-    key = hashlib.sha256(f"{lib_dir}\n{BINDINGS_VERSION}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{lib_dir}\n{BINDINGS_VERSION}\n{CONDITIONAL_BINDING[1]}".encode()).hexdigest()[:16]
     links = {base: lib_file(lib_dir, base) for base in LIBRARIES}
     found = cache.find(f"ggml-runtime/{key}")
     if found is not None and all((found / "ggml" / "lib" / f"lib{b}.so").resolve() == p.resolve()
@@ -151,6 +159,8 @@ def _package_for(lib_dir: Path, bindings: Path) -> Path:
     (tmp / "ggml" / "lib").mkdir(parents=True)
     for name in BINDINGS_FILES:
         shutil.copy2(bindings / name, tmp / "ggml" / name)
+    text = (tmp / "ggml" / "ggml.py").read_text()
+    (tmp / "ggml" / "ggml.py").write_text(text.replace(*CONDITIONAL_BINDING))
     for base, path in links.items():
         if path is not None:
             os.symlink(path.resolve(), tmp / "ggml" / "lib" / f"lib{base}.so")

@@ -21,7 +21,8 @@ DEV_TYPE = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel"}
 BUILD_HINT = {
     "vulkan": "--ggml $(tools/build_ggml.sh vulkan) (needs glslc, libvulkan-dev and a Vulkan driver, "
               "e.g. mesa-vulkan-drivers)",
-    "cuda": "--ggml $(tools/build_ggml.sh cuda) (needs the CUDA toolkit and an NVIDIA GPU)",
+    "cuda": "--ggml $(tools/build_ggml.sh cuda) (builds without a GPU, from PyPI's CUDA toolkit when the "
+            "system has none; running needs an NVIDIA GPU and its driver)",
     "metal": "--ggml $(tools/build_ggml.sh metal) (macOS on Apple silicon)",
     "rpc": "--ggml pointing at a ggml build with RPC (tools/build_ggml.sh builds it in)",
 }

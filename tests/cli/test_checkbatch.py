@@ -94,3 +94,19 @@ def test_a_real_check_of_two_sequences(cli, tiny):
         "graphgen": False}
     assert [(c["n_seq"], c["blocks"]) for c in doc["cases"]] == [(2, "equal"), (2, "unequal")]
     assert doc["settings"]["block"] == 4 and doc["settings"]["flash_attn"] is False
+
+def test_a_device_takes_graphgens_engine_alone(tmp_path):
+    """-dev puts graphgen's runs on a device; b11739 runs on its CPU, so a parity across devices
+    is refused, naming the flag, before anything runs."""
+    import subprocess
+    import sys
+    from graphgen.synth import make_model
+    make_model(tmp_path / "d.gguf", "dflash", seed=1)
+    p = subprocess.run([sys.executable, "-m", "graphgen.cli", "check-batch", "-m", str(tmp_path / "d.gguf"),
+                        "-dev", "CUDA0"], capture_output=True, text=True)
+    assert p.returncode == 2 and "-dev CUDA0" in p.stderr and "--engine graphgen" in p.stderr
+    p = subprocess.run([sys.executable, "-m", "graphgen.cli", "check-batch", "-m", str(tmp_path / "d.gguf"),
+                        "-dev", "CPU", "--engine", "graphgen", "--json"], capture_output=True, text=True)
+    # 1 is a batch dependence found (b11739 shares it), not a refusal
+    assert p.returncode in (0, 1), p.stderr
+    assert json.loads(p.stdout)["engines"] == ["graphgen"]

@@ -50,7 +50,8 @@ def gpu_build(kind):
         pytest.skip(msg)
     p = subprocess.run([sys.executable, "-m", "graphgen.cli", "--ggml", d, "devices"], capture_output=True,
                        text=True)
-    devs = p.stdout.split("devices:")[-1].splitlines()
+    # the device lines follow the header "devices (llama.cpp's names, ...):"
+    devs = p.stdout.split("\ndevices", 1)[-1].splitlines()[1:]
     if p.returncode != 0 or not any(ln.strip().lower().startswith(_PREFIX[kind]) for ln in devs):
         msg = f"the {kind} build in {d} sees no {kind} device (no such hardware here): {p.stdout}{p.stderr}"
         if required:
