@@ -1205,6 +1205,8 @@ MUTATIONS = [
     Mutation("record_copy_not_tied_to_its_node", "NodeRecorder._source_at",
              "return self._by_digest.get((name, hashlib.sha256(np.ascontiguousarray(arr).tobytes()).hexdigest()))",
              "return None", LOCAL),
+    Mutation("view_own_error_dropped", "diff_map",
+             "row.own = None if loc.nmse is None else _num(loc.nmse)", "row.own = None", LOCAL),
     Mutation("reduce_signature_with_detail", "graphgen/reduce/failure.py",
              'detail: str = field(default="", compare=False)', 'detail: str = field(default="")', REDUCE),
     Mutation("reduce_vocab_mask_kept", "Case._vocab",

@@ -289,3 +289,20 @@ def test_every_node_of_the_reference_cases_reruns_exactly(case_name, tmp_path):
         loc = r["local"]
         assert loc["skipped"] == 0, (graph, loc["not_rerun"])
         assert loc["n_replay_exact"] == loc["rerun"] > 0 and loc["own"] == [], graph
+
+
+def test_the_html_view_carries_each_nodes_own_error(case, tmp_path):
+    """view --local: every row of the page's data has the node's own error (0 where nothing is
+    added) or why it has none (a view computes nothing)."""
+    import re
+    out = tmp_path / "block.html"
+    p = run("view", case / "ref", case / "ours", "--local", "--graph", "block", "--out", out)
+    assert p.returncode == 0, p.stderr
+    blob = re.search(r'<script id="data" type="application/json">(.*?)</script>', out.read_text(), re.S).group(1)
+    data = json.loads(blob.replace("<\\/", "</"))
+    f = {name: k for k, name in enumerate(data["fields"])}
+    rows = data["rows"]
+    views = [r for r in rows if r[f["op"]] in VIEWS]
+    computing = [r for r in rows if r[f["op"]] not in VIEWS]
+    assert views and all(r[f["own_why"]] == "a view: computes nothing" for r in views)
+    assert computing and all(r[f["own"]] == 0.0 and r[f["own_why"]] is None for r in computing)
