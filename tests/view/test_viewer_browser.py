@@ -13,6 +13,7 @@ import re
 import select
 import shutil
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -324,9 +325,14 @@ def test_model_explorer_web_app_loads_the_export(browser, tmp_path):
     graph = json.loads(paths[0].read_text())["graphs"][0]
     nmse_file = next(p for p in paths if p.name.endswith(".nmse.json"))
     port = _free_port()
+    # unbuffered: its address line must reach the pipe at once, whatever the environment says
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
     server = subprocess.Popen([sys.executable, "-m", "model_explorer", str(paths[0]), f"--node_data_paths={nmse_file}",
                                "--no_open_in_browser", f"--port={port}"],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    # a server that never prints its address is ended, so the blocking read below ends too
+    watchdog = threading.Timer(120, server.kill)
+    watchdog.start()
     try:
         url, log = None, []
         deadline = time.monotonic() + 120
@@ -356,6 +362,7 @@ def test_model_explorer_web_app_loads_the_export(browser, tmp_path):
         assert math.isclose(float(re.search(r"Max\s+(\S+)", text).group(1)), worst, rel_tol=1e-9)
         assert worst == next(r.nmse for r in res.numeric if r.ref_index == 20)
     finally:
+        watchdog.cancel()
         server.terminate()
         try:
             server.wait(timeout=10)
