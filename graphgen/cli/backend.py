@@ -96,11 +96,10 @@ def _cmd_xdiff(args) -> int:
             shutil.rmtree(out, ignore_errors=True)
         raise
     print(json.dumps(res.to_dict(), indent=1) if args.json else res.format_text())
-    locs = [g["local"] for g in res.graphs if g.get("local")]
-    if args.local and not any(loc.get("rerun") for loc in locs):
-        whys = sorted({g["why"] for loc in locs for g in loc.get("not_rerun", [])})
-        print("graphgen: error: --local: no node could be re-run alone" + (f" ({'; '.join(whys)})" if whys else ""),
-              file=sys.stderr)
+    from ..compare.report import local_unmeasured
+    unmeasured = local_unmeasured([g["local"] for g in res.graphs if g.get("local")]) if args.local else None
+    if unmeasured:
+        print(f"graphgen: error: {unmeasured}", file=sys.stderr)
         res.ok = None
     if not args.out:
         if args.keep:

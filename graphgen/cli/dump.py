@@ -232,7 +232,8 @@ def run_diff(args: argparse.Namespace) -> int:
             print(f"graphgen: error: {' '.join(str(e).split())}", file=sys.stderr)
             return 2
     code = exit_code(results)
-    unmeasured = _local_unmeasured(results) if args.local else None
+    from ..compare.report import local_unmeasured
+    unmeasured = local_unmeasured([r.local for r in results if r.local is not None]) if args.local else None
     if unmeasured:
         code = 2
     if args.json:
@@ -262,16 +263,6 @@ def run_diff(args: argparse.Namespace) -> int:
     if unmeasured:
         print(f"graphgen: error: {unmeasured}", file=sys.stderr)
     return code
-
-
-def _local_unmeasured(results) -> str | None:
-    """--local that re-ran no node anywhere measured nothing: why, for stderr (None when it measured)."""
-    locs = [r.local for r in results if r.local is not None]
-    if any(loc.get("rerun") for loc in locs):
-        return None
-    whys = sorted({g["why"] for loc in locs for g in loc.get("not_rerun", [])} |
-                  {loc["error"] for loc in locs if loc.get("error")})
-    return "--local: no node could be re-run alone" + (f" ({'; '.join(whys)})" if whys else "")
 
 
 def _verdict(results) -> str:

@@ -376,13 +376,11 @@ def compare_inputs(ref: Dump, ours: Dump) -> list[dict[str, Any]]:
     is an origin of its own: every node reading it is fed differently on the two sides."""
     out = []
     for k, inp in enumerate(ref.inputs):
-        # inputs pair by name and rank among inputs of that name (an iSWA draft has two masks)
-        rank = sum(i.name == inp.name for i in ref.inputs[:k])
-        theirs = [j for j, i in enumerate(ours.inputs) if i.name == inp.name]
-        if rank >= len(theirs):
+        j = ours.input_partner(ref, k)
+        if j is None:
             continue
-        o = ours.inputs[theirs[rank]]
-        a, b = ref.input_values(k), ours.input_values(theirs[rank])
+        o = ours.inputs[j]
+        a, b = ref.input_values(k), ours.input_values(j)
         row: dict[str, Any] = {"name": inp.name, "type_ref": inp.type, "type_ours": o.type, "ne_ref": inp.ne,
                                "ne_ours": o.ne}
         if a is None or b is None:

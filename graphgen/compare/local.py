@@ -448,8 +448,6 @@ def _child(request: dict, out: dict[int, Local], total: int, progress) -> tuple[
         p.kill()
         p.wait()
         raise
-    if rc == 0 and not pending:
-        return None
     if not pending:
         return None
     lines = [ln for ln in err.splitlines() if "ggml_vulkan" not in ln]
@@ -594,15 +592,6 @@ def _compare_blocks(res: Local, node: Node, type_id: int, expect: np.ndarray, ra
     return res
 
 
-def _same_input(dump: Dump, other: Dump, k: int) -> int | None:
-    """The input of `dump` that is `other`'s input k: the same name, the same rank among inputs of
-    that name (an iSWA draft's two masks)."""
-    name = other.inputs[k].name
-    rank = sum(inp.name == name for inp in other.inputs[:k])
-    ks = [j for j, inp in enumerate(dump.inputs) if inp.name == name]
-    return ks[rank] if rank < len(ks) else None
-
-
 def _source(ref: Dump, ours: Dump, slot: tuple[str, int | None], ref_of: dict[int, int], weights: Weights,
             types: dict[str, int], inp_k: int | None = None) -> tuple[_Source | None, str | None]:
     name, at = slot
@@ -638,7 +627,7 @@ def _source(ref: Dump, ours: Dump, slot: tuple[str, int | None], ref_of: dict[in
     if inp_k is not None:
         inp = ours.inputs[inp_k]
         own = ours.input_values(inp_k)
-        rk = _same_input(ref, ours, inp_k) if ref.inputs else None
+        rk = ref.input_partner(ours, inp_k) if ref.inputs else None
         vals = ref.input_values(rk) if rk is not None else (own if not ref.inputs else None)
         if vals is not None and inp.type in types:
             return _Source(types[inp.type], list(inp.ne), _encode(vals, inp.type),

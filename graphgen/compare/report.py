@@ -285,6 +285,16 @@ def summarize_local(numeric: Sequence[NumericResult]) -> dict[str, Any]:
             "n_replay_unchecked": sum(r.local.replay_exact is None for r in rerun)}
 
 
+def local_unmeasured(locs: Sequence[dict[str, Any]]) -> str | None:
+    """--local that re-ran no node in any graph measured nothing: why, in a line (None when it
+    measured)."""
+    if any(loc.get("rerun") for loc in locs):
+        return None
+    whys = sorted({g["why"] for loc in locs for g in loc.get("not_rerun", [])} |
+                  {loc["error"] for loc in locs if loc.get("error")})
+    return "--local: no node could be re-run alone" + (f" ({'; '.join(whys)})" if whys else "")
+
+
 def format_local(loc: dict[str, Any]) -> list[str]:
     if loc.get("error"):
         return [f"own error: not measured: {loc['error']}"]

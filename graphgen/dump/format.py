@@ -148,16 +148,9 @@ class Dump:
     def qrows(self, index: int) -> np.ndarray | None:
         """A quantized node's rows as raw bytes (uint8, ne3, ne2, ne1, row bytes), or None."""
         node = self.nodes[index]
-        if self.values_path is None:
+        rows = self._stored(f"q{index}")
+        if rows is None:
             return None
-        try:
-            if self._npz is None:
-                self._npz = np.load(self.values_path, allow_pickle=False)
-            if f"q{index}" not in self._npz.files:
-                return None
-            rows = self._npz[f"q{index}"]
-        except (OSError, ValueError, zipfile.BadZipFile, zlib.error, EOFError) as e:
-            raise DumpError(f"{self.values_path}: cannot read array 'q{index}': {_one_line(e)}") from None
         if rows.ndim != 4 or list(rows.shape[:3]) != [node.ne[3], node.ne[2], node.ne[1]]:
             raise DumpError(f"{self.values_path}: array 'q{index}' is {list(rows.shape)}, not the rows of node "
                             f"{index} ('{node.name}') with ne {node.ne}")
@@ -173,7 +166,16 @@ class Dump:
                 return self._array(f"i{k}", math.prod(inp.ne), inp.shape, f"input '{inp.name}' has ne {inp.ne}")
         return None
 
-    def _array(self, key: str, size: int, shape, mismatch: str) -> np.ndarray | None:
+    def input_partner(self, other: Dump, k: int) -> int | None:
+        """The index of this dump's input that is `other`'s input k: the same name, the same rank
+        among inputs of that name (an iSWA draft has two masks of one name)."""
+        name = other.inputs[k].name
+        rank = sum(inp.name == name for inp in other.inputs[:k])
+        mine = [j for j, inp in enumerate(self.inputs) if inp.name == name]
+        return mine[rank] if rank < len(mine) else None
+
+    def _stored(self, key: str) -> np.ndarray | None:
+        """Array `key` of the sibling .npz as stored, or None when the dump keeps none."""
         if self.values_path is None:
             return None
         try:
@@ -181,9 +183,14 @@ class Dump:
                 self._npz = np.load(self.values_path, allow_pickle=False)
             if key not in self._npz.files:
                 return None
-            arr = self._npz[key]
+            return self._npz[key]
         except (OSError, ValueError, zipfile.BadZipFile, zlib.error, EOFError) as e:
             raise DumpError(f"{self.values_path}: cannot read array '{key}': {_one_line(e)}") from None
+
+    def _array(self, key: str, size: int, shape, mismatch: str) -> np.ndarray | None:
+        arr = self._stored(key)
+        if arr is None:
+            return None
         if arr.size != size:
             raise DumpError(f"{self.values_path}: array '{key}' has {arr.size} elements but {mismatch}")
         return arr.reshape(shape)

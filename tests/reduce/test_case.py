@@ -7,14 +7,9 @@ import pytest
 
 from graphgen.play.scenario import parse_scenario
 from graphgen.reduce.case import Case, _down, load_case
+from reduce.cases import THREE_SEQUENCES
 
-SCENARIO = {"n_ctx": 256, "n_ubatch": 64, "flash_attn": "on", "type_kv": "f16", "seed": 1, "n_seq": 3,
-            "steps": [{"inject": {"n_tokens": 6, "pos0": 0, "seq": 0}},
-                      {"inject": {"n_tokens": 5, "pos0": 0, "seq": 1}},
-                      {"inject": {"n_tokens": 7, "pos0": 0, "seq": 2}},
-                      {"block": {"seqs": [{"seq": 0, "tokens": [7, 255, 255, 255], "pos0": 6},
-                                          {"seq": 1, "tokens": [9, 255, 255, 255], "pos0": 5},
-                                          {"seq": 2, "tokens": [11, 255, 255, 255], "pos0": 7}]}}]}
+SCENARIO = THREE_SEQUENCES
 CONFIG = {"variant": "dflash", "n_layer": 4, "n_head": 4, "n_embd": 64, "seed": 0, "sinks": True}
 
 

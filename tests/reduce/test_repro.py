@@ -10,14 +10,10 @@ import sys
 
 import pytest
 
+from reduce.cases import THREE_SEQUENCES
+
 CLI = [sys.executable, "-m", "graphgen.cli"]
-SCENARIO = {"n_ctx": 256, "n_ubatch": 64, "flash_attn": "on", "type_kv": "f16", "seed": 1, "n_seq": 3,
-            "steps": [{"inject": {"n_tokens": 6, "pos0": 0, "seq": 0}},
-                      {"inject": {"n_tokens": 5, "pos0": 0, "seq": 1}},
-                      {"inject": {"n_tokens": 7, "pos0": 0, "seq": 2}},
-                      {"block": {"seqs": [{"seq": 0, "tokens": [7, 255, 255, 255], "pos0": 6},
-                                          {"seq": 1, "tokens": [9, 255, 255, 255], "pos0": 5},
-                                          {"seq": 2, "tokens": [11, 255, 255, 255], "pos0": 7}]}}]}
+SCENARIO = THREE_SEQUENCES
 SETTINGS = {"variant": "dflash", "n_embd": 64, "n_layer": 4, "n_head": 4, "n_ff": 128, "n_vocab": 256,
             "block_size": 4, "target_layers": [1, 2], "seed": 0}
 
