@@ -486,9 +486,28 @@ def _encode(doc: dict[str, Any]) -> str:
 def _replace_atomically(path: Path, write: Callable[[Any], None]) -> None:
     # A reader (or a crashed writer) must never see half a file.
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        write(f)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _write_npz(f: Any, arrays: dict[str, np.ndarray]) -> None:
+    """np.savez_compressed's layout, written so that an interrupt leaves no archive behind: numpy's
+    own writer, stopped inside its zip's close, left a ZipFile whose finalizer later wrote to the
+    file this module had already closed (an "Exception ignored" traceback after Ctrl-C)."""
+    z = zipfile.ZipFile(f, "w", compression=zipfile.ZIP_DEFLATED, allowZip64=True)
+    try:
+        for name, a in arrays.items():
+            with z.open(name + ".npy", "w", force_zip64=True) as member:
+                np.lib.format.write_array(member, np.asanyarray(a), allow_pickle=False)
+        z.close()
+    except BaseException:
+        z.fp = None  # the half-written file is thrown away: nothing may write to it any more
+        raise
 
 
 def check_dump_dir(directory: str | os.PathLike) -> list[Path]:
@@ -579,7 +598,7 @@ def write_dump(directory: str | os.PathLike, seq: int, graph: str, header: dict[
     directory.mkdir(parents=True, exist_ok=True)
     npz_path = json_path.with_suffix(".npz")
     if arrays:
-        _replace_atomically(npz_path, lambda f: np.savez_compressed(f, **arrays))
+        _replace_atomically(npz_path, lambda f: _write_npz(f, arrays))
     else:
         npz_path.unlink(missing_ok=True)  # a stale npz would pair old values with new nodes
     # The JSON goes last: its presence marks a complete dump.

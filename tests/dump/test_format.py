@@ -64,6 +64,38 @@ def test_write_is_stable_and_skips_big_values(tmp_path):
     assert not load_dump(path).has_values
 
 
+@pytest.mark.parametrize("where", ["member", "close"])
+def test_an_interrupted_write_leaves_nothing_behind(tmp_path, monkeypatch, where):
+    """Ctrl-C while the values are written: the earlier dump stays whole, no temporary file is
+    left, and no half-written archive later writes to the closed file from its finalizer."""
+    import gc
+    import sys
+    import zipfile
+    path, nodes, values = write_sample(tmp_path)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    unraisable = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    if where == "close":
+        real_close = zipfile.ZipFile.close
+        calls = []
+
+        def close(self):
+            calls.append(1)
+            if len(calls) == 1:
+                raise KeyboardInterrupt  # the signal lands as the archive's close begins
+            return real_close(self)
+        monkeypatch.setattr(zipfile.ZipFile, "close", close)
+    else:
+        def write_array(*a, **k):
+            raise KeyboardInterrupt
+        monkeypatch.setattr(np.lib.format, "write_array", write_array)
+    with pytest.raises(KeyboardInterrupt):
+        write_dump(tmp_path, 0, "block", HEADER, nodes, {0: np.ones(24), 1: np.zeros(24)})
+    gc.collect()
+    assert unraisable == []
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
 def test_load_dump_dir_orders_by_index(tmp_path):
     write_sample(tmp_path, 1, "block")
     write_sample(tmp_path, 0, "inject")
