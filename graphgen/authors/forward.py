@@ -85,7 +85,7 @@ class AuthorsDraft:
             if self.authors == "zlab":
                 self._load_zlab(target)
             else:
-                self._load_speculators()
+                self._load_speculators(None if target_dir is None else target)
                 if target_dir is not None:
                     # the target named here wins over the config's verifier path, as it does for
                     # the converter
@@ -131,9 +131,17 @@ class AuthorsDraft:
         self.n_vocab = int(self.embed.shape[0])
         self.d2t = None
 
-    def _load_speculators(self) -> None:
+    def _load_speculators(self, target: Path | None) -> None:
         import torch
-        self.model = authors_class(self.authors, self.variant).from_pretrained(str(self.hf_dir), dtype=self.dtype)
+        cls = authors_class(self.authors, self.variant)
+        kw = {}
+        if target is not None:
+            # the target named here is also the verifier speculators loads its tables from: the
+            # config's path may name where the checkpoint was made, not where it is now
+            cfg = cls.config_class.from_pretrained(str(self.hf_dir))
+            cfg.speculators_config.verifier.name_or_path = str(target.resolve())
+            kw["config"] = cfg
+        self.model = cls.from_pretrained(str(self.hf_dir), dtype=self.dtype, **kw)
         m, cfg = self.model, self.model.config
         # the authors' inference attention without flex's compiled masks
         cfg.transformer_layer_config._attn_implementation = "sdpa"

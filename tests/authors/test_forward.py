@@ -109,6 +109,27 @@ def test_a_checkpoint_loads_with_its_authors_class_and_its_targets_tables(zlab, 
     assert torch.isinf(full[..., torch.as_tensor(outside)]).all()
 
 
+def test_a_moved_speculators_checkpoint_loads_beside_the_target_named(spark, tmp_path, caplog):
+    """speculators' config names its verifier by the path the checkpoint was made at; moved (as a
+    repro folder is), the target given wins over it, silently."""
+    import shutil
+    moved = tmp_path / "moved"
+    shutil.copytree(spark, moved)
+    cfg = json.loads((moved / "config.json").read_text())
+    assert cfg["speculators_config"]["verifier"]["name_or_path"] == str((spark / "target").resolve())
+    # where it was made, gone since
+    cfg["speculators_config"]["verifier"]["name_or_path"] = str(tmp_path / "gone" / "target")
+    (moved / "config.json").write_text(json.dumps(cfg))
+    shutil.rmtree(moved / "target")
+    shutil.copytree(spark / "target", tmp_path / "elsewhere")
+    with caplog.at_level("WARNING"):
+        d = FW.AuthorsDraft(moved, tmp_path / "elsewhere")
+    assert "Could not resolve" not in caplog.text
+    embed, _ = _target_tables(spark)
+    assert np.array_equal(d.embed.numpy(), embed)
+    assert d.model.config.speculators_config.verifier.name_or_path == str((tmp_path / "elsewhere").resolve())
+
+
 def test_a_format_without_an_authors_class_is_refused(tmp_path):
     ck = tmp_path / "ck"
     ck.mkdir()
