@@ -144,6 +144,10 @@ LOOP = ("tests/speculative/test_llamaloop.py",)
 LOCAL = ("tests/compare/test_local.py",)
 REDUCE = ("tests/reduce/test_case.py", "tests/reduce/test_failure.py", "tests/reduce/test_shrink.py",
           "tests/reduce/test_repro.py")
+REDUCE_HF = ("tests/reduce/test_case.py", "tests/reduce/test_failure.py")
+REDUCE_HF_E2E = ("tests/reduce/test_checkpoint.py",)
+FORWARD = ("tests/authors/test_forward.py",)
+DUMP_FORMAT = ("tests/dump/test_format.py",)
 LOOP_UNIT = ("tests/speculative/test_llamaloop.py::test_compare_names_the_earliest_parting_and_refuses_nothing",)
 
 MUTATIONS = [
@@ -1220,6 +1224,34 @@ MUTATIONS = [
              "reproduced = again.failure == res.failure", "reproduced = True", REDUCE),
     Mutation("reduce_max_tries_ignored", "reduce",
              "res.complete = res.tries < max_tries", "res.complete = True", REDUCE),
+    Mutation("reduce_hf_layers_leave_swa_pattern", "Case._layers",
+             'kw["swa_pattern"] = list(self.config["swa_pattern"][:v])', 'pass', REDUCE_HF),
+    Mutation("reduce_hf_d2t_outside_vocab", "Case._vocab",
+             'kw["d2t_vocab"] = max(1, v * 3 // 4)', 'pass', REDUCE_HF),
+    Mutation("reduce_hf_gguf_defaults", "Case.settings",
+             'return {**_hf_defaults(), **(self.config or {})}', 'pass', REDUCE_HF),
+    Mutation("reduce_hf_unknown_field_taken", "load_case",
+             "bad = sorted(k for k in config if k not in known)", "bad = []", REDUCE_HF),
+    Mutation("reduce_check_layer_kept", "_check_outcome",
+             'how=_LAYER.sub("-N", bad["name"])', 'how=bad["name"]', REDUCE_HF),
+    Mutation("reduce_check_graph_file_name", "_graph_kind",
+             'return re.sub(r"^\\d+-", "", Path(str(name).split()[0]).stem)', 'return str(name)', REDUCE_HF),
+    Mutation("reduce_check_near_ties_ignored", "_check_outcome",
+             'if r[n_key] - r["equal"] - r["near_ties"] > 0:', 'if r[n_key] - r["equal"] > 0:', REDUCE_HF),
+    Mutation("reduce_check_uncompared_agrees", "_check_outcome",
+             'if not any(n.get("llama.cpp") is not None for n in arb.get("nodes", [])):', 'if False:', REDUCE_HF),
+    Mutation("reduce_check_no_target", "target_of",
+             'return f"{draft_arg}/target" if case.format == "hf" and case.config is not None else None',
+             'return None', REDUCE_HF_E2E),
+    Mutation("reduce_repro_verifier_staged", "graphgen/reduce/repro.py:_name_verifier",
+             'ver["name_or_path"] = str(target)', 'pass', REDUCE_HF_E2E),
+    Mutation("authors_verifier_from_config", "AuthorsDraft._load_speculators",
+             'cfg.speculators_config.verifier.name_or_path = str(target.resolve())', 'pass', FORWARD),
+    Mutation("dump_npz_archive_left_open", "_write_npz",
+             "z.fp = None  # the half-written file is thrown away: nothing may write to it any more", "pass",
+             DUMP_FORMAT),
+    Mutation("dump_tmp_left_behind", "_replace_atomically",
+             "tmp.unlink(missing_ok=True)", "pass", DUMP_FORMAT),
 
 ]
 

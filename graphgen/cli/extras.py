@@ -27,6 +27,10 @@ def torch_need(args: argparse.Namespace) -> str | None:
         return cmd
     if cmd == "make-model" and getattr(args, "format", None) == "hf":
         return "--format hf"
+    if cmd == "reduce":  # an authors' checkpoint is reduced against graphgen check
+        for dest, flag in (("hf_settings", "--hf-settings"), ("checkpoint", "--checkpoint")):
+            if getattr(args, dest, None) is not None:
+                return flag
     if getattr(args, "engine", None) == "torch":
         return "--engine torch"
     engines = getattr(args, "engines", None)

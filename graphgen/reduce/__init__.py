@@ -1,7 +1,8 @@
 """`graphgen reduce`: a failure shrunk to the smallest draft and scenario that still show it.
 
-A failure is a case (a draft, as make-model settings or a GGUF kept whole, and a scenario) and
-what goes wrong when it runs: graphgen against a llama.cpp build, or one backend against another.
+A failure is a case (a draft, as settings or kept whole: a GGUF, or an authors' checkpoint; and
+a scenario) and what goes wrong when it runs: graphgen against a llama.cpp build, one backend
+against another, or an authors' checkpoint in `graphgen check`.
 What goes wrong is summed up as a signature (the first parting node's graph, kind and op; a side's
 refusal; a side's crash), and the reducer keeps a smaller case only when it fails with the same
 signature, as Polygraphy's `debug reduce` and torch._dynamo's minifier do for their graphs.

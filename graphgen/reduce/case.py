@@ -1,4 +1,8 @@
-"""A case: the draft (make-model settings, or a GGUF kept whole) and the scenario it runs.
+"""A case: the draft and the scenario it runs.
+
+The draft is a GGUF (`format` "gguf") or a checkpoint in its authors' format (`format` "hf"),
+each either as the settings that write it (make_model's, or make_hf's HFSpec) or kept whole as
+given (a GGUF file, a checkpoint folder). Settings are reduced; a draft kept whole is not.
 
 Every edit the reducer tries is a method here that returns a smaller case, or None when the edit
 does not apply; `edits()` lists them, the biggest cuts first. An edit may give a case the draft
@@ -19,22 +23,28 @@ DEFAULTS = {"n_embd": 64, "n_layer": 2, "n_head": 4, "n_ff": 128, "n_vocab": 256
             "target_layers": [1, 2]}
 MIN_HEAD_DIM = 8       # the smallest head size b11739 is drawn with in graphgen's random suites
 MIN_VOCAB = 8          # unk, bos, eos, the mask token and a few others
+FORMATS = ("gguf", "hf")
 
 
 @dataclass
 class Case:
     scenario: dict[str, Any]
-    config: dict[str, Any] | None = None   # make_model settings (graphgen.synth.make_model)
-    draft: Path | None = None              # a GGUF used as it is, when no settings are given
+    config: dict[str, Any] | None = None   # make_model settings, or make_hf's HFSpec fields
+    draft: Path | None = None              # a GGUF file or checkpoint folder used as it is
     history: list[str] = field(default_factory=list)
+    format: str = "gguf"                   # gguf: a GGUF draft; hf: an authors' checkpoint
 
     def __post_init__(self):
         if (self.config is None) == (self.draft is None):
-            raise ValueError("a case has either make-model settings or a draft GGUF")
+            raise ValueError("a case has either settings or a draft kept whole")
+        if self.format not in FORMATS:
+            raise ValueError(f"a case's draft format is one of {', '.join(FORMATS)}, not {self.format!r}")
 
     # ---- what it is ---------------------------------------------------------------------------
     def settings(self) -> dict[str, Any]:
-        """The draft's settings with make_model's defaults filled in (head size and KV heads included)."""
+        """The draft's settings with their writer's defaults filled in (head size and KV heads included)."""
+        if self.format == "hf":
+            return {**_hf_defaults(), **(self.config or {})}
         c = dict(DEFAULTS, **(self.config or {}))
         c["n_head"] = c.get("n_head") or DEFAULTS["n_head"]
         c["n_head_kv"] = c.get("n_head_kv") or c["n_head"]
@@ -52,27 +62,42 @@ class Case:
                                "n_ctx": self.scenario.get("n_ctx", 256)}
         if self.config is not None:
             c = self.settings()
-            out = {"n_layer": c["n_layer"], "n_head": c["n_head"], "n_head_kv": c["n_head_kv"],
-                   "head_dim": c["head_dim"], "n_embd": c["n_embd"], "n_ff": c["n_ff"], "n_vocab": c["n_vocab"],
-                   "block_size": c["block_size"], "target_layers": len(c["target_layers"]),
-                   "options": sorted(k for k in self.config if k not in _SIZE_KEYS and k not in _KEPT),
-                   "wtype": c.get("wtype", "f32"), **out}
+            draft = {"n_layer": c["n_layer"], "n_head": c["n_head"], "n_head_kv": c["n_head_kv"],
+                     "head_dim": c["head_dim"], "n_embd": c["n_embd"], "n_ff": c["n_ff"], "n_vocab": c["n_vocab"],
+                     "block_size": c["block_size"], "target_layers": len(c["target_layers"]),
+                     "options": self._options()}
+            if self.format == "gguf":
+                draft["wtype"] = c.get("wtype", "f32")
+            out = {**draft, **out}
         return out
 
+    def _options(self) -> list[str]:
+        kept = _HF_KEPT if self.format == "hf" else _KEPT
+        return sorted(k for k in self.config if k not in _SIZE_KEYS and k not in kept)
+
+    @property
+    def draft_name(self) -> str:
+        """What the written draft is called in its folder."""
+        return "checkpoint" if self.format == "hf" else "draft.gguf"
+
     def to_dict(self) -> dict[str, Any]:
-        return {"config": self.config, "draft": None if self.draft is None else str(self.draft),
-                "scenario": self.scenario}
+        return {"format": self.format, "config": self.config,
+                "draft": None if self.draft is None else str(self.draft), "scenario": self.scenario}
 
     def write(self, folder: Path, progress: Callable[[str], None] | None = None) -> tuple[Path, Path]:
-        """The draft GGUF and scenario.json in `folder`; returns their paths."""
+        """The draft (a GGUF, or a checkpoint folder) and scenario.json in `folder`; returns their paths."""
         folder.mkdir(parents=True, exist_ok=True)
         sc = folder / "scenario.json"
         sc.write_text(json.dumps(self.scenario, indent=1) + "\n")
         if self.config is None:
             return self.draft, sc
-        from ..synth import make_model
-        path = folder / "draft.gguf"
-        make_model(path, **self.config)
+        path = folder / self.draft_name
+        if self.format == "hf":
+            from ..authors.checkpoint import HFSpec, make_hf
+            make_hf(path, HFSpec(**self.config))
+        else:
+            from ..synth import make_model
+            make_model(path, **self.config)
         return path, sc
 
     # ---- the edits ----------------------------------------------------------------------------
@@ -81,7 +106,7 @@ class Case:
         if self.config is not None:
             c = self.settings()
             for v in _down(c["n_layer"], 1):
-                yield f"n_layer {c['n_layer']} -> {v}", lambda v=v: self._set(n_layer=v)
+                yield f"n_layer {c['n_layer']} -> {v}", lambda v=v: self._layers(v)
         n_steps = len(self.scenario["steps"])
         for k in reversed(range(n_steps)):
             yield f"drop step {k}", lambda k=k: self._drop_step(k)
@@ -109,9 +134,10 @@ class Case:
                 yield f"n_ff {c['n_ff']} -> {v}", lambda v=v: self._set(n_ff=v)
             for v in _down(c["block_size"], 2):
                 yield f"block size {c['block_size']} -> {v}", lambda v=v: self._block(v)
-            for key in sorted(k for k in self.config if k not in _SIZE_KEYS and k not in _KEPT):
-                yield f"option {key} off", lambda key=key: self._drop_option(key)
-            if self.config.get("wtype", "f32") != "f32":
+            for key in self._options():
+                yield f"option {key} {'to its default' if self.format == 'hf' else 'off'}", \
+                    lambda key=key: self._drop_option(key)
+            if self.format == "gguf" and self.config.get("wtype", "f32") != "f32":
                 yield f"weights {self.config['wtype']} -> f32", lambda: self._set(wtype="f32")
         for k, s in enumerate(self.scenario["steps"]):
             for kind in ("inject", "encode"):
@@ -127,7 +153,7 @@ class Case:
         # the reducer appends the edit's words to `history` once it keeps the case
         return Case(scenario if scenario is not None else copy.deepcopy(self.scenario),
                     config if config is not None else copy.deepcopy(self.config), self.draft,
-                    list(self.history))
+                    list(self.history), self.format)
 
     def _set(self, **kw) -> Case:
         cfg = dict(self.config)
@@ -194,15 +220,28 @@ class Case:
         sc["steps"] = steps
         return self._derive(scenario=sc)
 
+    def _layers(self, v: int) -> Case:
+        kw: dict[str, Any] = {"n_layer": v}
+        if self.format == "hf" and self.config.get("swa_pattern") is not None:
+            kw["swa_pattern"] = list(self.config["swa_pattern"][:v])   # one entry per layer
+        return self._set(**kw)
+
     def _vocab(self, v: int) -> Case:
         """A smaller vocabulary; token ids past it become the new mask token, the last id."""
-        old_mask = self.settings()["n_vocab"] - 1
+        c = self.settings()
+        old_mask = c["n_vocab"] - 1 if c.get("mask_token_id") is None else c["mask_token_id"]
         sc = copy.deepcopy(self.scenario)
         for s in sc["steps"]:
             if "block" in s:
                 for b in _blocks(s):
                     b["tokens"] = [v - 1 if t == old_mask or t >= v - 1 else t for t in b["tokens"]]
-        case = self._set(n_vocab=v)
+        kw: dict[str, Any] = {"n_vocab": v}
+        if self.format == "hf":
+            if c.get("mask_token_id") is not None:
+                kw["mask_token_id"] = v - 1
+            if c.get("d2t_vocab") is not None and c["d2t_vocab"] > v:
+                kw["d2t_vocab"] = max(1, v * 3 // 4)
+        case = self._set(**kw)
         case.scenario = sc
         return case
 
@@ -255,6 +294,15 @@ _SIZE_KEYS = {"n_embd", "n_layer", "n_head", "n_head_kv", "n_ff", "n_vocab", "bl
               "head_dim", "n_rot", "wtype"}
 # what names the draft rather than sizes it: kept as given
 _KEPT = {"variant", "backbone", "seed", "conf", "target", "context_length", "rope_freq_base", "rms_eps"}
+_HF_KEPT = {"variant", "authors", "seed", "mask_token_id", "rope_theta", "rms_eps"}
+
+
+def _hf_defaults() -> dict[str, Any]:
+    from dataclasses import fields
+
+    from ..authors.checkpoint import HFSpec
+    spec = HFSpec()
+    return {f.name: copy.deepcopy(getattr(spec, f.name)) for f in fields(HFSpec)}
 
 
 def _blocks(step: dict) -> list[dict]:
@@ -274,20 +322,46 @@ def _down(n: int, lo: int) -> list[int]:
     return out
 
 
-def load_case(config_path=None, draft=None, scenario_path=None, scenario_doc=None) -> Case:
-    """A case from a make-model settings file (a case.json's "make_model", or the settings alone)
-    or a draft GGUF, and a scenario file or document."""
+def load_case(config_path=None, draft=None, scenario_path=None, scenario_doc=None, format: str = "gguf") -> Case:
+    """A case from a settings file (make-model's: a case.json's "make_model" or the settings
+    alone; with format "hf", HFSpec's fields, alone or under "make_hf") or a draft kept whole (a
+    GGUF, or with format "hf" a checkpoint folder), and a scenario file or document. An authors'
+    checkpoint without a scenario runs `graphgen check`'s default one."""
     config = None
     if config_path is not None:
-        doc = json.loads(Path(config_path).read_text())
+        try:
+            doc = json.loads(Path(config_path).read_text())
+        except ValueError as e:
+            raise ValueError(f"{config_path}: not JSON ({e})") from None
+        what = "make_hf settings (HFSpec's fields)" if format == "hf" else "make-model settings"
         if not isinstance(doc, dict):
-            raise ValueError(f"{config_path}: expected a JSON object of make-model settings")
-        config = doc.get("make_model", doc)
+            raise ValueError(f"{config_path}: expected a JSON object of {what}")
+        config = doc.get("make_hf" if format == "hf" else "make_model", doc)
+        if format == "hf":
+            known = set(_hf_defaults())
+            bad = sorted(k for k in config if k not in known)
+            if bad:
+                raise ValueError(f"{config_path}: {', '.join(bad)}: no field of make_hf's settings "
+                                 f"(HFSpec: {', '.join(sorted(known))})")
         if scenario_doc is None and scenario_path is None and isinstance(doc.get("scenario"), dict):
             scenario_doc = doc["scenario"]
-    if scenario_doc is None:
-        if scenario_path is None:
-            raise ValueError("reduce needs a scenario (--scenario FILE)")
+    if scenario_doc is None and scenario_path is not None:
         from ..play.scenario import read_scenario_doc
         scenario_doc = read_scenario_doc(scenario_path)
-    return Case(copy.deepcopy(scenario_doc), config, None if draft is None else Path(draft))
+    if scenario_doc is None:
+        if format != "hf":
+            raise ValueError("reduce needs a scenario (--scenario FILE)")
+        scenario_doc = _check_scenario(config, None if draft is None else Path(draft))
+    return Case(copy.deepcopy(scenario_doc), config, None if draft is None else Path(draft), format=format)
+
+
+def _check_scenario(config: dict[str, Any] | None, checkpoint: Path | None) -> dict[str, Any]:
+    """`graphgen check`'s default scenario for the draft's block size and mask token."""
+    from ..cli.authors import default_check_scenario
+    if config is not None:
+        c = {**_hf_defaults(), **config}
+        mask = c["n_vocab"] - 1 if c.get("mask_token_id") is None else c["mask_token_id"]
+        return default_check_scenario(c["block_size"], mask)
+    from ..authors.forward import AuthorsDraft
+    d = AuthorsDraft(checkpoint)
+    return default_check_scenario(d.block_size, d.mask_token_id)

@@ -1,7 +1,8 @@
 """Running a case, each side in a fresh process, and the signature of what went wrong.
 
-A side runs as `graphgen dump` (or `graphgen xdiff`) in a child process, so a crash (a
-GGML_ASSERT, a signal) is a failure the reducer can keep, not the end of the reducer. The
+A side runs as `graphgen dump` (or `graphgen xdiff`, or for an authors' checkpoint `graphgen
+check`) in a child process, so a crash (a GGML_ASSERT, a signal) is a failure the reducer can
+keep, not the end of the reducer. The
 signature keeps what identifies a failure and drops what a smaller case changes anyway: node
 indices, layer numbers in names, sizes and numbers in messages.
 """
@@ -21,12 +22,14 @@ from .case import Case
 
 @dataclass(frozen=True)
 class Failure:
-    """kind: parting (the first node where the sides part), refused (a side ended with an error),
-    crash (a side died) or none (the sides agree)."""
+    """kind: parting (the first node where the sides part), departs (check: the first node where
+    llama.cpp, and graphgen with it, leaves the authors' model beyond rounding), refused (a side
+    ended with an error), crash (a side died) or none (the sides agree)."""
     kind: str
     side: str = ""    # refused / crash: which side
-    graph: str = ""   # parting: inject, block or encoder
-    how: str = ""     # parting: structural change kind and fields, or "value"; refused: the message, numbers out
+    graph: str = ""   # parting / departs: inject, block or encoder
+    how: str = ""     # parting: structural change kind and fields, or "value"; departs: the node's name,
+    #                   layer numbers out; refused: the message, numbers out
     op: str = ""      # parting: the op of the node where they part
     detail: str = field(default="", compare=False)  # the full line, for people
 
@@ -35,6 +38,8 @@ class Failure:
             return "no failure: the two sides agree"
         if self.kind == "parting":
             return f"the sides part at a {self.op} node of the {self.graph} graph ({self.how}): {self.detail}"
+        if self.kind == "departs":
+            return f"llama.cpp departs from the authors' model at {self.how} in the {self.graph} graph: {self.detail}"
         if self.kind == "crash":
             return f"{self.side} crashed: {self.detail}"
         return f"{self.side} refused: {self.detail}"
@@ -45,21 +50,32 @@ class Failure:
 
 @dataclass
 class Mode:
-    """What fails: graphgen against llama.cpp (`llama_dir`: any build, None for b11739's), or
-    backend against backend (`backends`)."""
+    """What fails: graphgen against llama.cpp (`llama_dir`: any build, None for b11739's),
+    backend against backend (`backends`), or (`check`) an authors' checkpoint against llama.cpp's
+    conversion of it and graphgen, as `graphgen check` runs them."""
     backends: tuple[str, str] | None = None
     llama_dir: str | None = None
     nmse: float | None = None
+    check: bool = False
 
     @property
     def label(self) -> str:
         if self.backends:
             return f"{self.backends[0]} against {self.backends[1]}"
-        return "graphgen against " + (f"llama.cpp at {self.llama_dir}" if self.llama_dir else "llama.cpp b11739")
+        llama = f"llama.cpp at {self.llama_dir}" if self.llama_dir else "llama.cpp b11739"
+        if self.check:
+            return f"the authors' model against {llama} and graphgen (graphgen check)"
+        return "graphgen against " + llama
 
-    def commands(self, draft: str, scenario: str) -> dict[str, list[str]]:
-        """Each side's command line, as run and as the repro folder gives it."""
+    def commands(self, draft: str, scenario: str, target: str | None = None) -> dict[str, list[str]]:
+        """Each side's command line, as run and as the repro folder gives it (`target`: check's
+        --target, the checkpoint's target folder)."""
         nmse = [] if self.nmse is None else ["--nmse", repr(self.nmse)]
+        if self.check:
+            llama = [] if self.llama_dir is None else ["--llama", self.llama_dir]
+            tgt = [] if target is None else ["--target", target]
+            return {"check": ["graphgen", *llama, "check", draft, *tgt, "--scenario", scenario, "--keep", "check",
+                              "--json"]}
         if self.backends:
             return {"xdiff": ["graphgen", "xdiff", draft, "--scenario", scenario, "-dev", ",".join(self.backends),
                               "--json", "--out", "xdiff", *nmse]}
@@ -124,12 +140,25 @@ def preflight(timeout: float = 120) -> None:
                            + " ".join((err or out).split())[:300])
 
 
-def run_case(case: Case, mode: Mode, work: Path, timeout: float = 600) -> Outcome:
-    """Write the case into `work`, run both sides there, and say how it fails."""
+def target_of(case: Case, draft_arg: str) -> str | None:
+    """A checkpoint written from settings runs beside its own target folder, named, so that the
+    folder still runs where it is moved (a speculators config names where it was made)."""
+    return f"{draft_arg}/target" if case.format == "hf" and case.config is not None else None
+
+
+def run_case(case: Case, mode: Mode, work: Path, timeout: float = 600, target: str | None = None) -> Outcome:
+    """Write the case into `work`, run both sides there, and say how it fails (`target`: check's
+    --target, where it is not the written checkpoint's own)."""
     draft, sc = case.write(work)
     draft_arg = str(Path(draft).resolve()) if case.config is None else draft.name
-    cmds = mode.commands(draft_arg, sc.name)
+    cmds = mode.commands(draft_arg, sc.name, target=target or target_of(case, draft_arg))
     printed: dict[str, str] = {}
+    if mode.check:
+        rc, out, err = _run(cmds["check"], work, timeout)
+        printed["check"] = out + err
+        if rc not in (0, 1) or not out.lstrip().startswith("{"):
+            return Outcome(_side_failure("check", rc, out + err), printed)
+        return _check_outcome(json.loads(out), work / "check", mode, printed)
     if mode.backends:
         rc, out, err = _run(cmds["xdiff"], work, timeout)
         printed["xdiff"] = out + err
@@ -167,6 +196,43 @@ def _diff_failure(results) -> Failure:
             how = "changed " + ",".join(sorted(d.fields)) if d is not None else how
         return Failure("parting", graph=r.graph, how=how, op=op, detail=fd["detail"])
     return Failure("none")
+
+
+_LAYER = re.compile(r"-\d+\b")
+
+
+def _graph_kind(name) -> str:
+    """'01-block.json' (a dump file, as check names graphs) -> 'block'."""
+    return re.sub(r"^\d+-", "", Path(str(name).split()[0]).stem)
+
+
+def _check_outcome(doc: dict, kept: Path, mode: Mode, printed: dict[str, str]) -> Outcome:
+    """The signature of a `graphgen check` run, in its verdict's order: nothing compared, then
+    graphgen's graph against llama.cpp's (its first parting node, from the kept dumps), then the
+    first node where llama.cpp leaves the authors' model, then argmax or selector paths."""
+    report = json.dumps({k: doc.get(k) for k in ("verdict", "exit", "class")}, indent=1)
+    if doc.get("exit") == 0:
+        return Outcome(Failure("none"), printed, report=report)
+    arb = doc.get("arbiter") or {}
+    verdict = str(doc.get("verdict", ""))
+    if not any(n.get("llama.cpp") is not None for n in arb.get("nodes", [])):
+        return Outcome(Failure("refused", "check", how="not compared", detail=verdict), printed, report=report)
+    if not doc.get("graphgen_identical_to_llama.cpp", True):
+        from ..compare.pairing import diff_paths
+        results = diff_paths(kept / "llama.cpp", kept / "graphgen", nmse=mode.nmse)
+        text = "\n\n".join(r.format_text() for r in results)
+        return Outcome(_diff_failure(results), printed, report=text)
+    bad = arb.get("first_departure")
+    if bad:
+        return Outcome(Failure("departs", "llama.cpp", graph=_graph_kind(bad["graph"]), how=_LAYER.sub("-N", bad["name"]), detail=verdict),
+                       printed, report=report)
+    for kind, rows, n_key in (("argmax", arb.get("argmax", []), "rows"),
+                              ("selector path", arb.get("selector_path", []), "steps")):
+        for r in rows:
+            if r[n_key] - r["equal"] - r["near_ties"] > 0:
+                return Outcome(Failure("departs", "llama.cpp", graph=_graph_kind(r["graph"]), how=kind, detail=verdict),
+                               printed, report=report)
+    return Outcome(Failure("refused", "check", how=_normalized(verdict), detail=verdict), printed, report=report)
 
 
 def _xdiff_failure(text: str) -> Failure:

@@ -1,7 +1,8 @@
 """The repro folder: what a llama.cpp issue can carry, written whole or not at all, then rerun.
 
     draft.gguf        the reduced draft (or, for a draft kept whole, its path in failure.json)
-    settings.json     the make-model settings that write draft.gguf again
+    checkpoint/       instead, for an authors' checkpoint: the reduced checkpoint and its target
+    settings.json     the settings that write the draft again (make_model's, or make_hf's HFSpec)
     scenario.json     the reduced scenario
     README.md         the failure, the sizes before and after, the exact commands
     printed/          what each side printed, and the comparison's report
@@ -22,14 +23,20 @@ from typing import Callable
 
 from ..staging import staged_new_folder
 from .case import Case
-from .failure import Mode, run_case
+from .failure import Mode, run_case, target_of
 from .shrink import ReduceError, Reduced
 
 MAX_COPIED = 64 << 20  # a draft kept whole is copied into the folder up to this size
 
 
-def _commands(mode: Mode, draft: str) -> list[str]:
-    return [shlex.join(c) for c in mode.commands(draft, "scenario.json").values()]
+def _commands(mode: Mode, case: Case, draft: str) -> list[str]:
+    return [shlex.join(c) for c in mode.commands(draft, "scenario.json", target=target_of(case, draft)).values()]
+
+
+def _size(path: Path) -> int:
+    if path.is_dir():
+        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    return path.stat().st_size
 
 
 def write_repro(out: Path, res: Reduced, mode: Mode, progress: Callable[[str], None] | None = None,
@@ -42,15 +49,20 @@ def write_repro(out: Path, res: Reduced, mode: Mode, progress: Callable[[str], N
         if case.config is not None:
             draft, _ = case.write(tmp)
             (tmp / "settings.json").write_text(json.dumps(case.config, indent=1) + "\n")
-            draft_arg = "draft.gguf"
+            draft_arg = case.draft_name
+            if case.format == "hf":
+                _name_verifier(draft / "config.json", out.resolve() / draft_arg / "target")
         else:
             (tmp / "scenario.json").write_text(json.dumps(case.scenario, indent=1) + "\n")
             src = Path(case.draft)
-            if src.stat().st_size <= MAX_COPIED:
-                shutil.copyfile(src, tmp / "draft.gguf")
-                draft_arg = "draft.gguf"
-            else:
+            if _size(src) > MAX_COPIED:
                 draft_arg = str(src.resolve())
+            elif src.is_dir():
+                shutil.copytree(src, tmp / case.draft_name)
+                draft_arg = case.draft_name
+            else:
+                shutil.copyfile(src, tmp / case.draft_name)
+                draft_arg = case.draft_name
         printed = tmp / "printed"
         printed.mkdir()
         for side, text in res.outcome.printed.items():
@@ -60,41 +72,65 @@ def write_repro(out: Path, res: Reduced, mode: Mode, progress: Callable[[str], N
 
         say("rerunning the repro from its folder, in fresh processes")
         t0 = time.monotonic()
+        local = draft_arg == case.draft_name
         rerun_case = Case(json.loads((tmp / "scenario.json").read_text()),
-                          draft=(tmp / draft_arg) if draft_arg == "draft.gguf" else Path(draft_arg))
+                          draft=(tmp / draft_arg) if local else Path(draft_arg), format=case.format)
         work = tmp / ".rerun"
-        again = run_case(rerun_case, mode, work, timeout)
+        again = run_case(rerun_case, mode, work, timeout, target=target_of(case, str(tmp / draft_arg)))
         shutil.rmtree(work, ignore_errors=True)
         reproduced = again.failure == res.failure
         if not reproduced:
             raise ReduceError(f"the repro does not reproduce from its folder: it gave {again.failure.describe()} "
                               f"where the reduction kept {res.failure.describe()}; nothing was written to {out}")
-        draft_bytes = (tmp / "draft.gguf").stat().st_size if (tmp / "draft.gguf").exists() else None
+        draft_bytes = _size(tmp / draft_arg) if local else None
         summary = {
             "mode": mode.label, "failure": res.failure.to_dict(), "described": res.failure.describe(),
             "before": res.original.sizes(), "after": case.sizes(), "draft_bytes": draft_bytes,
             "edits_kept": res.kept, "tries": res.tries, "seconds": round(res.seconds, 1),
             "complete": res.complete, "rerun": {"reproduced": True, "seconds": round(time.monotonic() - t0, 1)},
-            "commands": _commands(mode, draft_arg),
+            "commands": _commands(mode, case, draft_arg), "draft": draft_arg, "format": case.format,
+            "settings": case.config is not None,
         }
         (tmp / "failure.json").write_text(json.dumps(summary, indent=1) + "\n")
         (tmp / "README.md").write_text(_readme(summary, out))
     return summary
 
 
+def _name_verifier(config: Path, target: Path) -> None:
+    """A speculators config names its verifier by path: the folder's final place, not the staged one."""
+    cfg = json.loads(config.read_text())
+    ver = cfg.get("speculators_config", {}).get("verifier", {})
+    if "name_or_path" in ver:
+        ver["name_or_path"] = str(target)
+        config.write_text(json.dumps(cfg, indent=2) + "\n")
+
+
 def _readme(s: dict, out: Path) -> str:
     rows = "\n".join(f"| {k} | {s['before'].get(k, '-')} | {v} |" for k, v in s["after"].items())
-    size = f"{s['draft_bytes'] / 1024:.0f} KiB" if s["draft_bytes"] else "kept whole (see failure.json)"
     cmds = "\n".join(s["commands"])
     stop = "" if s["complete"] else ("\nThe reduction stopped at its limit of tries before every edit was tried: "
                                      "a smaller case may still fail the same way.\n")
+    hf = s["format"] == "hf"
+    if not s["draft_bytes"]:
+        draft = f"kept whole at `{s['draft']}` (too big to copy here)"
+    else:
+        draft = f"`{s['draft']}` ({s['draft_bytes'] / 1024:.0f} KiB" + (", its target in `checkpoint/target`)" if hf else ")")
+        if s["settings"]:
+            draft += (", written from settings.json by `graphgen.authors.checkpoint.make_hf(path, HFSpec(**settings))`"
+                      if hf else ", written from settings.json by `graphgen.synth.make_model(path, **settings)`")
+        else:
+            draft += ", as it was given"
+    how = ("`graphgen check` converts the checkpoint with llama.cpp's converter and runs the authors' model "
+           "(float32, and float64 as the arbiter), llama.cpp and graphgen on the scenario; `--keep check` keeps "
+           "the converted GGUFs and every side's dumps in `check/`" if hf else
+           "`graphgen dump --engine llama.cpp` drives llama.cpp's libllama on the same scenario")
     return f"""# {s['described']}
 
 Found comparing {s['mode']}, and reduced by `graphgen reduce` in {s['tries']} tries
 ({s['seconds']} s). This folder was rerun from its own files before it was written, and failed
 the same way.
 {stop}
-The draft: `draft.gguf` ({size}){', written by `graphgen make-model` from settings.json' if s['draft_bytes'] else ''}.
+The draft: {draft}.
 
 | size | before | after |
 |---|---|---|
@@ -102,8 +138,7 @@ The draft: `draft.gguf` ({size}){', written by `graphgen make-model` from settin
 
 ## Reproduce
 
-Run in this folder (`graphgen dump --engine llama.cpp` drives llama.cpp's libllama on the same
-scenario; `--llama DIR` picks the build):
+Run in this folder ({how}; `--llama DIR` picks the llama.cpp build):
 
 ```sh
 {cmds}

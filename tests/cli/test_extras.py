@@ -24,6 +24,8 @@ def test_engine_names_split_on_commas_and_ignore_spaces_and_empty_names():
     (["dump", "ck/", "--engine", "torch", "--out", "o"], "--engine torch"),
     (["accept", "-m", "t", "-md", "d", "--engines", "llama.cpp, authors"], "--engines llama.cpp, authors"),
     (["accept", "-m", "t", "-md", "d", "--authors-draft", "ck/"], "--authors-draft"),
+    (["reduce", "--hf-settings", "hf.json", "--out", "r"], "--hf-settings"),
+    (["reduce", "--checkpoint", "ck/", "--scenario", "s.json", "--out", "r"], "--checkpoint"),
 ])
 def test_what_needs_torch_is_named_by_the_flag_given(argv, need):
     assert _need(*argv) == need
@@ -37,6 +39,7 @@ def test_what_needs_torch_is_named_by_the_flag_given(argv, need):
     # a name that only contains the authors' engine's name is not it
     ["accept", "-m", "t", "-md", "d", "--engines", "graphgen,authorsX"],
     ["info", "d.gguf"],
+    ["reduce", "--settings", "settings.json", "--scenario", "s.json", "--out", "r"],
 ])
 def test_commands_without_the_authors_models_need_nothing(argv):
     assert _need(*argv) is None

@@ -109,5 +109,54 @@ def test_load_case_reads_a_case_json(tmp_path):
     with pytest.raises(ValueError, match="needs a scenario"):
         (tmp_path / "s.json").write_text(json.dumps(CONFIG))
         load_case(tmp_path / "s.json")
-    with pytest.raises(ValueError, match="either make-model settings or a draft"):
+    with pytest.raises(ValueError, match="either settings or a draft kept whole"):
         Case(SCENARIO)
+
+
+# ---- an authors' checkpoint, as make_hf's settings -------------------------------------------------
+
+HF = {"variant": "dspark", "n_layer": 3, "swa_window": 4, "swa_pattern": [1, 0, 1], "d2t_vocab": 200,
+      "mask_token_id": 255, "conf": False, "seed": 2}
+
+
+def hf_case(**kw):
+    return Case(json.loads(json.dumps(SCENARIO)), dict(HF, **kw), format="hf")
+
+
+def test_an_hf_case_fills_in_hfspecs_defaults_not_make_models():
+    s = hf_case().sizes()
+    # HFSpec's: 2 KV heads, head size 16 whatever the width, block size 8, two target layers
+    assert (s["n_layer"], s["n_head"], s["n_head_kv"], s["head_dim"], s["block_size"], s["target_layers"]) == \
+        (3, 4, 2, 16, 8, 2)
+    assert "wtype" not in s and s["options"] == ["conf", "d2t_vocab", "swa_pattern", "swa_window"]
+    assert hf_case().draft_name == "checkpoint" and case().draft_name == "draft.gguf"
+
+
+def test_an_hf_cases_edits_keep_its_settings_consistent():
+    what, c = edit(hf_case(), "n_layer")
+    assert what == "n_layer 3 -> 1" and c.config["n_layer"] == 1 and c.config["swa_pattern"] == [1]
+    assert c.format == "hf"
+    # a smaller vocabulary moves the mask token and the draft vocabulary inside it
+    what, c = edit(hf_case(), "n_vocab")
+    assert what == "n_vocab 256 -> 8" and (c.config["mask_token_id"], c.config["d2t_vocab"]) == (7, 6)
+    assert {t for st in c.scenario["steps"] if "block" in st for b in st["block"]["seqs"] for t in b["tokens"]} <= \
+        set(range(8))
+    what, c = edit(hf_case(), "option conf")
+    assert what == "option conf to its default" and "conf" not in c.config
+    assert not any(w.startswith("weights") for w, _ in hf_case(wtype="q8_0").edits())
+
+
+def test_load_case_reads_hf_settings_and_names_an_unknown_field(tmp_path):
+    f = tmp_path / "hf.json"
+    f.write_text(json.dumps({"make_hf": HF}))
+    c = load_case(f, format="hf")
+    assert c.format == "hf" and c.config == HF
+    # no scenario: graphgen check's default one, at the settings' block size and mask token
+    blocks = [st["block"] for st in c.scenario["steps"] if "block" in st]
+    assert len(blocks) == 2 and blocks[0]["tokens"] == [7] + [255] * 7
+    parse_scenario(c.scenario)
+    f.write_text(json.dumps(dict(HF, n_layers=2)))
+    with pytest.raises(ValueError, match="n_layers: no field of make_hf's settings"):
+        load_case(f, format="hf")
+    with pytest.raises(ValueError, match="format is one of gguf, hf"):
+        Case(SCENARIO, HF, format="safetensors")

@@ -56,3 +56,34 @@ def test_a_case_that_agrees_has_no_failure(tmp_path):
     out = run_case(Case(sc, {"variant": "dflash", "n_layer": 1, "seed": 2}), Mode(), tmp_path)
     assert out.failure == Failure("none"), out.printed
     assert set(out.printed) == {"graphgen", "llama.cpp"} and "IDENTICAL" in out.report
+
+
+def _check_doc(exit=1, nodes=(), identical=True, argmax=(), verdict="DISAGREE: ..."):
+    """A `graphgen check --json` report, as much of it as a signature reads."""
+    return {"verdict": verdict, "exit": exit, "class": "z-lab DFlash (DFlashDraftModel)",
+            "graphgen_identical_to_llama.cpp": identical,
+            "arbiter": {"nodes": [{"graph": g, "name": n, "llama.cpp": e, "llama.cpp_departs": d}
+                                  for g, n, e, d in nodes],
+                        "argmax": [{"graph": g, "rows": r, "equal": q, "near_ties": t} for g, r, q, t in argmax],
+                        "selector_path": [],
+                        "first_departure": next(({"graph": g, "name": n} for g, n, _, d in nodes if d), None)}}
+
+
+def test_a_checks_verdict_is_its_signature(tmp_path):
+    from graphgen.reduce.failure import _check_outcome
+    sig = lambda doc: _check_outcome(doc, tmp_path, Mode(check=True), {}).failure
+    ok = [("00-inject.json", "l_out-0", 1e-7, False), ("01-block.json", "attn_norm-0", 2e-7, False)]
+    assert sig(_check_doc(exit=0, nodes=ok)) == Failure("none")
+    # the first node where llama.cpp leaves the authors' model, its layer left out
+    far = ok + [("01-block.json", "ffn_out-3", 0.5, True), ("01-block.json", "result_norm", 0.9, True)]
+    f = sig(_check_doc(nodes=far))
+    assert (f.kind, f.side, f.graph, f.how) == ("departs", "llama.cpp", "block", "ffn_out-N")
+    assert f == sig(_check_doc(nodes=ok[:1] + [("03-block.json", "ffn_out-0", 0.2, True)]))
+    assert f != sig(_check_doc(nodes=ok[:1] + [("01-block.json", "attn_out-0", 0.2, True)]))
+    # argmax rows the near ties do not explain
+    a = sig(_check_doc(nodes=ok, argmax=[("01-block.json", 8, 6, 1)]))
+    assert (a.kind, a.graph, a.how) == ("departs", "block", "argmax")
+    assert sig(_check_doc(nodes=ok, argmax=[("01-block.json", 8, 6, 2)])).kind == "refused"
+    # nothing compared is no agreement
+    n = sig(_check_doc(nodes=[("01-block.json", "l_out-0", None, True)], verdict="NOT COMPARED: ..."))
+    assert (n.kind, n.side, n.how) == ("refused", "check", "not compared")

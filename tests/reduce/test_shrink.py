@@ -91,3 +91,28 @@ def test_a_repro_that_does_not_reproduce_is_never_written(tmp_path):
     with pytest.raises(ReduceError, match="does not reproduce"):
         write_repro(tmp_path / "repro", res, Mode())
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--settings", "settings.json", "-m", "settings.json"], "got --settings and -m"),
+    ([], "reduce takes the draft one way"),
+    (["--checkpoint", "tmp"], "tmp: no config.json: not a checkpoint folder"),
+    (["--hf-settings", "nothing.json"], "--hf-settings nothing.json: no such file"),
+])
+def test_the_draft_is_given_one_way_and_must_be_there(files, args, says):
+    p = subprocess.run(CLI + ["reduce", *args, "--scenario", "scenario.json", "--out", "repro"],
+                       capture_output=True, text=True, cwd=files)
+    assert p.returncode == 2 and says in p.stderr, p.stderr
+    assert not (files / "repro").exists()
+
+
+def test_an_authors_checkpoint_is_reduced_against_check_not_two_backends(files):
+    (files / "hf.json").write_text(json.dumps({"variant": "dflash"}))
+    p = subprocess.run(CLI + ["reduce", "--hf-settings", "hf.json", "-dev", "CPU,Vulkan0", "--out", "repro"],
+                       capture_output=True, text=True, cwd=files)
+    assert p.returncode == 2 and "an authors' checkpoint is reduced against graphgen check" in p.stderr
+    # without the extra: refused at once, naming it
+    p = subprocess.run(CLI + ["reduce", "--hf-settings", "hf.json", "--out", "repro"], capture_output=True,
+                       text=True, cwd=files, env=dict(os.environ, GRAPHGEN_HIDE_TORCH="1"))
+    assert p.returncode == 2 and "graphgen[torch] extra" in p.stderr and "running the case" not in p.stderr
+    assert not (files / "repro").exists()
