@@ -87,3 +87,34 @@ def test_the_moved_repro_fails_with_the_fault_and_passes_without(reduced, tmp_pa
         doc = json.loads(p.stdout)
         assert doc["graphgen_identical_to_llama.cpp"] is (not planted)
         assert (work / "check" / "graphgen").is_dir()
+
+
+@pytest.fixture(scope="module")
+def refused(tmp_path_factory):
+    """A checkpoint kept whole whose setting the converter refuses (z-lab's output multiplier on a
+    DFlash draft, which b11739 would leave out), on check's default scenario: a refusal is a failure
+    to keep too, and only the scenario is reduced."""
+    from graphgen.authors.checkpoint import HFSpec, make_hf
+    d = tmp_path_factory.mktemp("reduce-ck")
+    make_hf(d / "ck", HFSpec(variant="dflash", n_layer=1, block_size=4, target_layers=[1, 2], output_multiplier=1.7))
+    p = run("reduce", "--checkpoint", "ck", "--out", "repro", "--json", cwd=d)
+    assert p.returncode == 0, p.stderr
+    return d, json.loads(p.stdout)
+
+
+def test_a_refusal_is_kept_while_the_scenario_shrinks(refused):
+    d, s = refused
+    f = s["failure"]
+    assert (f["kind"], f["side"]) == ("refused", "check") and "output_multiplier" in f["detail"]
+    assert s["complete"] and s["rerun"]["reproduced"] and s["format"] == "hf" and not s["settings"]
+    # check's default scenario: two rounds of inject and block, 5 steps
+    b, a = s["before"], s["after"]
+    assert (b["steps"], b["n_ctx"]) == (5, 256) and "n_layer" not in b
+    assert a["steps"] == 1 and a["tokens"] < b["tokens"] and a["n_ctx"] < 256
+    repro = d / "repro"
+    assert {p.name for p in repro.iterdir()} == {"README.md", "checkpoint", "scenario.json", "failure.json", "printed"}
+    # the folder as given, copied whole
+    assert sorted(p.relative_to(repro / "checkpoint") for p in (repro / "checkpoint").rglob("*")) == \
+        sorted(p.relative_to(d / "ck") for p in (d / "ck").rglob("*"))
+    assert s["commands"] == ["graphgen check checkpoint --scenario scenario.json --keep check --json"]
+    assert "as it was given" in (repro / "README.md").read_text()
