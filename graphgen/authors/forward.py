@@ -672,6 +672,19 @@ def run_scenario_torch(hf_dir, scenario: Scenario, out=None, target_dir=None, pr
     return eng.graphs
 
 
+def default_check_scenario(block_size: int, mask_token_id: int, f16: bool = False) -> dict:
+    """Two drafting rounds at the draft's trained block size: inject 5 rows, a block, drop it,
+    inject 3 accepted rows, a block again."""
+    block = [7] + [mask_token_id] * (block_size - 1)
+    return {"n_ctx": max(256, 2 * (8 + block_size)), "n_ubatch": max(64, block_size), "flash_attn": "off",
+            "type_kv": "f16" if f16 else "f32", "seed": 1,
+            "steps": [{"inject": {"n_tokens": 5, "pos0": 0}},
+                      {"block": {"tokens": block, "pos0": 5}},
+                      {"seq_rm": {"seq": 0, "p0": 5, "p1": -1}},
+                      {"inject": {"n_tokens": 3, "pos0": 5}},
+                      {"block": {"tokens": [11] + block[1:], "pos0": 8}}]}
+
+
 def croppable(doc: dict, draft: AuthorsDraft) -> tuple[dict, str | None]:
     """The scenario cut before its first removal the authors' cache cannot make: transformers'
     sliding-window cache layers keep no history to crop back to (their authors' own loops cannot

@@ -114,19 +114,6 @@ def stamp_converter(folders, info: dict) -> None:
             tmp.replace(path)
 
 
-def default_check_scenario(block_size: int, mask_token_id: int, f16: bool = False) -> dict:
-    """Two drafting rounds at the draft's trained block size: inject 5 rows, a block, drop it,
-    inject 3 accepted rows, a block again."""
-    block = [7] + [mask_token_id] * (block_size - 1)
-    return {"n_ctx": max(256, 2 * (8 + block_size)), "n_ubatch": max(64, block_size), "flash_attn": "off",
-            "type_kv": "f16" if f16 else "f32", "seed": 1,
-            "steps": [{"inject": {"n_tokens": 5, "pos0": 0}},
-                      {"block": {"tokens": block, "pos0": 5}},
-                      {"seq_rm": {"seq": 0, "p0": 5, "p1": -1}},
-                      {"inject": {"n_tokens": 3, "pos0": 5}},
-                      {"block": {"tokens": [11] + block[1:], "pos0": 8}}]}
-
-
 def _cache_of(sc) -> str:
     """f32 or f16: the unit the arbiter's bands use for what the ggml side cached."""
     types = {sc.type_k, sc.type_v}
@@ -235,7 +222,7 @@ def run_check(hf_dir, scenario_path=None, target=None, keep=None, f16=False, say
     from ..authors.arbiter import arbitrate
     from ..authors.compare import compare_paths
     from ..authors.convert import convert
-    from ..authors.forward import AuthorsDraft, croppable, run_scenario_torch
+    from ..authors.forward import AuthorsDraft, croppable, default_check_scenario, run_scenario_torch
     from ..authors.gguf_target import head_type
     from ..compare.pairing import diff_paths, load_side
     from ..compare.report import exit_code

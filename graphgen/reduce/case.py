@@ -357,7 +357,7 @@ def load_case(config_path=None, draft=None, scenario_path=None, scenario_doc=Non
 
 def _check_scenario(config: dict[str, Any] | None, checkpoint: Path | None) -> dict[str, Any]:
     """`graphgen check`'s default scenario for the draft's block size and mask token."""
-    from ..cli.authors import default_check_scenario
+    from ..authors.forward import default_check_scenario
     if config is not None:
         c = {**_hf_defaults(), **config}
         mask = c["n_vocab"] - 1 if c.get("mask_token_id") is None else c["mask_token_id"]

@@ -13,7 +13,8 @@ import pytest
 import graphgen.authors.checkpoint as CK
 from conftest import REF_DIR
 from graphgen.authors import AuthorsError
-from graphgen.cli.authors import (_cache_of, _checked_target, _max_data, default_check_scenario, stamp_converter,
+from graphgen.authors.forward import default_check_scenario
+from graphgen.cli.authors import (_cache_of, _checked_target, _max_data, stamp_converter,
                                   verdict)
 from graphgen.play.scenario import parse_scenario
 
