@@ -299,9 +299,7 @@ def make_hf(out_dir: str | os.PathLike, spec: HFSpec, force: bool = False) -> Pa
             # name the verifier by the folder's final place, not the temporary one
             cfg_path = tmp / "config.json"
             cfg = json.loads(cfg_path.read_text())
-            ver = cfg.get("speculators_config", {}).get("verifier", {})
-            if "name_or_path" in ver:
-                ver["name_or_path"] = str((out / "target").resolve())
+            name_verifier(cfg, (out / "target").resolve())
             # speculators' classes have no field for these: written as a config key, as a hand-edited
             # checkpoint would carry it (the converter reads it)
             cfg.update(_output_settings(s))
@@ -316,6 +314,14 @@ def make_hf(out_dir: str | os.PathLike, spec: HFSpec, force: bool = False) -> Pa
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def name_verifier(cfg: dict, target: Path) -> None:
+    """A speculators config names its verifier by path: set it to `target` (the folder's final
+    place, not the one it was written in). Other configs have no verifier to name."""
+    ver = cfg.get("speculators_config", {}).get("verifier", {})
+    if "name_or_path" in ver:
+        ver["name_or_path"] = str(target)
 
 
 def read_marker(folder: str | os.PathLike) -> dict | None:

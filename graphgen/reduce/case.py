@@ -229,7 +229,7 @@ class Case:
     def _vocab(self, v: int) -> Case:
         """A smaller vocabulary; token ids past it become the new mask token, the last id."""
         c = self.settings()
-        old_mask = c["n_vocab"] - 1 if c.get("mask_token_id") is None else c["mask_token_id"]
+        old_mask = _hf_resolved(self.config).mask_token_id if self.format == "hf" else c["n_vocab"] - 1
         sc = copy.deepcopy(self.scenario)
         for s in sc["steps"]:
             if "block" in s:
@@ -298,11 +298,16 @@ _HF_KEPT = {"variant", "authors", "seed", "mask_token_id", "rope_theta", "rms_ep
 
 
 def _hf_defaults() -> dict[str, Any]:
-    from dataclasses import fields
+    from dataclasses import asdict
 
     from ..authors.checkpoint import HFSpec
-    spec = HFSpec()
-    return {f.name: copy.deepcopy(getattr(spec, f.name)) for f in fields(HFSpec)}
+    return asdict(HFSpec())
+
+
+def _hf_resolved(config: dict[str, Any]):
+    """make_hf's settings as it reads them: its defaults filled in (the mask token, the last id)."""
+    from ..authors.checkpoint import HFSpec
+    return HFSpec(**config).resolved()
 
 
 def _blocks(step: dict) -> list[dict]:
@@ -357,11 +362,6 @@ def load_case(config_path=None, draft=None, scenario_path=None, scenario_doc=Non
 
 def _check_scenario(config: dict[str, Any] | None, checkpoint: Path | None) -> dict[str, Any]:
     """`graphgen check`'s default scenario for the draft's block size and mask token."""
-    from ..authors.forward import default_check_scenario
-    if config is not None:
-        c = {**_hf_defaults(), **config}
-        mask = c["n_vocab"] - 1 if c.get("mask_token_id") is None else c["mask_token_id"]
-        return default_check_scenario(c["block_size"], mask)
-    from ..authors.forward import AuthorsDraft
-    d = AuthorsDraft(checkpoint)
+    from ..authors.forward import AuthorsDraft, default_check_scenario
+    d = _hf_resolved(config) if config is not None else AuthorsDraft(checkpoint)
     return default_check_scenario(d.block_size, d.mask_token_id)

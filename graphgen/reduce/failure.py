@@ -203,7 +203,9 @@ _LAYER = re.compile(r"-\d+\b")
 
 def _graph_kind(name) -> str:
     """'01-block.json' (a dump file, as check names graphs) -> 'block'."""
-    return re.sub(r"^\d+-", "", Path(str(name).split()[0]).stem)
+    from ..dump.format import DUMP_NAME_RE
+    m = DUMP_NAME_RE.match(Path(str(name)).name)
+    return m.group(2) if m else str(name)
 
 
 def _check_outcome(doc: dict, kept: Path, mode: Mode, printed: dict[str, str]) -> Outcome:
@@ -224,14 +226,15 @@ def _check_outcome(doc: dict, kept: Path, mode: Mode, printed: dict[str, str]) -
         return Outcome(_diff_failure(results), printed, report=text)
     bad = arb.get("first_departure")
     if bad:
-        return Outcome(Failure("departs", "llama.cpp", graph=_graph_kind(bad["graph"]), how=_LAYER.sub("-N", bad["name"]), detail=verdict),
-                       printed, report=report)
+        f = Failure("departs", "llama.cpp", graph=_graph_kind(bad["graph"]), how=_LAYER.sub("-N", bad["name"]),
+                    detail=verdict)
+        return Outcome(f, printed, report=report)
     for kind, rows, n_key in (("argmax", arb.get("argmax", []), "rows"),
                               ("selector path", arb.get("selector_path", []), "steps")):
         for r in rows:
             if r[n_key] - r["equal"] - r["near_ties"] > 0:
-                return Outcome(Failure("departs", "llama.cpp", graph=_graph_kind(r["graph"]), how=kind, detail=verdict),
-                               printed, report=report)
+                f = Failure("departs", "llama.cpp", graph=_graph_kind(r["graph"]), how=kind, detail=verdict)
+                return Outcome(f, printed, report=report)
     return Outcome(Failure("refused", "check", how=_normalized(verdict), detail=verdict), printed, report=report)
 
 

@@ -97,12 +97,10 @@ def write_repro(out: Path, res: Reduced, mode: Mode, progress: Callable[[str], N
 
 
 def _name_verifier(config: Path, target: Path) -> None:
-    """A speculators config names its verifier by path: the folder's final place, not the staged one."""
+    from ..authors.checkpoint import name_verifier
     cfg = json.loads(config.read_text())
-    ver = cfg.get("speculators_config", {}).get("verifier", {})
-    if "name_or_path" in ver:
-        ver["name_or_path"] = str(target)
-        config.write_text(json.dumps(cfg, indent=2) + "\n")
+    name_verifier(cfg, target)
+    config.write_text(json.dumps(cfg, indent=2) + "\n")
 
 
 def _readme(s: dict, out: Path) -> str:

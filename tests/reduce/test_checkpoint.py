@@ -6,36 +6,26 @@ passes without it wherever the folder is moved (speculators' config names its ve
 Bounded by --max-tries: each try converts, runs the authors' model twice, b11739 and graphgen."""
 
 import json
-import os
 import shlex
 import shutil
-import subprocess
-import sys
 
 import pytest
 
 from authors_util import require_extra
+from reduce.cases import planted, run
 
 require_extra()
 
-CLI = [sys.executable, "-m", "graphgen.cli"]
 SETTINGS = {"variant": "dspark", "n_layer": 2, "block_size": 4, "target_layers": [1, 2], "seed": 0}
 SCENARIO = {"n_ctx": 64, "n_ubatch": 16, "flash_attn": "off", "type_kv": "f32", "seed": 1,
             "steps": [{"inject": {"n_tokens": 3, "pos0": 0}}, {"block": {"tokens": [7, 255, 255, 255], "pos0": 3}}]}
 TRIES = 4
 
 
-def run(*args, env=None, cwd):
-    # outside the checkout, so that a planted copy on PYTHONPATH comes first
-    return subprocess.run(CLI + [str(a) for a in args], capture_output=True, text=True, env=env, cwd=cwd)
-
-
 @pytest.fixture(scope="module")
 def reduced(tmp_path_factory):
-    from mutate import plant
     d = tmp_path_factory.mktemp("reduce-hf")
-    tree = plant("fault_ffn_norm_eps", d / "tree")
-    env = dict(os.environ, PYTHONPATH=str(tree) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = planted(d)
     (d / "hf.json").write_text(json.dumps({"make_hf": SETTINGS}))
     (d / "scenario.json").write_text(json.dumps(SCENARIO))
     p = run("reduce", "--hf-settings", "hf.json", "--scenario", "scenario.json", "--out", "repro",

@@ -4,32 +4,20 @@ the smallest draft and scenario the edits reach, and the repro folder fails the 
 run from its own files in fresh processes, with the fault, and passes without it."""
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
-from reduce.cases import THREE_SEQUENCES
+from reduce.cases import THREE_SEQUENCES, planted, run
 
-CLI = [sys.executable, "-m", "graphgen.cli"]
 SCENARIO = THREE_SEQUENCES
 SETTINGS = {"variant": "dflash", "n_embd": 64, "n_layer": 4, "n_head": 4, "n_ff": 128, "n_vocab": 256,
             "block_size": 4, "target_layers": [1, 2], "seed": 0}
 
 
-def run(*args, env=None, cwd):
-    # outside the checkout: `python -m` puts the working folder first on sys.path, before a
-    # planted copy on PYTHONPATH
-    return subprocess.run(CLI + [str(a) for a in args], capture_output=True, text=True, env=env, cwd=cwd)
-
-
 @pytest.fixture(scope="module")
 def reduced(tmp_path_factory):
-    from mutate import plant
     d = tmp_path_factory.mktemp("reduce")
-    tree = plant("fault_ffn_norm_eps", d / "tree")
-    env = dict(os.environ, PYTHONPATH=str(tree) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = planted(d)
     (d / "settings.json").write_text(json.dumps(SETTINGS))
     (d / "scenario.json").write_text(json.dumps(SCENARIO))
     p = run("reduce", "--settings", "settings.json", "--scenario", "scenario.json", "--out", "repro", "--json",

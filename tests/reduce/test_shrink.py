@@ -6,12 +6,12 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 
-CLI = [sys.executable, "-m", "graphgen.cli"]
+from reduce.cases import CLI, planted
+
 SCENARIO = {"n_ctx": 64, "n_ubatch": 32, "flash_attn": "off", "type_kv": "f16", "seed": 1,
             "steps": [{"inject": {"n_tokens": 4, "pos0": 0}}, {"block": {"tokens": [7, 255, 255, 255], "pos0": 4}}]}
 SETTINGS = {"variant": "dflash", "n_layer": 3, "seed": 0}
@@ -25,11 +25,8 @@ def files(tmp_path):
     return tmp_path
 
 
-def planted_env(tmp_path, fault="fault_ffn_norm_eps"):
-    from mutate import plant
-    tree = plant(fault, tmp_path / "tree")
-    return dict(os.environ, PYTHONPATH=str(tree) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-                TMPDIR=str(tmp_path / "tmp"))
+def planted_env(tmp_path):
+    return dict(planted(tmp_path), TMPDIR=str(tmp_path / "tmp"))
 
 
 def reduce(cwd, *extra, env=None):
