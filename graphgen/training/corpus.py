@@ -155,12 +155,12 @@ def write_target_folder(gguf_path, out_dir) -> Path:
     """A HuggingFace folder for a llama-architecture target GGUF, holding what llama.cpp's converter
     reads of a draft's target (its config and tokenizer): the tokenizer rebuilt from the GGUF by
     transformers' own GGUF reader."""
-    from transformers import AutoTokenizer
     gguf_path, out = Path(gguf_path), Path(out_dir)
     kv = _gguf_fields(gguf_path)
     arch = kv.get("general.architecture")
     if arch != "llama":
         raise TrainError(f"{gguf_path}: architecture {arch!r}; the target folder is written for llama only")
+    from transformers import AutoTokenizer
     out.mkdir(parents=True, exist_ok=True)
     n_embd, n_head = int(kv["llama.embedding_length"]), int(kv["llama.attention.head_count"])
     cfg = {
